@@ -1,0 +1,76 @@
+// copy.wgsl: element copies with dtype conversion.
+//
+// Entry points (one thread per element, 1-D over `n`, flat_id on a grid folded to 2-D; threads
+// past `n` return, the only check needed because each thread touches only its own element):
+//   cast     y[i] = x[i] for contiguous tensors, converting between f32, f16 and u32 through
+//            the prelude's float views (ldf_/stf_). Also plain copy when the dtypes match.
+//   strided  y[yoff + sum_k c_k * ys_k] = x[xoff + sum_k c_k * xs_k], where (c_0..c_{r-1}) is
+//            the i-th coordinate of the iteration shape `dims` (row-major). Zero strides
+//            broadcast. This single kernel is transpose, permute, expand, slice and
+//            slice-assign (concatenation). Rank is at most 6.
+//   strided_u32  the same for u32 tensors (exact for every value; the float view is not).
+//   words    y[i] = x[i] on raw 32-bit words: a same-dtype copy of any tensor, bit for bit.
+//
+// Bindings: reads `x`, writes `y`.
+// Params: n, rank, xoff, yoff, then dims, x strides and y strides as two vec4<u32> each
+// (uniform arrays need 16-byte elements).
+
+struct Params {
+  n: u32,
+  rank: u32,
+  xoff: u32,
+  yoff: u32,
+  dims: array<vec4<u32>, 2>,
+  xs: array<vec4<u32>, 2>,
+  ys: array<vec4<u32>, 2>,
+}
+
+// Source and destination element offsets of the i-th element of the iteration shape.
+fn strided_offsets(i: u32) -> vec2<u32> {
+  var rem = i;
+  var xi = p.xoff;
+  var yi = p.yoff;
+  // Peel coordinates from the innermost dimension outwards.
+  for (var k = i32(p.rank) - 1; k >= 0; k = k - 1) {
+    let d = p.dims[k / 4][k % 4];
+    let c = rem % d;
+    rem = rem / d;
+    xi = xi + c * p.xs[k / 4][k % 4];
+    yi = yi + c * p.ys[k / 4][k % 4];
+  }
+  return vec2<u32>(xi, yi);
+}
+
+//! entry cast
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n) { return; }
+  stf_y(i, ldf_x(i));
+}
+
+//! entry strided
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n) { return; }
+  let o = strided_offsets(i);
+  stf_y(o.y, ldf_x(o.x));
+}
+
+//! entry strided_u32
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n) { return; }
+  let o = strided_offsets(i);
+  st_y(o.y, ld_x(o.x));
+}
+
+//! entry words
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n) { return; }
+  st_y(i, ld_x(i));
+}

@@ -1,0 +1,84 @@
+//! Host side of `shaders/fill.wgsl`: constants, random numbers, dropout.
+
+use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::memory::Block;
+
+const WG: u32 = 256;
+
+/// A distribution for [`random`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Dist {
+    /// Uniform in [lo, hi).
+    Uniform(f32, f32),
+    /// Normal with mean and standard deviation.
+    Normal(f32, f32),
+}
+
+fn seed_words(seed: u64) -> (u32, u32) {
+    (seed as u32, (seed >> 32) as u32)
+}
+
+/// `out[i] = value` for `n` elements of `dtype`. For u32 storage `value`'s bit pattern is the
+/// stored word (so `0.0` is 0).
+pub(crate) fn fill(dev: &Device, out: &Block, dtype: DType, n: usize, value: f32) -> Result<()> {
+    let n32 = u32_len("fill", n)?;
+    // A u32 block is filled through an f32 view: the word stored is value's bit pattern.
+    let view = if dtype == DType::U32 { DType::F32 } else { dtype };
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Fill,
+            entry: "fill",
+            wg: WG,
+            consts: &[],
+            params: &[n32, f(value), 0, 0, 0],
+            args: &[Arg::write("out", out, view)],
+            groups: grid_1d(n, WG),
+        },
+    )
+}
+
+/// Random numbers from `dist`, a pure function of (seed, index).
+pub(crate) fn random(dev: &Device, out: &Block, dtype: DType, n: usize, dist: Dist, seed: u64) -> Result<()> {
+    let n32 = u32_len("random", n)?;
+    let (lo, hi) = seed_words(seed);
+    let (entry, a, b) = match dist {
+        Dist::Uniform(lo, hi) => ("uniform", lo, hi),
+        Dist::Normal(m, s) => ("normal", m, s),
+    };
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Fill,
+            entry,
+            wg: WG,
+            consts: &[],
+            params: &[n32, f(a), f(b), lo, hi],
+            args: &[Arg::write("out", out, dtype)],
+            groups: grid_1d(n, WG),
+        },
+    )
+}
+
+/// `y = x * mask / (1 - p)` with the mask drawn from (seed, index). Applying it to `dy` with the
+/// same seed is the backward pass.
+pub(crate) fn dropout(dev: &Device, x: &Block, y: &Block, dtype: DType, n: usize, p: f32, seed: u64) -> Result<()> {
+    let n32 = u32_len("dropout", n)?;
+    let (lo, hi) = seed_words(seed);
+    let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Fill,
+            entry: "dropout",
+            wg: WG,
+            consts: &[],
+            params: &[n32, f(p), f(scale), lo, hi],
+            args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
+            groups: grid_1d(n, WG),
+        },
+    )
+}

@@ -1,0 +1,19 @@
+//! wgrad: portable GPU compute and training on wgpu.
+#![warn(missing_docs)]
+
+pub mod autograd;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod kernels;
+pub mod memory;
+pub mod ops;
+mod stream;
+pub mod tensor;
+
+pub use autograd::no_grad;
+pub use device::{Device, DeviceOptions, MemoryLimit};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use memory::{MemoryStats, MemoryReport};
+pub use tensor::Tensor;

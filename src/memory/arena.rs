@@ -1,0 +1,412 @@
+//! The bookkeeping half of the caching allocator: pages, blocks, best fit, split, coalesce.
+//!
+//! This file knows nothing of wgpu, so its invariants can be property-tested on the CPU. A page
+//! is one large device buffer (owned by [`super::MemoryPool`]); a block is an aligned byte range
+//! inside a page. Two pools keep small and large requests apart, as PyTorch's caching allocator
+//! does, so that a long-lived small tensor does not pin a large page:
+//!
+//! * small: requests up to `small_limit` (1 MiB) share pages of `small_page` (2 MiB);
+//! * large: a request under 10 MiB gets a 20 MiB page, a larger one a page rounded to 2 MiB.
+//!
+//! Free blocks sit in one ordered set per pool keyed by (size, page, offset), so best fit is a
+//! range query. A block is split when the remainder is worth keeping, and a freed block merges
+//! with free neighbours in its page, so a page whose blocks are all free is one free block again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Identifies a page for the lifetime of the arena (ids are never reused).
+pub type PageId = u64;
+
+const MIB: u64 = 1 << 20;
+
+/// Which free list a block lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// Requests of at most `small_limit` bytes.
+    Small,
+    /// Everything else.
+    Large,
+}
+
+/// Sizing rules of the arena.
+#[derive(Clone, Debug)]
+pub struct ArenaConfig {
+    /// Every offset and block size is a multiple of this (the adapter's
+    /// `min_storage_buffer_offset_alignment`, at least 4).
+    pub align: u64,
+    /// No page is larger than this (the adapter's storage-binding limit, rounded down to `align`).
+    pub max_page: u64,
+    /// Largest request served from the small pool.
+    pub small_limit: u64,
+    /// Page size of the small pool.
+    pub small_page: u64,
+    /// When true every block gets its own page, released on free (`WGRAD_NO_CACHE=1`).
+    pub no_cache: bool,
+}
+
+impl ArenaConfig {
+    /// The default sizing for a given alignment and page cap.
+    pub fn new(align: u64, max_page: u64) -> Self {
+        let align = align.max(4);
+        let max_page = max_page / align * align;
+        ArenaConfig { align, max_page, small_limit: MIB, small_page: 2 * MIB, no_cache: false }
+    }
+}
+
+/// Where a block lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The page.
+    pub page: PageId,
+    /// Byte offset in the page (a multiple of `align`).
+    pub offset: u64,
+    /// Bytes reserved for the block (a multiple of `align`, at least the rounded request).
+    pub size: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    size: u64,
+    free: bool,
+}
+
+#[derive(Debug)]
+struct Page {
+    size: u64,
+    pool: PoolKind,
+    /// Every byte of the page belongs to exactly one span, keyed by offset.
+    spans: BTreeMap<u64, Span>,
+}
+
+/// The allocator's state.
+#[derive(Debug)]
+pub struct Arena {
+    cfg: ArenaConfig,
+    pages: BTreeMap<PageId, Page>,
+    free_small: BTreeSet<(u64, PageId, u64)>,
+    free_large: BTreeSet<(u64, PageId, u64)>,
+    next_page: PageId,
+}
+
+impl Arena {
+    /// An empty arena.
+    pub fn new(cfg: ArenaConfig) -> Self {
+        Arena {
+            cfg,
+            pages: BTreeMap::new(),
+            free_small: BTreeSet::new(),
+            free_large: BTreeSet::new(),
+            next_page: 0,
+        }
+    }
+
+    /// The sizing rules.
+    pub fn config(&self) -> &ArenaConfig {
+        &self.cfg
+    }
+
+    /// The block size a request of `bytes` needs: rounded up to the alignment, never zero, so
+    /// that an empty tensor still has a valid (non-empty) binding.
+    pub fn round(&self, bytes: u64) -> u64 {
+        bytes.max(1).div_ceil(self.cfg.align) * self.cfg.align
+    }
+
+    /// The pool a rounded size belongs to.
+    pub fn pool_for(&self, size: u64) -> PoolKind {
+        if size <= self.cfg.small_limit { PoolKind::Small } else { PoolKind::Large }
+    }
+
+    /// The page size to create for a rounded request, capped at `max_page` (never below `size`;
+    /// the caller rejects sizes above `max_page` first).
+    pub fn page_size_for(&self, size: u64) -> u64 {
+        if self.cfg.no_cache {
+            return size;
+        }
+        let want = match self.pool_for(size) {
+            PoolKind::Small => self.cfg.small_page,
+            PoolKind::Large if size < 10 * MIB => 20 * MIB,
+            PoolKind::Large => size.div_ceil(2 * MIB) * 2 * MIB,
+        };
+        want.min(self.cfg.max_page).max(size)
+    }
+
+    fn free_set(&mut self, pool: PoolKind) -> &mut BTreeSet<(u64, PageId, u64)> {
+        match pool {
+            PoolKind::Small => &mut self.free_small,
+            PoolKind::Large => &mut self.free_large,
+        }
+    }
+
+    /// Best fit for a rounded `size` among cached free blocks; `None` when nothing fits.
+    pub fn try_alloc(&mut self, size: u64) -> Option<Placement> {
+        debug_assert!(size % self.cfg.align == 0 && size > 0);
+        if self.cfg.no_cache {
+            return None;
+        }
+        let pool = self.pool_for(size);
+        let &(free_size, page, offset) = self.free_set(pool).range((size, 0, 0)..).next()?;
+        self.free_set(pool).remove(&(free_size, page, offset));
+        Some(self.take(page, offset, free_size, size))
+    }
+
+    /// Marks the free span at (page, offset) used for `size` bytes, splitting off the rest when
+    /// it is worth keeping: any aligned remainder in the small pool, 1 MiB or more in the large
+    /// one (a smaller tail stays with the block rather than fragment large pages).
+    fn take(&mut self, page_id: PageId, offset: u64, free_size: u64, size: u64) -> Placement {
+        let min_split = match self.pool_for(size) {
+            PoolKind::Small => self.cfg.align,
+            PoolKind::Large => MIB,
+        };
+        let rest = free_size - size;
+        let (block, tail) = if rest >= min_split { (size, rest) } else { (free_size, 0) };
+        let pool = {
+            let Some(page) = self.pages.get_mut(&page_id) else {
+                unreachable!("free list names a page that does not exist")
+            };
+            page.spans.insert(offset, Span { size: block, free: false });
+            if tail > 0 {
+                page.spans.insert(offset + block, Span { size: tail, free: true });
+            }
+            page.pool
+        };
+        if tail > 0 {
+            self.free_set(pool).insert((tail, page_id, offset + block));
+        }
+        Placement { page: page_id, offset, size: block }
+    }
+
+    /// Registers a new page of `size` bytes (one free span) and serves `request` from it.
+    pub fn alloc_in_new_page(&mut self, page_size: u64, request: u64) -> (PageId, Placement) {
+        let id = self.next_page;
+        self.next_page += 1;
+        let pool = self.pool_for(request);
+        let mut spans = BTreeMap::new();
+        spans.insert(0, Span { size: page_size, free: true });
+        self.pages.insert(id, Page { size: page_size, pool, spans });
+        let placement = self.take(id, 0, page_size, request);
+        (id, placement)
+    }
+
+    /// Returns a block to its page and merges it with free neighbours. With `no_cache`, the now
+    /// empty page is removed and its id returned so the caller can destroy the buffer.
+    pub fn free(&mut self, p: Placement) -> Option<PageId> {
+        let no_cache = self.cfg.no_cache;
+        let Some(page) = self.pages.get_mut(&p.page) else {
+            unreachable!("free of a block whose page does not exist")
+        };
+        let pool = page.pool;
+        let mut start = p.offset;
+        let mut size = match page.spans.get(&p.offset) {
+            Some(s) if !s.free && s.size == p.size => s.size,
+            other => unreachable!("double free or foreign block at {p:?}: {other:?}"),
+        };
+        let mut merged_away = Vec::new();
+        // Merge with the following span.
+        if let Some((&off, &next)) = page.spans.range(start + size..).next() {
+            if next.free && off == start + size {
+                page.spans.remove(&off);
+                merged_away.push((next.size, off));
+                size += next.size;
+            }
+        }
+        // Merge with the preceding span.
+        if let Some((&off, &prev)) = page.spans.range(..start).next_back() {
+            if prev.free && off + prev.size == start {
+                page.spans.remove(&start);
+                merged_away.push((prev.size, off));
+                start = off;
+                size += prev.size;
+            }
+        }
+        page.spans.insert(start, Span { size, free: true });
+        let whole = size == page.size;
+        let set = self.free_set(pool);
+        for (s, off) in merged_away {
+            set.remove(&(s, p.page, off));
+        }
+        if no_cache && whole {
+            self.pages.remove(&p.page);
+            return Some(p.page);
+        }
+        self.free_set(pool).insert((size, p.page, start));
+        None
+    }
+
+    /// Removes every page whose blocks are all free and returns (id, size) of each.
+    pub fn release_free_pages(&mut self) -> Vec<(PageId, u64)> {
+        let empty: Vec<(PageId, u64, PoolKind)> = self
+            .pages
+            .iter()
+            .filter(|(_, pg)| pg.spans.len() == 1 && pg.spans.values().all(|s| s.free))
+            .map(|(&id, pg)| (id, pg.size, pg.pool))
+            .collect();
+        for &(id, size, pool) in &empty {
+            self.pages.remove(&id);
+            self.free_set(pool).remove(&(size, id, 0));
+        }
+        empty.into_iter().map(|(id, size, _)| (id, size)).collect()
+    }
+
+    /// The largest cached free block, in bytes (0 when none).
+    pub fn largest_free(&self) -> u64 {
+        let a = self.free_small.last().map_or(0, |e| e.0);
+        let b = self.free_large.last().map_or(0, |e| e.0);
+        a.max(b)
+    }
+
+    /// Number of pages, small and large.
+    pub fn page_counts(&self) -> (usize, usize) {
+        let small = self.pages.values().filter(|p| p.pool == PoolKind::Small).count();
+        (small, self.pages.len() - small)
+    }
+
+    /// Checks every invariant; returns a description of the first violation. Used by tests.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut free_count = 0;
+        for (&id, page) in &self.pages {
+            let mut expect = 0u64;
+            let mut prev_free = false;
+            for (&off, span) in &page.spans {
+                if off != expect {
+                    return Err(format!("page {id}: gap or overlap at {off}, expected {expect}"));
+                }
+                if off % self.cfg.align != 0 || span.size % self.cfg.align != 0 || span.size == 0 {
+                    return Err(format!("page {id}: misaligned span {off}+{}", span.size));
+                }
+                if span.free && prev_free {
+                    return Err(format!("page {id}: adjacent free spans not merged at {off}"));
+                }
+                if span.free {
+                    free_count += 1;
+                    let set = match page.pool {
+                        PoolKind::Small => &self.free_small,
+                        PoolKind::Large => &self.free_large,
+                    };
+                    if !set.contains(&(span.size, id, off)) {
+                        return Err(format!("page {id}: free span {off} missing from free list"));
+                    }
+                }
+                prev_free = span.free;
+                expect = off + span.size;
+            }
+            if expect != page.size {
+                return Err(format!("page {id}: spans cover {expect} of {} bytes", page.size));
+            }
+            if page.size > self.cfg.max_page.max(page.spans.values().map(|s| s.size).max().unwrap_or(0)) {
+                return Err(format!("page {id}: size {} above the page cap", page.size));
+            }
+        }
+        if free_count != self.free_small.len() + self.free_large.len() {
+            return Err("free lists hold entries for spans that are not free".into());
+        }
+        Ok(())
+    }
+
+    /// True when every page is a single free span.
+    pub fn all_free(&self) -> bool {
+        self.pages.values().all(|p| p.spans.len() == 1 && p.spans.values().all(|s| s.free))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arena() -> Arena {
+        Arena::new(ArenaConfig::new(256, 64 * MIB))
+    }
+
+    fn alloc(a: &mut Arena, bytes: u64) -> Placement {
+        let size = a.round(bytes);
+        if let Some(p) = a.try_alloc(size) {
+            return p;
+        }
+        let ps = a.page_size_for(size);
+        a.alloc_in_new_page(ps, size).1
+    }
+
+    #[test]
+    fn reuse_and_coalesce() {
+        let mut a = arena();
+        let x = alloc(&mut a, 1000);
+        let y = alloc(&mut a, 1000);
+        assert_eq!(x.page, y.page);
+        assert_eq!(y.offset, 1024);
+        a.free(x);
+        a.free(y);
+        a.check().unwrap();
+        assert!(a.all_free());
+        let z = alloc(&mut a, 2048);
+        assert_eq!((z.page, z.offset), (x.page, 0), "freed neighbours merged and reused");
+    }
+
+    #[test]
+    fn pools_and_page_sizes() {
+        let a = arena();
+        assert_eq!(a.page_size_for(256), 2 * MIB);
+        assert_eq!(a.page_size_for(2 * MIB), 20 * MIB);
+        assert_eq!(a.page_size_for(11 * MIB), 12 * MIB);
+        assert_eq!(a.page_size_for(63 * MIB), 64 * MIB);
+        let capped = Arena::new(ArenaConfig::new(256, 8 * MIB));
+        assert_eq!(capped.page_size_for(2 * MIB), 8 * MIB, "pages never exceed the cap");
+    }
+
+    #[test]
+    fn release_only_empty_pages() {
+        let mut a = arena();
+        let x = alloc(&mut a, 100);
+        let _y = alloc(&mut a, 5 * MIB);
+        a.free(x);
+        let released = a.release_free_pages();
+        assert_eq!(released.len(), 1);
+        assert_eq!(a.page_counts(), (0, 1));
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn no_cache_frees_pages() {
+        let mut cfg = ArenaConfig::new(256, 64 * MIB);
+        cfg.no_cache = true;
+        let mut a = Arena::new(cfg);
+        let x = alloc(&mut a, 100);
+        let y = alloc(&mut a, 100);
+        assert_ne!(x.page, y.page);
+        assert_eq!(a.free(x), Some(x.page));
+        assert_eq!(a.page_counts(), (1, 0));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Random alloc/free sequences keep every invariant: aligned offsets, live blocks never
+        /// overlap, and after freeing everything each page is one free block.
+        #[test]
+        fn random_sequences(ops in prop::collection::vec((0u8..3, 1u64..3_000_000, any::<prop::sample::Index>()), 1..300)) {
+            let mut a = arena();
+            let mut live: Vec<Placement> = Vec::new();
+            for (kind, bytes, pick) in ops {
+                if kind < 2 || live.is_empty() {
+                    // Mostly small sizes, some large, so both pools and splits are exercised.
+                    let bytes = if kind == 0 { bytes % 5000 + 1 } else { bytes };
+                    let p = alloc(&mut a, bytes);
+                    prop_assert_eq!(p.offset % 256, 0);
+                    prop_assert!(p.size >= a.round(bytes));
+                    for q in &live {
+                        let disjoint = q.page != p.page || q.offset + q.size <= p.offset || p.offset + p.size <= q.offset;
+                        prop_assert!(disjoint, "{:?} overlaps {:?}", p, q);
+                    }
+                    live.push(p);
+                } else {
+                    let i = pick.index(live.len());
+                    a.free(live.swap_remove(i));
+                }
+                a.check().map_err(TestCaseError::fail)?;
+            }
+            for p in live.drain(..) {
+                a.free(p);
+            }
+            a.check().map_err(TestCaseError::fail)?;
+            prop_assert!(a.all_free());
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Elementwise tensor ops: unary, scalar, binary with broadcasting, comparisons, `where`.
+
+use crate::autograd::{Op, record};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::elementwise::{self as ew, Binary, Unary};
+use crate::tensor::Tensor;
+
+/// The shape two shapes broadcast to (numpy rules, right-aligned), or an error naming `op`.
+pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for k in 0..r {
+        let da = if k + a.len() >= r { a[k + a.len() - r] } else { 1 };
+        let db = if k + b.len() >= r { b[k + b.len() - r] } else { 1 };
+        out[k] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(Error::shape(op, format!("{a:?} and {b:?} do not broadcast"))),
+        };
+    }
+    Ok(out)
+}
+
+pub(crate) fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DType { op, expected: a.dtype(), got: b.dtype() });
+    }
+    Ok(a.dtype())
+}
+
+pub(crate) fn float_only(op: &'static str, t: &Tensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Err(Error::DType { op, expected: DType::F32, got: t.dtype() });
+    }
+    Ok(())
+}
+
+pub(crate) fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if !a.device().same(b.device()) {
+        return Err(Error::invalid(op, "tensors live on different devices"));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// Applies a unary op (`a`, `b` are its scalar arguments, where it has them).
+    pub(crate) fn unary(&self, op: Unary, a: f32, b: f32) -> Result<Tensor> {
+        float_only("unary op", self)?;
+        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
+        ew::unary(self.device(), op, self.block(), out.block(), self.dtype(), self.numel(), a, b)?;
+        let rec = record(&[self], || {
+            let saved = if op.grad_uses_output() { out.detach() } else { self.detach() };
+            Op::Unary { op, x: self.clone(), a, b, saved }
+        });
+        Ok(out.with_op(rec))
+    }
+
+    /// Applies a binary op with broadcasting.
+    pub(crate) fn binary(&self, op: Binary, other: &Tensor) -> Result<Tensor> {
+        let name = "binary op";
+        let dtype = same_dtype(name, self, other)?;
+        same_device(name, self, other)?;
+        float_only(name, self)?;
+        let shape = broadcast_shape(name, self.shape(), other.shape())?;
+        let out = Tensor::uninit(self.device(), &shape, dtype)?;
+        ew::binary(self.device(), op, self.block(), self.shape(), other.block(), other.shape(), out.block(), &shape, dtype)?;
+        let differentiable = !matches!(op, Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge);
+        let rec = if differentiable { record(&[self, other], || Op::Binary { op, x: self.clone(), y: other.clone() }) } else { None };
+        Ok(out.with_op(rec))
+    }
+
+    /// `self + other` (broadcasting).
+    pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Add, other)
+    }
+    /// `self - other` (broadcasting).
+    pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Sub, other)
+    }
+    /// `self * other` (broadcasting).
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Mul, other)
+    }
+    /// `self / other` (broadcasting).
+    pub fn div(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Div, other)
+    }
+    /// Elementwise maximum (ties split the gradient).
+    pub fn maximum(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Max, other)
+    }
+    /// Elementwise minimum (ties split the gradient).
+    pub fn minimum(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Min, other)
+    }
+    /// `self ^ other` elementwise (for positive bases).
+    pub fn pow(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Pow, other)
+    }
+    /// 1.0 where equal, else 0.0 (not differentiable).
+    pub fn eq(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Eq, other)
+    }
+    /// 1.0 where not equal.
+    pub fn ne(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Ne, other)
+    }
+    /// 1.0 where `self < other`.
+    pub fn lt(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Lt, other)
+    }
+    /// 1.0 where `self <= other`.
+    pub fn le(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Le, other)
+    }
+    /// 1.0 where `self > other`.
+    pub fn gt(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Gt, other)
+    }
+    /// 1.0 where `self >= other`.
+    pub fn ge(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Ge, other)
+    }
+
+    /// `-self`.
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(Unary::Neg, 0.0, 0.0)
+    }
+    /// `e^self`.
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(Unary::Exp, 0.0, 0.0)
+    }
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(Unary::Log, 0.0, 0.0)
+    }
+    /// Square root.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(Unary::Sqrt, 0.0, 0.0)
+    }
+    /// `max(self, 0)`.
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(Unary::Relu, 0.0, 0.0)
+    }
+    /// GELU (the exact, erf-based form).
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary(Unary::Gelu, 0.0, 0.0)
+    }
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(Unary::Tanh, 0.0, 0.0)
+    }
+    /// Logistic sigmoid.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(Unary::Sigmoid, 0.0, 0.0)
+    }
+    /// SiLU (`x * sigmoid(x)`).
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary(Unary::Silu, 0.0, 0.0)
+    }
+    /// Absolute value.
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(Unary::Abs, 0.0, 0.0)
+    }
+    /// `self * self`.
+    pub fn square(&self) -> Result<Tensor> {
+        self.unary(Unary::Square, 0.0, 0.0)
+    }
+    /// `1 / self`.
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary(Unary::Recip, 0.0, 0.0)
+    }
+    /// `self + a`.
+    pub fn add_scalar(&self, a: f32) -> Result<Tensor> {
+        self.unary(Unary::AddScalar, a, 0.0)
+    }
+    /// `self * a`.
+    pub fn mul_scalar(&self, a: f32) -> Result<Tensor> {
+        self.unary(Unary::MulScalar, a, 0.0)
+    }
+    /// `self ^ a`.
+    pub fn pow_scalar(&self, a: f32) -> Result<Tensor> {
+        self.unary(Unary::PowScalar, a, 0.0)
+    }
+    /// `a - self`.
+    pub fn rsub_scalar(&self, a: f32) -> Result<Tensor> {
+        self.unary(Unary::RsubScalar, a, 0.0)
+    }
+    /// `max(self, a)`.
+    pub fn maximum_scalar(&self, a: f32) -> Result<Tensor> {
+        self.unary(Unary::MaxScalar, a, 0.0)
+    }
+    /// `min(self, a)`.
+    pub fn minimum_scalar(&self, a: f32) -> Result<Tensor> {
+        self.unary(Unary::MinScalar, a, 0.0)
+    }
+    /// `a * self + b`.
+    pub fn affine(&self, a: f32, b: f32) -> Result<Tensor> {
+        self.unary(Unary::Affine, a, b)
+    }
+    /// `self` clamped to [lo, hi].
+    pub fn clamp(&self, lo: f32, hi: f32) -> Result<Tensor> {
+        self.unary(Unary::Clamp, lo, hi)
+    }
+    /// 1.0 where `self > a` (not differentiable).
+    pub fn gt_scalar(&self, a: f32) -> Result<Tensor> {
+        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
+        float_only("gt_scalar", self)?;
+        ew::unary(self.device(), Unary::Step, self.block(), out.block(), self.dtype(), self.numel(), a, 0.0)?;
+        Ok(out)
+    }
+
+    /// `cond != 0 ? on_true : on_false`, broadcasting all three. Gradients flow to the
+    /// selected branch; `cond` gets none.
+    pub fn where_cond(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        let name = "where";
+        let dtype = same_dtype(name, on_true, on_false)?;
+        same_device(name, cond, on_true)?;
+        same_device(name, on_true, on_false)?;
+        let shape = broadcast_shape(name, &broadcast_shape(name, cond.shape(), on_true.shape())?, on_false.shape())?;
+        let out = Tensor::uninit(on_true.device(), &shape, dtype)?;
+        ew::select(
+            on_true.device(),
+            cond.block(),
+            cond.shape(),
+            cond.dtype(),
+            on_true.block(),
+            on_true.shape(),
+            on_false.block(),
+            on_false.shape(),
+            out.block(),
+            &shape,
+            dtype,
+        )?;
+        let rec = record(&[on_true, on_false], || Op::Select { c: cond.detach(), x: on_true.clone(), y: on_false.clone() });
+        Ok(out.with_op(rec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_rules() {
+        assert_eq!(broadcast_shape("t", &[2, 3], &[3]).unwrap(), vec![2, 3]);
+        assert_eq!(broadcast_shape("t", &[2, 1, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
+        assert_eq!(broadcast_shape("t", &[], &[5]).unwrap(), vec![5]);
+        let e = broadcast_shape("add", &[2, 3], &[4]).unwrap_err().to_string();
+        assert!(e.contains("add") && e.contains("[2, 3]") && e.contains("[4]"), "{e}");
+    }
+}

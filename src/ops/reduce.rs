@@ -1,0 +1,117 @@
+//! Reductions: sum, mean, max, argmax along an axis or over everything.
+
+use super::elementwise::float_only;
+use crate::autograd::{Op, record};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::reduce::{self as kr, ReduceOp};
+use crate::tensor::Tensor;
+
+/// [outer, len, inner] around `axis`.
+pub(crate) fn split3(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    let outer = shape[..axis].iter().product();
+    let inner = shape[axis + 1..].iter().product();
+    (outer, shape[axis], inner)
+}
+
+fn reduced_shape(shape: &[usize], axis: usize, keepdim: bool) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if keepdim {
+        s[axis] = 1;
+    } else {
+        s.remove(axis);
+    }
+    s
+}
+
+impl Tensor {
+    fn reduce_axis(&self, axis: isize, keepdim: bool, op: ReduceOp, name: &'static str) -> Result<Tensor> {
+        float_only(name, self)?;
+        let a = self.axis(axis, name)?;
+        let (outer, len, inner) = split3(self.shape(), a);
+        if len == 0 {
+            return Err(Error::invalid(name, format!("reducing an empty axis of {:?}", self.shape())));
+        }
+        let shape = reduced_shape(self.shape(), a, keepdim);
+        let out = Tensor::uninit(self.device(), &shape, self.dtype())?;
+        let dev = self.device().clone();
+        kr::reduce(&dev, op, self.block(), out.block(), self.dtype(), outer, len, inner, |bytes| dev.alloc(bytes as u64))?;
+        let rec = record(&[self], || match op {
+            ReduceOp::Sum(scale) => Op::Sum { x: self.clone(), axis: a, keepdim, scale },
+            ReduceOp::Max => Op::Max { x: self.clone(), axis: a, keepdim, out: out.detach() },
+        });
+        Ok(out.with_op(rec))
+    }
+
+    /// Sum along `axis` (negative counts from the end).
+    pub fn sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_axis(axis, keepdim, ReduceOp::Sum(1.0), "sum")
+    }
+
+    /// Mean along `axis`.
+    pub fn mean(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let a = self.axis(axis, "mean")?;
+        let len = self.shape()[a].max(1);
+        self.reduce_axis(axis, keepdim, ReduceOp::Sum(1.0 / len as f32), "mean")
+    }
+
+    /// Maximum along `axis`; the gradient is split evenly among tied maxima.
+    pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_axis(axis, keepdim, ReduceOp::Max, "max")
+    }
+
+    /// Sum of every element, shape `[]`.
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.reshape(&[self.numel()])?.sum(0, false)
+    }
+
+    /// Mean of every element, shape `[]`.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.reshape(&[self.numel()])?.mean(0, false)
+    }
+
+    /// Maximum of every element, shape `[]`.
+    pub fn max_all(&self) -> Result<Tensor> {
+        self.reshape(&[self.numel()])?.max(0, false)
+    }
+
+    /// Index of the first maximum along `axis`, as u32 (not differentiable).
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        float_only("argmax", self)?;
+        let a = self.axis(axis, "argmax")?;
+        let (outer, len, inner) = split3(self.shape(), a);
+        if len == 0 {
+            return Err(Error::invalid("argmax", format!("empty axis of {:?}", self.shape())));
+        }
+        let out = Tensor::uninit(self.device(), &reduced_shape(self.shape(), a, keepdim), DType::U32)?;
+        kr::argmax(self.device(), self.block(), out.block(), self.dtype(), outer, len, inner)?;
+        Ok(out)
+    }
+
+    /// Sums broadcast dimensions away so the result has `target`'s shape: the gradient of a
+    /// broadcast.
+    pub fn sum_to(&self, target: &[usize]) -> Result<Tensor> {
+        if self.shape() == target {
+            return Ok(self.clone());
+        }
+        if target.len() > self.rank() {
+            return Err(Error::shape("sum_to", format!("{:?} cannot be summed to {target:?}", self.shape())));
+        }
+        let lead = self.rank() - target.len();
+        let mut t = self.clone();
+        if lead > 0 {
+            let outer: usize = self.shape()[..lead].iter().product();
+            let mut s = vec![outer];
+            s.extend_from_slice(&self.shape()[lead..]);
+            t = t.reshape(&s)?.sum(0, false)?;
+        }
+        for (k, &d) in target.iter().enumerate() {
+            if d == 1 && t.shape()[k] != 1 {
+                t = t.sum(k as isize, true)?;
+            } else if d != t.shape()[k] {
+                return Err(Error::shape("sum_to", format!("{:?} cannot be summed to {target:?}", self.shape())));
+            }
+        }
+        t.reshape(target)
+    }
+}

@@ -1,0 +1,213 @@
+//! The command stream: every GPU command wgrad issues, in order, submitted in batches.
+//!
+//! Ops do not submit. They record a [`Cmd`] here; the stream encodes and submits the batch when
+//! it holds [`MAX_BATCH`] dispatches, when staging memory in the batch grows large, or when the
+//! host needs a result (`sync`, a read-back). One submit per op would cost tens of microseconds
+//! each on a discrete GPU and stall the CPU on driver calls.
+//!
+//! Kernel parameters (shapes, strides, scalars) go into one uniform buffer: each dispatch gets
+//! an aligned slot; the host fills a byte vector while recording and, at submit, the vector is
+//! copied into the uniform buffer by the first command of the batch. A batch that runs after an
+//! earlier one reusing the same slots is ordered after it on the queue, so no slot is
+//! overwritten while a kernel still reads it.
+
+use crate::error::{Error, Result};
+use crate::memory::staging::{CHUNK_SIZE, UploadBelt};
+use std::sync::Arc;
+
+/// Dispatches per submit.
+pub(crate) const MAX_BATCH: usize = 256;
+/// Upload bytes per submit before the stream submits early, so staging chunks can recycle.
+const MAX_BATCH_STAGING: u64 = 64 << 20;
+
+/// A compiled kernel and the layout its bind groups use.
+pub(crate) struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+    pub label: Arc<str>,
+}
+
+/// A byte range of a buffer bound as storage.
+pub(crate) struct Slice<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+enum Cmd {
+    Dispatch { pipeline: wgpu::ComputePipeline, bind_group: wgpu::BindGroup, groups: [u32; 3] },
+    Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, size: u64 },
+}
+
+pub(crate) struct Stream {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    cmds: Vec<Cmd>,
+    dispatches: usize,
+    params: Vec<u8>,
+    params_buf: wgpu::Buffer,
+    param_align: usize,
+    pub(crate) belt: UploadBelt,
+    last: Option<wgpu::SubmissionIndex>,
+    /// Submits so far.
+    pub(crate) submits: u64,
+    /// Dispatches so far.
+    pub(crate) dispatch_total: u64,
+}
+
+impl Stream {
+    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, param_align: u64) -> Self {
+        let param_align = param_align.max(16) as usize;
+        let cap = (MAX_BATCH * param_align.max(256)) as u64;
+        let params_buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgrad params"),
+            size: cap,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Stream {
+            belt: UploadBelt::new(device.clone()),
+            device,
+            queue,
+            cmds: Vec::new(),
+            dispatches: 0,
+            params: Vec::new(),
+            params_buf,
+            param_align,
+            last: None,
+            submits: 0,
+            dispatch_total: 0,
+        }
+    }
+
+    /// Records one dispatch of `pipe` with `params` in its uniform slot and `storage` bound at
+    /// bindings 1, 2, ... in order.
+    pub(crate) fn dispatch(
+        &mut self,
+        pipe: &Pipeline,
+        params: &[u32],
+        storage: &[Slice<'_>],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(params);
+        let padded = bytes.len().max(16).div_ceil(16) * 16;
+        let start = self.params.len().div_ceil(self.param_align) * self.param_align;
+        if self.dispatches >= MAX_BATCH || start + padded > self.params_buf.size() as usize {
+            self.flush()?;
+        }
+        let start = self.params.len().div_ceil(self.param_align) * self.param_align;
+        self.params.resize(start, 0);
+        self.params.extend_from_slice(bytes);
+        self.params.resize(start + padded, 0);
+
+        let mut entries = Vec::with_capacity(storage.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params_buf,
+                offset: start as u64,
+                size: wgpu::BufferSize::new(padded as u64),
+            }),
+        });
+        for (i, s) in storage.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: s.buffer,
+                    offset: s.offset,
+                    size: wgpu::BufferSize::new(s.size.max(4)),
+                }),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.layout,
+            entries: &entries,
+        });
+        self.cmds.push(Cmd::Dispatch { pipeline: pipe.pipeline.clone(), bind_group, groups });
+        self.dispatches += 1;
+        self.dispatch_total += 1;
+        Ok(())
+    }
+
+    /// Records a buffer-to-buffer copy (different buffers; sizes and offsets multiples of 4).
+    pub(crate) fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, size: u64) {
+        if size == 0 {
+            return;
+        }
+        self.cmds.push(Cmd::Copy { src: src.clone(), src_off, dst: dst.clone(), dst_off, size });
+    }
+
+    /// Records an upload of `data` to `dst` at `dst_off`, through the staging belt. The bytes
+    /// written are `data` padded with zeros to a multiple of 4, so `dst` needs that much room.
+    pub(crate) fn upload(&mut self, dst: &wgpu::Buffer, dst_off: u64, data: &[u8]) -> Result<()> {
+        for (i, part) in data.chunks(CHUNK_SIZE as usize).enumerate() {
+            if self.belt.batch_bytes >= MAX_BATCH_STAGING {
+                // Double-buffer the staging memory of a large upload: submit this batch, then
+                // wait for the one before it, whose chunks come back for the next pieces.
+                let before = self.last.clone();
+                self.flush()?;
+                if let Some(idx) = before {
+                    self.device
+                        .poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None })
+                        .map_err(|e| Error::DeviceLost(e.to_string()))?;
+                }
+            }
+            let piece = self.belt.write(part)?;
+            let off = dst_off + (i as u64) * CHUNK_SIZE;
+            self.copy(&piece.buffer.clone(), piece.offset, dst, off, piece.len);
+        }
+        Ok(())
+    }
+
+    /// Encodes and submits everything recorded. Returns the submission, if anything was sent.
+    pub(crate) fn flush(&mut self) -> Result<Option<wgpu::SubmissionIndex>> {
+        if self.cmds.is_empty() && self.belt.is_empty() {
+            return Ok(None);
+        }
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgrad batch") });
+        if !self.params.is_empty() {
+            let piece = self.belt.write(&self.params)?;
+            enc.copy_buffer_to_buffer(&piece.buffer, piece.offset, &self.params_buf, 0, piece.len);
+        }
+        let mut i = 0;
+        while i < self.cmds.len() {
+            match &self.cmds[i] {
+                Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                    enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
+                    i += 1;
+                }
+                Cmd::Dispatch { .. } => {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                    while let Some(Cmd::Dispatch { pipeline, bind_group, groups }) = self.cmds.get(i) {
+                        pass.set_pipeline(pipeline);
+                        pass.set_bind_group(0, bind_group, &[]);
+                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        i += 1;
+                    }
+                }
+            }
+        }
+        self.belt.finish();
+        let idx = self.queue.submit([enc.finish()]);
+        self.belt.recall();
+        self.cmds.clear();
+        self.params.clear();
+        self.dispatches = 0;
+        self.submits += 1;
+        self.last = Some(idx.clone());
+        // Let finished maps (staging chunks coming back) run their callbacks; never blocks.
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::DeviceLost(e.to_string()))?;
+        Ok(Some(idx))
+    }
+
+    /// The most recent submission.
+    pub(crate) fn last_submission(&self) -> Option<wgpu::SubmissionIndex> {
+        self.last.clone()
+    }
+}

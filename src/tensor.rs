@@ -1,0 +1,398 @@
+//! Tensors: a shape, a dtype and contiguous storage in the device's memory pool.
+//!
+//! A [`Tensor`] is a cheap handle (`Arc`). Views that keep the element order (reshape) share
+//! storage; everything else writes a new tensor. Dropping the last handle returns the block to
+//! the pool at once: commands already queued that read it are ordered before any later use of
+//! the block (see `memory`).
+//!
+//! Autograd state lives here too, as in candle: `requires_grad`, the op that made the tensor
+//! (recorded only when an input needs gradients) and, for leaves, the accumulated gradient. The
+//! differentiable ops are in `ops/`; their gradients in `autograd/`.
+
+use crate::autograd::{self, Op};
+use crate::device::{Device, Readback};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::kernels::fill::Dist;
+use crate::memory::Block;
+use half::f16;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Identifies a tensor (unique per process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u64);
+
+/// An n-dimensional array on a device.
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<TensorInner>);
+
+pub(crate) struct TensorInner {
+    pub(crate) id: TensorId,
+    pub(crate) dev: Device,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) storage: Arc<Block>,
+    /// Gradients flow to (or through) this tensor.
+    pub(crate) requires_grad: bool,
+    /// A leaf whose gradient is accumulated (a parameter), made by `variable()`.
+    pub(crate) variable: bool,
+    /// How the tensor was computed, when recorded. Taken (and so freed) by `backward`.
+    pub(crate) op: Mutex<Option<Op>>,
+    /// Accumulated gradient of a leaf that requires grad.
+    pub(crate) grad: Mutex<Option<Tensor>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Number of elements of a shape, with overflow checked.
+pub(crate) fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::invalid(op, format!("shape {shape:?} has more elements than fit in memory")))
+}
+
+impl Tensor {
+    // ----- construction -----
+
+    /// A tensor of `shape` and `dtype` whose contents are not initialised.
+    pub(crate) fn uninit(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = numel_of("alloc", shape)?;
+        let block = dev.alloc(dtype.bytes(n))?;
+        Ok(Tensor::from_parts(dev, shape.to_vec(), dtype, Arc::new(block), None))
+    }
+
+    /// Wraps storage; `op` is kept only when an input needs gradients (the caller checks).
+    pub(crate) fn from_parts(dev: &Device, shape: Vec<usize>, dtype: DType, storage: Arc<Block>, op: Option<Op>) -> Tensor {
+        let requires_grad = op.is_some();
+        Tensor(Arc::new(TensorInner {
+            id: TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+            dev: dev.clone(),
+            shape,
+            dtype,
+            storage,
+            requires_grad,
+            variable: false,
+            op: Mutex::new(op),
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// A tensor holding `data` (row-major) with `shape`; the dtype is `T`'s.
+    pub fn from_slice<T: Element>(dev: &Device, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        let n = numel_of("from_slice", shape)?;
+        if data.len() != n {
+            return Err(Error::shape("from_slice", format!("{} values for shape {shape:?} ({n} elements)", data.len())));
+        }
+        let t = Tensor::uninit(dev, shape, T::DTYPE)?;
+        dev.upload(&t.0.storage, 0, bytemuck::cast_slice(data))?;
+        Ok(t)
+    }
+
+    /// A tensor of `dtype` (f32 or f16) from f32 values, converted on the host.
+    pub fn from_f32(dev: &Device, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => Tensor::from_slice(dev, data, shape),
+            DType::F16 => {
+                let h: Vec<f16> = data.iter().map(|&v| f16::from_f32(v)).collect();
+                Tensor::from_slice(dev, &h, shape)
+            }
+            DType::U32 => {
+                let u: Vec<u32> = data.iter().map(|&v| v as u32).collect();
+                Tensor::from_slice(dev, &u, shape)
+            }
+        }
+    }
+
+    /// A tensor filled with `value` (for u32, the value converted to an integer).
+    pub fn full(dev: &Device, shape: &[usize], value: f32, dtype: DType) -> Result<Tensor> {
+        let t = Tensor::uninit(dev, shape, dtype)?;
+        let v = if dtype == DType::U32 { f32::from_bits(value.max(0.0) as u32) } else { value };
+        kernels::fill::fill(dev, &t.0.storage, dtype, t.numel(), v)?;
+        Ok(t)
+    }
+
+    /// Zeros.
+    pub fn zeros(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(dev, shape, 0.0, dtype)
+    }
+
+    /// Ones.
+    pub fn ones(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(dev, shape, 1.0, dtype)
+    }
+
+    fn random(dev: &Device, shape: &[usize], dtype: DType, dist: Dist) -> Result<Tensor> {
+        if !dtype.is_float() {
+            return Err(Error::DType { op: "rand", expected: DType::F32, got: dtype });
+        }
+        let t = Tensor::uninit(dev, shape, dtype)?;
+        kernels::fill::random(dev, &t.0.storage, dtype, t.numel(), dist, dev.next_seed())?;
+        Ok(t)
+    }
+
+    /// Uniform in [lo, hi), generated on the device from the device's seed counter
+    /// (`Device::manual_seed` makes it reproducible).
+    pub fn rand(dev: &Device, shape: &[usize], lo: f32, hi: f32, dtype: DType) -> Result<Tensor> {
+        Tensor::random(dev, shape, dtype, Dist::Uniform(lo, hi))
+    }
+
+    /// Normal with `mean` and `std`, generated on the device.
+    pub fn randn(dev: &Device, shape: &[usize], mean: f32, std: f32, dtype: DType) -> Result<Tensor> {
+        Tensor::random(dev, shape, dtype, Dist::Normal(mean, std))
+    }
+
+    // ----- reading -----
+
+    /// The elements, row-major. `T` must match the dtype. Submits queued work and waits.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.check_read::<T>()?;
+        let bytes = self.read_async()?.wait()?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The elements as f32, whatever the dtype.
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        Ok(match self.dtype() {
+            DType::F32 => self.to_vec::<f32>()?,
+            DType::F16 => self.to_vec::<f16>()?.into_iter().map(f16::to_f32).collect(),
+            DType::U32 => self.to_vec::<u32>()?.into_iter().map(|v| v as f32).collect(),
+        })
+    }
+
+    /// The single element of a one-element tensor, as f32.
+    pub fn to_scalar(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            return Err(Error::shape("to_scalar", format!("tensor of shape {:?} is not one element", self.shape())));
+        }
+        Ok(self.to_f32_vec()?[0])
+    }
+
+    /// Starts a read-back and returns a future of the elements, so the host can queue more
+    /// work while the data comes back.
+    pub fn to_vec_async<T: Element>(&self) -> Result<impl std::future::Future<Output = Result<Vec<T>>> + use<T>> {
+        self.check_read::<T>()?;
+        let rb = self.read_async()?;
+        Ok(async move { rb.await.map(|b| bytemuck::pod_collect_to_vec(&b)) })
+    }
+
+    fn check_read<T: Element>(&self) -> Result<()> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DType { op: "to_vec", expected: self.dtype(), got: T::DTYPE });
+        }
+        Ok(())
+    }
+
+    fn read_async(&self) -> Result<Readback> {
+        self.device().read_block(&self.0.storage, self.dtype().bytes(self.numel()))
+    }
+
+    // ----- metadata -----
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.shape.len()
+    }
+
+    /// Size of dimension `d`; negative counts from the end.
+    pub fn dim(&self, d: isize) -> Result<usize> {
+        let a = self.axis(d, "dim")?;
+        Ok(self.0.shape[a])
+    }
+
+    /// Resolves a possibly negative axis against the rank.
+    pub(crate) fn axis(&self, d: isize, op: &'static str) -> Result<usize> {
+        let r = self.rank() as isize;
+        let a = if d < 0 { d + r } else { d };
+        if a < 0 || a >= r {
+            return Err(Error::invalid(op, format!("axis {d} out of range for shape {:?}", self.shape())));
+        }
+        Ok(a as usize)
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.shape.iter().product()
+    }
+
+    /// Bytes of the elements (not counting block rounding).
+    pub fn nbytes(&self) -> u64 {
+        self.dtype().bytes(self.numel())
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.0.dev
+    }
+
+    /// The tensor's unique id.
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+
+    pub(crate) fn block(&self) -> &Block {
+        &self.0.storage
+    }
+
+    /// True when both handles share storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    // ----- autograd state -----
+
+    /// Whether gradients are tracked for this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.requires_grad
+    }
+
+    /// A leaf that requires grad: the same storage, tracked as a variable (a parameter).
+    pub fn variable(&self) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            id: TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+            dev: self.0.dev.clone(),
+            shape: self.0.shape.clone(),
+            dtype: self.0.dtype,
+            storage: Arc::clone(&self.0.storage),
+            requires_grad: true,
+            variable: true,
+            op: Mutex::new(None),
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// The same storage, cut from the graph (no gradient flows through it).
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_parts(&self.0.dev, self.0.shape.clone(), self.0.dtype, Arc::clone(&self.0.storage), None)
+    }
+
+    /// True for a variable (a leaf whose gradient is kept).
+    pub fn is_variable(&self) -> bool {
+        self.0.variable
+    }
+
+    /// The accumulated gradient of a leaf variable.
+    pub fn grad(&self) -> Option<Tensor> {
+        lock(&self.0.grad).clone()
+    }
+
+    /// Replaces (or clears) the accumulated gradient.
+    pub fn set_grad(&self, g: Option<Tensor>) {
+        *lock(&self.0.grad) = g;
+    }
+
+    /// Clears the accumulated gradient.
+    pub fn zero_grad(&self) {
+        self.set_grad(None);
+    }
+
+    /// Computes gradients of this (scalar) tensor with respect to every variable it depends on
+    /// and adds them to their `grad()`. The graph is consumed: intermediate results are freed
+    /// as soon as the backward pass no longer needs them.
+    pub fn backward(&self) -> Result<()> {
+        autograd::backward(self, None)
+    }
+
+    /// Like [`Tensor::backward`] with an explicit gradient of this tensor (any shape).
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        autograd::backward(self, Some(grad.clone()))
+    }
+
+    // ----- layout -----
+
+    /// The same elements with a new shape (same count); shares storage.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let n = numel_of("reshape", shape)?;
+        if n != self.numel() {
+            return Err(Error::shape("reshape", format!("cannot view {:?} as {shape:?}", self.shape())));
+        }
+        let op = autograd::record(&[self], || Op::Reshape { x: self.clone() });
+        Ok(Tensor::from_parts(self.device(), shape.to_vec(), self.dtype(), Arc::clone(&self.0.storage), op))
+    }
+
+    /// Converts to another dtype (a new tensor; the same handle when the dtype already matches).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let out = Tensor::uninit(self.device(), self.shape(), dtype)?;
+        kernels::copy::cast(self.device(), self.block(), self.dtype(), out.block(), dtype, self.numel())?;
+        let op = if dtype.is_float() && self.dtype().is_float() {
+            autograd::record(&[self], || Op::Cast { x: self.clone() })
+        } else {
+            None
+        };
+        Ok(out.with_op(op))
+    }
+
+    /// A copy with its own storage.
+    pub fn copy(&self) -> Result<Tensor> {
+        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
+        kernels::copy::cast(self.device(), self.block(), self.dtype(), out.block(), self.dtype(), self.numel())?;
+        let op = autograd::record(&[self], || Op::Reshape { x: self.clone() });
+        Ok(out.with_op(op))
+    }
+
+    /// Attaches a recorded op to a freshly computed tensor.
+    pub(crate) fn with_op(self, op: Option<Op>) -> Tensor {
+        match op {
+            None => self,
+            Some(op) => match Arc::try_unwrap(self.0) {
+                Ok(mut inner) => {
+                    inner.requires_grad = true;
+                    *inner.op.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(op);
+                    Tensor(Arc::new(inner))
+                }
+                Err(shared) => {
+                    let t = Tensor(shared);
+                    Tensor::from_parts(t.device(), t.shape().to_vec(), t.dtype(), Arc::clone(&t.0.storage), Some(op))
+                }
+            },
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {}{})", self.shape(), self.dtype(), if self.requires_grad() { ", grad" } else { "" })
+    }
+}
+
+impl Device {
+    /// Zeros of `shape` and `dtype`.
+    pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::zeros(self, shape, dtype)
+    }
+
+    /// Standard normal numbers of `shape` and `dtype`, generated on the device.
+    pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::randn(self, shape, 0.0, 1.0, dtype)
+    }
+
+    /// Uniform numbers in [0, 1).
+    pub fn rand(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::rand(self, shape, 0.0, 1.0, dtype)
+    }
+
+    /// A tensor holding `data` with `shape`.
+    pub fn tensor<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_slice(self, data, shape)
+    }
+}
