@@ -11,6 +11,7 @@ use crate::stream::{Pipeline, Slice, Stream};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +32,12 @@ impl MemoryLimit {
     /// Parses `2GiB`, `512MiB`, `1.5GB`, `1000000`, or `50%`.
     pub fn parse(s: &str) -> Result<Self> {
         let t = s.trim();
-        let bad = || Error::invalid("memory limit", format!("cannot parse {s:?} (try 2GiB, 512MiB or 50%)"));
+        let bad = || {
+            Error::invalid(
+                "memory limit",
+                format!("cannot parse {s:?} (try 2GiB, 512MiB or 50%)"),
+            )
+        };
         if let Some(p) = t.strip_suffix('%') {
             let v: f64 = p.trim().parse().map_err(|_| bad())?;
             if !(v > 0.0 && v <= 100.0) {
@@ -85,11 +91,15 @@ impl DeviceOptions {
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let flag = |k: &str| var(k).is_some_and(|v| v != "0");
-        let disable = var("WGRAD_DISABLE").unwrap_or_default().to_ascii_lowercase();
+        let disable = var("WGRAD_DISABLE")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         let has = |w: &str| disable.split(',').any(|x| x.trim() == w);
         Ok(DeviceOptions {
             adapter: var("WGRAD_ADAPTER"),
-            memory_limit: var("WGRAD_MEMORY_LIMIT").map(|v| MemoryLimit::parse(&v)).transpose()?,
+            memory_limit: var("WGRAD_MEMORY_LIMIT")
+                .map(|v| MemoryLimit::parse(&v))
+                .transpose()?,
             no_cache: flag("WGRAD_NO_CACHE"),
             trace: flag("WGRAD_TRACE"),
             disable_f16: has("f16"),
@@ -157,10 +167,18 @@ impl fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.caps;
         let yn = |b: bool| if b { "yes" } else { "no" };
-        writeln!(f, "adapter   {} ({}, {})", self.name, self.backend, self.device_type)?;
+        writeln!(
+            f,
+            "adapter   {} ({}, {})",
+            self.name, self.backend, self.device_type
+        )?;
         writeln!(f, "driver    {}", self.driver)?;
         let mem = self.memory.map_or("unknown".to_string(), fmt_bytes);
-        let lim = if self.memory_limit == u64::MAX { "none".to_string() } else { fmt_bytes(self.memory_limit) };
+        let lim = if self.memory_limit == u64::MAX {
+            "none".to_string()
+        } else {
+            fmt_bytes(self.memory_limit)
+        };
         writeln!(f, "memory    {mem} device-local, budget {lim}")?;
         writeln!(
             f,
@@ -271,7 +289,11 @@ fn adapter_memory(adapter: &wgpu::Adapter) -> Option<u64> {
         // enumerated it; nothing is created or destroyed.
         let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
         let phd = hal.raw_physical_device();
-        let props = unsafe { hal.shared_instance().raw_instance().get_physical_device_memory_properties(phd) };
+        let props = unsafe {
+            hal.shared_instance()
+                .raw_instance()
+                .get_physical_device_memory_properties(phd)
+        };
         const DEVICE_LOCAL: u32 = 1; // VK_MEMORY_HEAP_DEVICE_LOCAL_BIT
         let n = props.memory_heap_count as usize;
         let total: u64 = props.memory_heaps[..n]
@@ -324,14 +346,20 @@ impl Device {
             Some(want) => {
                 let w = want.to_lowercase();
                 let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-                adapters.into_iter().find(|a| a.get_info().name.to_lowercase().contains(&w)).or_else(|| {
-                    eprintln!("wgrad: no adapter matches {want:?}; adapters: {names:?}");
-                    None
-                })
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&w))
+                    .or_else(|| {
+                        eprintln!("wgrad: no adapter matches {want:?}; adapters: {names:?}");
+                        None
+                    })
             }
         };
         let Some(adapter) = adapter else {
-            return Err(Error::NoAdapter(format!("no adapter name contains {:?}", opts.adapter.unwrap_or_default())));
+            return Err(Error::NoAdapter(format!(
+                "no adapter name contains {:?}",
+                opts.adapter.unwrap_or_default()
+            )));
         };
         let ainfo = adapter.get_info();
         let have = adapter.features();
@@ -347,7 +375,11 @@ impl Device {
         opt(wgpu::Features::SHADER_F16, "SHADER_F16", opts.disable_f16);
         opt(wgpu::Features::SUBGROUP, "SUBGROUP", opts.disable_subgroups);
         opt(wgpu::Features::TIMESTAMP_QUERY, "TIMESTAMP_QUERY", false);
-        opt(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, "COOPERATIVE_MATRIX", opts.disable_coop_matrix);
+        opt(
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            "COOPERATIVE_MATRIX",
+            opts.disable_coop_matrix,
+        );
         let coop_16 = want.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
             && adapter.cooperative_matrix_properties().iter().any(|p| {
                 p.m_size == 16
@@ -399,7 +431,9 @@ impl Device {
             subgroup_max: ainfo.subgroup_max_size,
             timestamps: want.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_matrix_16: coop_16,
-            max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
+            max_binding: limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size),
             max_buffer: limits.max_buffer_size,
             storage_align: limits.min_storage_buffer_offset_alignment as u64,
             uniform_align: limits.min_uniform_buffer_offset_alignment as u64,
@@ -436,7 +470,9 @@ impl Device {
             name: ainfo.name.clone(),
             backend: format!("{:?}", ainfo.backend),
             device_type: format!("{:?}", ainfo.device_type),
-            driver: format!("{} {}", ainfo.driver, ainfo.driver_info).trim().to_string(),
+            driver: format!("{} {}", ainfo.driver, ainfo.driver_info)
+                .trim()
+                .to_string(),
             memory: memory_size,
             memory_limit: limit,
             caps: caps.clone(),
@@ -508,7 +544,10 @@ impl Device {
     fn wait(&self, idx: wgpu::SubmissionIndex) -> Result<()> {
         self.inner
             .device
-            .poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None })
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
             .map(|_| ())
             .map_err(|e| Error::DeviceLost(e.to_string()))
     }
@@ -538,7 +577,10 @@ impl Device {
     /// A report to print: allocated, active, reserved and their peaks, the cache hit rate,
     /// device allocations, staging.
     pub fn memory_report(&self) -> MemoryReport {
-        MemoryReport { adapter: self.inner.info.name.clone(), stats: self.memory_stats() }
+        MemoryReport {
+            adapter: self.inner.info.name.clone(),
+            stats: self.memory_stats(),
+        }
     }
 
     /// Releases cached pages and idle staging buffers back to the driver.
@@ -676,7 +718,10 @@ impl Device {
             });
         }
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(key), entries: &entries });
+        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(key),
+            entries: &entries,
+        });
         let pl = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(key),
             bind_group_layouts: &[Some(&layout)],
@@ -701,7 +746,11 @@ impl Device {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu(format!("building kernel {key}: {e}")));
         }
-        let p = Arc::new(Pipeline { pipeline, layout, label: key.into() });
+        let p = Arc::new(Pipeline {
+            pipeline,
+            layout,
+            label: key.into(),
+        });
         lock(&self.inner.pipelines).insert(key.to_string(), Arc::clone(&p));
         Ok(p)
     }
@@ -712,7 +761,13 @@ impl Device {
     }
 
     /// Records a dispatch.
-    pub(crate) fn dispatch(&self, pipe: &Pipeline, params: &[u32], storage: &[Slice<'_>], groups: [u32; 3]) -> Result<()> {
+    pub(crate) fn dispatch(
+        &self,
+        pipe: &Pipeline,
+        params: &[u32],
+        storage: &[Slice<'_>],
+        groups: [u32; 3],
+    ) -> Result<()> {
         let max = self.inner.caps.max_groups_per_dim;
         if let Some(&g) = groups.iter().find(|&&g| g > max) {
             return Err(Error::LimitExceeded {
@@ -733,36 +788,55 @@ impl Device {
     /// Records a copy between two blocks. They must not share a page (wgpu forbids copies
     /// within one buffer); callers use the copy kernel then.
     pub(crate) fn copy_blocks(&self, src: &Block, dst: &Block, bytes: u64) {
-        lock(&self.inner.stream).copy(src.buffer(), src.offset(), dst.buffer(), dst.offset(), bytes.div_ceil(4) * 4);
+        lock(&self.inner.stream).copy(
+            src.buffer(),
+            src.offset(),
+            dst.buffer(),
+            dst.offset(),
+            bytes.div_ceil(4) * 4,
+        );
     }
 
     /// Starts a read-back of `len` bytes of `block`: records the copy, submits, and asks for
     /// the staging buffer to be mapped. The returned future resolves once the data is here.
-    pub(crate) fn read_block(&self, block: &Block, len: u64) -> Result<Readback> {
+    pub(crate) fn read_block<T: bytemuck::Pod>(
+        &self,
+        block: &Block,
+        len: u64,
+    ) -> Result<Readback<T>> {
         self.check()?;
         let padded = len.div_ceil(4) * 4;
-        let staging = lock(&self.inner.downloads).get(padded.max(4));
+        let state = Arc::new(Mutex::new(MapState {
+            done: None,
+            waker: None,
+        }));
+        if padded == 0 {
+            lock(&state).done = Some(true);
+            return Ok(Readback {
+                dev: self.clone(),
+                staging: None,
+                len: 0,
+                padded: 0,
+                idx: None,
+                state,
+                poller: true,
+                _t: PhantomData,
+            });
+        }
+        let staging = lock(&self.inner.downloads).get(padded);
         let idx = {
             let mut st = lock(&self.inner.stream);
             st.copy(block.buffer(), block.offset(), &staging, 0, padded);
-            match st.flush()? {
-                Some(i) => i,
-                None => unreachable!("a copy was just recorded"),
-            }
+            st.flush()?
         };
-        let state = Arc::new(Mutex::new(MapState { done: None, waker: None }));
-        if padded > 0 {
-            let st2 = Arc::clone(&state);
-            staging.map_async(wgpu::MapMode::Read, 0..padded, move |r| {
-                let mut s = lock(&st2);
-                s.done = Some(r.is_ok());
-                if let Some(w) = s.waker.take() {
-                    w.wake();
-                }
-            });
-        } else {
-            lock(&state).done = Some(true);
-        }
+        let st2 = Arc::clone(&state);
+        staging.map_async(wgpu::MapMode::Read, 0..padded, move |r| {
+            let mut s = lock(&st2);
+            s.done = Some(r.is_ok());
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        });
         Ok(Readback {
             dev: self.clone(),
             staging: Some(staging),
@@ -771,6 +845,7 @@ impl Device {
             idx,
             state,
             poller: false,
+            _t: PhantomData,
         })
     }
 }
@@ -811,40 +886,55 @@ struct MapState {
     waker: Option<Waker>,
 }
 
-/// A read-back in flight. Await it, or call [`Readback::wait`] to block.
-pub struct Readback {
+/// A read-back in flight, resolving to the elements as `Vec<T>`. Await it, or call
+/// [`Readback::wait`] to block.
+pub struct Readback<T> {
     dev: Device,
     staging: Option<wgpu::Buffer>,
     len: u64,
     padded: u64,
-    idx: wgpu::SubmissionIndex,
+    idx: Option<wgpu::SubmissionIndex>,
     state: Arc<Mutex<MapState>>,
     poller: bool,
+    _t: PhantomData<fn() -> T>,
 }
 
-impl Readback {
-    /// Blocks until the bytes are here.
-    pub fn wait(mut self) -> Result<Vec<u8>> {
+impl<T: bytemuck::Pod> Readback<T> {
+    /// Blocks until the data is here.
+    pub fn wait(mut self) -> Result<Vec<T>> {
         if lock(&self.state).done.is_none() {
-            self.dev.wait(self.idx.clone())?;
+            match self.idx.clone() {
+                Some(idx) => self.dev.wait(idx)?,
+                None => {
+                    self.dev
+                        .inner
+                        .device
+                        .poll(wgpu::PollType::wait_indefinitely())
+                        .map_err(|e| Error::DeviceLost(e.to_string()))?;
+                }
+            }
         }
         self.take()
     }
 
-    fn take(&mut self) -> Result<Vec<u8>> {
+    fn take(&mut self) -> Result<Vec<T>> {
         let ok = lock(&self.state).done;
         let Some(staging) = self.staging.take() else {
-            return Err(Error::invalid("read-back", "polled after completion"));
+            return Ok(Vec::new());
         };
         if ok != Some(true) {
-            return Err(Error::DeviceLost("mapping a read-back buffer failed".into()));
+            return Err(Error::DeviceLost(
+                "mapping a read-back buffer failed".into(),
+            ));
         }
-        let mut out = Vec::with_capacity(self.padded as usize);
+        // One copy, straight from the mapping into the result's elements.
+        let n = self.len as usize / std::mem::size_of::<T>();
+        let mut out = vec![T::zeroed(); n];
         if self.padded > 0 {
             let view = staging
                 .get_mapped_range(0..self.padded)
                 .map_err(|e| Error::Gpu(format!("read-back map: {e}")))?;
-            out.extend_from_slice(&view[..self.len as usize]);
+            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&view[..self.len as usize]);
             drop(view);
             staging.unmap();
         }
@@ -854,8 +944,8 @@ impl Readback {
     }
 }
 
-impl Future for Readback {
-    type Output = Result<Vec<u8>>;
+impl<T: bytemuck::Pod> Future for Readback<T> {
+    type Output = Result<Vec<T>>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         {
             let mut s = lock(&self.state);
@@ -873,14 +963,17 @@ impl Future for Readback {
             let dev = self.dev.inner.device.clone();
             let idx = self.idx.clone();
             std::thread::spawn(move || {
-                let _ = dev.poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None });
+                let _ = dev.poll(wgpu::PollType::Wait {
+                    submission_index: idx,
+                    timeout: None,
+                });
             });
         }
         Poll::Pending
     }
 }
 
-impl Drop for Readback {
+impl<T> Drop for Readback<T> {
     fn drop(&mut self) {
         // A read-back dropped before completion: its buffer is still mapped or mapping; let
         // wgpu release it rather than return a mapped buffer to the pool.
@@ -893,7 +986,11 @@ impl Drop for Readback {
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Device({}, {})", self.inner.info.name, self.inner.info.backend)
+        write!(
+            f,
+            "Device({}, {})",
+            self.inner.info.name, self.inner.info.backend
+        )
     }
 }
 
@@ -903,10 +1000,22 @@ mod tests {
 
     #[test]
     fn parse_limits() {
-        assert_eq!(MemoryLimit::parse("2GiB").unwrap(), MemoryLimit::Bytes(2 << 30));
-        assert_eq!(MemoryLimit::parse("512 MiB").unwrap(), MemoryLimit::Bytes(512 << 20));
-        assert_eq!(MemoryLimit::parse("1000").unwrap(), MemoryLimit::Bytes(1000));
-        assert_eq!(MemoryLimit::parse("50%").unwrap(), MemoryLimit::Fraction(0.5));
+        assert_eq!(
+            MemoryLimit::parse("2GiB").unwrap(),
+            MemoryLimit::Bytes(2 << 30)
+        );
+        assert_eq!(
+            MemoryLimit::parse("512 MiB").unwrap(),
+            MemoryLimit::Bytes(512 << 20)
+        );
+        assert_eq!(
+            MemoryLimit::parse("1000").unwrap(),
+            MemoryLimit::Bytes(1000)
+        );
+        assert_eq!(
+            MemoryLimit::parse("50%").unwrap(),
+            MemoryLimit::Fraction(0.5)
+        );
         assert!(MemoryLimit::parse("lots").is_err());
         assert!(MemoryLimit::parse("150%").is_err());
         assert!(MemoryLimit::parse("-1GiB").is_err());

@@ -106,17 +106,26 @@ pub enum Error {
 impl Error {
     /// Shorthand for [`Error::Invalid`].
     pub(crate) fn invalid(op: &'static str, detail: impl Into<String>) -> Self {
-        Error::Invalid { op, detail: detail.into() }
+        Error::Invalid {
+            op,
+            detail: detail.into(),
+        }
     }
 
     /// Shorthand for [`Error::Shape`].
     pub(crate) fn shape(op: &'static str, detail: impl Into<String>) -> Self {
-        Error::Shape { op, detail: detail.into() }
+        Error::Shape {
+            op,
+            detail: detail.into(),
+        }
     }
 
     /// Shorthand for [`Error::Format`].
     pub(crate) fn format(path: impl Into<String>, detail: impl Into<String>) -> Self {
-        Error::Format { path: path.into(), detail: detail.into() }
+        Error::Format {
+            path: path.into(),
+            detail: detail.into(),
+        }
     }
 
     /// True for [`Error::OutOfMemory`]; batch-size search uses it.
@@ -134,11 +143,19 @@ pub fn fmt_bytes(b: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{b} B") } else { format!("{v:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 fn fmt_limit(l: u64) -> String {
-    if l == u64::MAX { "none".to_string() } else { fmt_bytes(l) }
+    if l == u64::MAX {
+        "none".to_string()
+    } else {
+        fmt_bytes(l)
+    }
 }
 
 #[cfg(test)]
@@ -163,7 +180,10 @@ mod tests {
             largest_free: 4096,
         };
         let s = e.to_string();
-        assert!(s.contains("1.00 MiB") && s.contains("1.00 GiB") && s.contains("4.00 KiB"), "{s}");
+        assert!(
+            s.contains("1.00 MiB") && s.contains("1.00 GiB") && s.contains("4.00 KiB"),
+            "{s}"
+        );
         assert!(e.is_oom());
     }
 }

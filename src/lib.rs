@@ -12,8 +12,8 @@ mod stream;
 pub mod tensor;
 
 pub use autograd::no_grad;
-pub use device::{Device, DeviceOptions, MemoryLimit};
+pub use device::{Device, DeviceOptions, MemoryLimit, Readback};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use memory::{MemoryStats, MemoryReport};
+pub use memory::{MemoryReport, MemoryStats};
 pub use tensor::Tensor;

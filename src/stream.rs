@@ -35,8 +35,18 @@ pub(crate) struct Slice<'a> {
 }
 
 enum Cmd {
-    Dispatch { pipeline: wgpu::ComputePipeline, bind_group: wgpu::BindGroup, groups: [u32; 3] },
-    Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, size: u64 },
+    Dispatch {
+        pipeline: wgpu::ComputePipeline,
+        bind_group: wgpu::BindGroup,
+        groups: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    },
 }
 
 pub(crate) struct Stream {
@@ -127,18 +137,35 @@ impl Stream {
             layout: &pipe.layout,
             entries: &entries,
         });
-        self.cmds.push(Cmd::Dispatch { pipeline: pipe.pipeline.clone(), bind_group, groups });
+        self.cmds.push(Cmd::Dispatch {
+            pipeline: pipe.pipeline.clone(),
+            bind_group,
+            groups,
+        });
         self.dispatches += 1;
         self.dispatch_total += 1;
         Ok(())
     }
 
     /// Records a buffer-to-buffer copy (different buffers; sizes and offsets multiples of 4).
-    pub(crate) fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, size: u64) {
+    pub(crate) fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    ) {
         if size == 0 {
             return;
         }
-        self.cmds.push(Cmd::Copy { src: src.clone(), src_off, dst: dst.clone(), dst_off, size });
+        self.cmds.push(Cmd::Copy {
+            src: src.clone(),
+            src_off,
+            dst: dst.clone(),
+            dst_off,
+            size,
+        });
     }
 
     /// Records an upload of `data` to `dst` at `dst_off`, through the staging belt. The bytes
@@ -152,7 +179,10 @@ impl Stream {
                 self.flush()?;
                 if let Some(idx) = before {
                     self.device
-                        .poll(wgpu::PollType::Wait { submission_index: Some(idx), timeout: None })
+                        .poll(wgpu::PollType::Wait {
+                            submission_index: Some(idx),
+                            timeout: None,
+                        })
                         .map_err(|e| Error::DeviceLost(e.to_string()))?;
                 }
             }
@@ -168,7 +198,11 @@ impl Stream {
         if self.cmds.is_empty() && self.belt.is_empty() {
             return Ok(None);
         }
-        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgrad batch") });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgrad batch"),
+            });
         if !self.params.is_empty() {
             let piece = self.belt.write(&self.params)?;
             enc.copy_buffer_to_buffer(&piece.buffer, piece.offset, &self.params_buf, 0, piece.len);
@@ -176,13 +210,27 @@ impl Stream {
         let mut i = 0;
         while i < self.cmds.len() {
             match &self.cmds[i] {
-                Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                Cmd::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    size,
+                } => {
                     enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
                     i += 1;
                 }
                 Cmd::Dispatch { .. } => {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-                    while let Some(Cmd::Dispatch { pipeline, bind_group, groups }) = self.cmds.get(i) {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: None,
+                        timestamp_writes: None,
+                    });
+                    while let Some(Cmd::Dispatch {
+                        pipeline,
+                        bind_group,
+                        groups,
+                    }) = self.cmds.get(i)
+                    {
                         pass.set_pipeline(pipeline);
                         pass.set_bind_group(0, bind_group, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);

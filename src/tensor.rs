@@ -56,7 +56,12 @@ pub(crate) fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize> {
     shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| Error::invalid(op, format!("shape {shape:?} has more elements than fit in memory")))
+        .ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!("shape {shape:?} has more elements than fit in memory"),
+            )
+        })
 }
 
 impl Tensor {
@@ -66,11 +71,23 @@ impl Tensor {
     pub(crate) fn uninit(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n = numel_of("alloc", shape)?;
         let block = dev.alloc(dtype.bytes(n))?;
-        Ok(Tensor::from_parts(dev, shape.to_vec(), dtype, Arc::new(block), None))
+        Ok(Tensor::from_parts(
+            dev,
+            shape.to_vec(),
+            dtype,
+            Arc::new(block),
+            None,
+        ))
     }
 
     /// Wraps storage; `op` is kept only when an input needs gradients (the caller checks).
-    pub(crate) fn from_parts(dev: &Device, shape: Vec<usize>, dtype: DType, storage: Arc<Block>, op: Option<Op>) -> Tensor {
+    pub(crate) fn from_parts(
+        dev: &Device,
+        shape: Vec<usize>,
+        dtype: DType,
+        storage: Arc<Block>,
+        op: Option<Op>,
+    ) -> Tensor {
         let requires_grad = op.is_some();
         Tensor(Arc::new(TensorInner {
             id: TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
@@ -89,7 +106,10 @@ impl Tensor {
     pub fn from_slice<T: Element>(dev: &Device, data: &[T], shape: &[usize]) -> Result<Tensor> {
         let n = numel_of("from_slice", shape)?;
         if data.len() != n {
-            return Err(Error::shape("from_slice", format!("{} values for shape {shape:?} ({n} elements)", data.len())));
+            return Err(Error::shape(
+                "from_slice",
+                format!("{} values for shape {shape:?} ({n} elements)", data.len()),
+            ));
         }
         let t = Tensor::uninit(dev, shape, T::DTYPE)?;
         dev.upload(&t.0.storage, 0, bytemuck::cast_slice(data))?;
@@ -114,7 +134,11 @@ impl Tensor {
     /// A tensor filled with `value` (for u32, the value converted to an integer).
     pub fn full(dev: &Device, shape: &[usize], value: f32, dtype: DType) -> Result<Tensor> {
         let t = Tensor::uninit(dev, shape, dtype)?;
-        let v = if dtype == DType::U32 { f32::from_bits(value.max(0.0) as u32) } else { value };
+        let v = if dtype == DType::U32 {
+            f32::from_bits(value.max(0.0) as u32)
+        } else {
+            value
+        };
         kernels::fill::fill(dev, &t.0.storage, dtype, t.numel(), v)?;
         Ok(t)
     }
@@ -131,7 +155,11 @@ impl Tensor {
 
     fn random(dev: &Device, shape: &[usize], dtype: DType, dist: Dist) -> Result<Tensor> {
         if !dtype.is_float() {
-            return Err(Error::DType { op: "rand", expected: DType::F32, got: dtype });
+            return Err(Error::DType {
+                op: "rand",
+                expected: DType::F32,
+                got: dtype,
+            });
         }
         let t = Tensor::uninit(dev, shape, dtype)?;
         kernels::fill::random(dev, &t.0.storage, dtype, t.numel(), dist, dev.next_seed())?;
@@ -145,7 +173,13 @@ impl Tensor {
     }
 
     /// Normal with `mean` and `std`, generated on the device.
-    pub fn randn(dev: &Device, shape: &[usize], mean: f32, std: f32, dtype: DType) -> Result<Tensor> {
+    pub fn randn(
+        dev: &Device,
+        shape: &[usize],
+        mean: f32,
+        std: f32,
+        dtype: DType,
+    ) -> Result<Tensor> {
         Tensor::random(dev, shape, dtype, Dist::Normal(mean, std))
     }
 
@@ -154,8 +188,7 @@ impl Tensor {
     /// The elements, row-major. `T` must match the dtype. Submits queued work and waits.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_read::<T>()?;
-        let bytes = self.read_async()?.wait()?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        self.read_async::<T>()?.wait()
     }
 
     /// The elements as f32, whatever the dtype.
@@ -163,35 +196,46 @@ impl Tensor {
         Ok(match self.dtype() {
             DType::F32 => self.to_vec::<f32>()?,
             DType::F16 => self.to_vec::<f16>()?.into_iter().map(f16::to_f32).collect(),
-            DType::U32 => self.to_vec::<u32>()?.into_iter().map(|v| v as f32).collect(),
+            DType::U32 => self
+                .to_vec::<u32>()?
+                .into_iter()
+                .map(|v| v as f32)
+                .collect(),
         })
     }
 
     /// The single element of a one-element tensor, as f32.
     pub fn to_scalar(&self) -> Result<f32> {
         if self.numel() != 1 {
-            return Err(Error::shape("to_scalar", format!("tensor of shape {:?} is not one element", self.shape())));
+            return Err(Error::shape(
+                "to_scalar",
+                format!("tensor of shape {:?} is not one element", self.shape()),
+            ));
         }
         Ok(self.to_f32_vec()?[0])
     }
 
     /// Starts a read-back and returns a future of the elements, so the host can queue more
     /// work while the data comes back.
-    pub fn to_vec_async<T: Element>(&self) -> Result<impl std::future::Future<Output = Result<Vec<T>>> + use<T>> {
+    pub fn to_vec_async<T: Element>(&self) -> Result<Readback<T>> {
         self.check_read::<T>()?;
-        let rb = self.read_async()?;
-        Ok(async move { rb.await.map(|b| bytemuck::pod_collect_to_vec(&b)) })
+        self.read_async::<T>()
     }
 
     fn check_read<T: Element>(&self) -> Result<()> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DType { op: "to_vec", expected: self.dtype(), got: T::DTYPE });
+            return Err(Error::DType {
+                op: "to_vec",
+                expected: self.dtype(),
+                got: T::DTYPE,
+            });
         }
         Ok(())
     }
 
-    fn read_async(&self) -> Result<Readback> {
-        self.device().read_block(&self.0.storage, self.dtype().bytes(self.numel()))
+    fn read_async<T: Element>(&self) -> Result<Readback<T>> {
+        self.device()
+            .read_block(&self.0.storage, self.dtype().bytes(self.numel()))
     }
 
     // ----- metadata -----
@@ -217,7 +261,10 @@ impl Tensor {
         let r = self.rank() as isize;
         let a = if d < 0 { d + r } else { d };
         if a < 0 || a >= r {
-            return Err(Error::invalid(op, format!("axis {d} out of range for shape {:?}", self.shape())));
+            return Err(Error::invalid(
+                op,
+                format!("axis {d} out of range for shape {:?}", self.shape()),
+            ));
         }
         Ok(a as usize)
     }
@@ -251,6 +298,12 @@ impl Tensor {
         &self.0.storage
     }
 
+    /// (page, byte offset) of the tensor's storage in the memory pool; for tests of reuse.
+    #[doc(hidden)]
+    pub fn storage_location(&self) -> (u64, u64) {
+        (self.0.storage.page(), self.0.storage.offset())
+    }
+
     /// True when both handles share storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
@@ -280,7 +333,13 @@ impl Tensor {
 
     /// The same storage, cut from the graph (no gradient flows through it).
     pub fn detach(&self) -> Tensor {
-        Tensor::from_parts(&self.0.dev, self.0.shape.clone(), self.0.dtype, Arc::clone(&self.0.storage), None)
+        Tensor::from_parts(
+            &self.0.dev,
+            self.0.shape.clone(),
+            self.0.dtype,
+            Arc::clone(&self.0.storage),
+            None,
+        )
     }
 
     /// True for a variable (a leaf whose gradient is kept).
@@ -321,10 +380,19 @@ impl Tensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n = numel_of("reshape", shape)?;
         if n != self.numel() {
-            return Err(Error::shape("reshape", format!("cannot view {:?} as {shape:?}", self.shape())));
+            return Err(Error::shape(
+                "reshape",
+                format!("cannot view {:?} as {shape:?}", self.shape()),
+            ));
         }
         let op = autograd::record(&[self], || Op::Reshape { x: self.clone() });
-        Ok(Tensor::from_parts(self.device(), shape.to_vec(), self.dtype(), Arc::clone(&self.0.storage), op))
+        Ok(Tensor::from_parts(
+            self.device(),
+            shape.to_vec(),
+            self.dtype(),
+            Arc::clone(&self.0.storage),
+            op,
+        ))
     }
 
     /// Converts to another dtype (a new tensor; the same handle when the dtype already matches).
@@ -333,7 +401,14 @@ impl Tensor {
             return Ok(self.clone());
         }
         let out = Tensor::uninit(self.device(), self.shape(), dtype)?;
-        kernels::copy::cast(self.device(), self.block(), self.dtype(), out.block(), dtype, self.numel())?;
+        kernels::copy::cast(
+            self.device(),
+            self.block(),
+            self.dtype(),
+            out.block(),
+            dtype,
+            self.numel(),
+        )?;
         let op = if dtype.is_float() && self.dtype().is_float() {
             autograd::record(&[self], || Op::Cast { x: self.clone() })
         } else {
@@ -345,7 +420,14 @@ impl Tensor {
     /// A copy with its own storage.
     pub fn copy(&self) -> Result<Tensor> {
         let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
-        kernels::copy::cast(self.device(), self.block(), self.dtype(), out.block(), self.dtype(), self.numel())?;
+        kernels::copy::cast(
+            self.device(),
+            self.block(),
+            self.dtype(),
+            out.block(),
+            self.dtype(),
+            self.numel(),
+        )?;
         let op = autograd::record(&[self], || Op::Reshape { x: self.clone() });
         Ok(out.with_op(op))
     }
@@ -362,7 +444,13 @@ impl Tensor {
                 }
                 Err(shared) => {
                     let t = Tensor(shared);
-                    Tensor::from_parts(t.device(), t.shape().to_vec(), t.dtype(), Arc::clone(&t.0.storage), Some(op))
+                    Tensor::from_parts(
+                        t.device(),
+                        t.shape().to_vec(),
+                        t.dtype(),
+                        Arc::clone(&t.0.storage),
+                        Some(op),
+                    )
                 }
             },
         }
@@ -371,7 +459,13 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({:?}, {}{})", self.shape(), self.dtype(), if self.requires_grad() { ", grad" } else { "" })
+        write!(
+            f,
+            "Tensor({:?}, {}{})",
+            self.shape(),
+            self.dtype(),
+            if self.requires_grad() { ", grad" } else { "" }
+        )
     }
 }
 

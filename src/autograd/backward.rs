@@ -13,7 +13,17 @@ pub(super) fn grads(op: &Op, out: &Tensor, g: Tensor) -> Result<Vec<(Tensor, Ten
         Op::Unary { op, x, a, b, saved } => {
             let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
             let saved = saved.to_dtype(g.dtype())?;
-            ew::unary_bwd(g.device(), *op, saved.block(), g.block(), dx.block(), g.dtype(), g.numel(), *a, *b)?;
+            ew::unary_bwd(
+                g.device(),
+                *op,
+                saved.block(),
+                g.block(),
+                dx.block(),
+                g.dtype(),
+                g.numel(),
+                *a,
+                *b,
+            )?;
             vec![(x.clone(), dx)]
         }
         Op::Binary { op, x, y } => {
@@ -27,7 +37,11 @@ pub(super) fn grads(op: &Op, out: &Tensor, g: Tensor) -> Result<Vec<(Tensor, Ten
                 }
                 Binary::Max | Binary::Min => {
                     // Ties split the gradient evenly, as PyTorch does.
-                    let wins = if *op == Binary::Max { x.gt(y)? } else { x.lt(y)? };
+                    let wins = if *op == Binary::Max {
+                        x.gt(y)?
+                    } else {
+                        x.lt(y)?
+                    };
                     let ties = x.eq(y)?.mul_scalar(0.5)?;
                     let mx = wins.add(&ties)?;
                     let my = mx.rsub_scalar(1.0)?;
@@ -43,23 +57,43 @@ pub(super) fn grads(op: &Op, out: &Tensor, g: Tensor) -> Result<Vec<(Tensor, Ten
                     unreachable!("comparisons are not recorded")
                 }
             };
-            vec![(x.clone(), gx.sum_to(x.shape())?), (y.clone(), gy.sum_to(y.shape())?)]
+            vec![
+                (x.clone(), gx.sum_to(x.shape())?),
+                (y.clone(), gy.sum_to(y.shape())?),
+            ]
         }
         Op::Select { c, x, y } => {
             let zero = Tensor::zeros(g.device(), &[1], g.dtype())?;
             let gx = Tensor::where_cond(c, &g, &zero)?;
             let gy = Tensor::where_cond(c, &zero, &g)?;
-            vec![(x.clone(), gx.sum_to(x.shape())?), (y.clone(), gy.sum_to(y.shape())?)]
+            vec![
+                (x.clone(), gx.sum_to(x.shape())?),
+                (y.clone(), gy.sum_to(y.shape())?),
+            ]
         }
-        Op::Sum { x, axis, keepdim, scale } => {
+        Op::Sum {
+            x,
+            axis,
+            keepdim,
+            scale,
+        } => {
             let mut keep = x.shape().to_vec();
             keep[*axis] = 1;
             let _ = keepdim;
             let gx = g.reshape(&keep)?.broadcast_to(x.shape())?;
-            let gx = if *scale == 1.0 { gx } else { gx.mul_scalar(*scale)? };
+            let gx = if *scale == 1.0 {
+                gx
+            } else {
+                gx.mul_scalar(*scale)?
+            };
             vec![(x.clone(), gx)]
         }
-        Op::Max { x, axis, keepdim, out } => {
+        Op::Max {
+            x,
+            axis,
+            keepdim,
+            out,
+        } => {
             let _ = keepdim;
             let mut keep = x.shape().to_vec();
             keep[*axis] = 1;

@@ -46,19 +46,33 @@ pub fn is_grad_enabled() -> bool {
 
 /// The op to attach to an output, or `None` when no input needs gradients or recording is off.
 pub(crate) fn record(inputs: &[&Tensor], make: impl FnOnce() -> Op) -> Option<Op> {
-    if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) { Some(make()) } else { None }
+    if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
+        Some(make())
+    } else {
+        None
+    }
 }
 
 /// Gradients of `root` (seeded with `grad`, or ones) accumulated into every variable it depends
 /// on. Consumes the graph.
 pub(crate) fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
     if !root.requires_grad() {
-        return Err(Error::invalid("backward", "the tensor does not require grad (no variable was used to compute it)"));
+        return Err(Error::invalid(
+            "backward",
+            "the tensor does not require grad (no variable was used to compute it)",
+        ));
     }
     let seed = match grad {
         Some(g) => {
             if g.shape() != root.shape() {
-                return Err(Error::shape("backward", format!("gradient {:?} for a tensor of shape {:?}", g.shape(), root.shape())));
+                return Err(Error::shape(
+                    "backward",
+                    format!(
+                        "gradient {:?} for a tensor of shape {:?}",
+                        g.shape(),
+                        root.shape()
+                    ),
+                ));
             }
             g
         }
@@ -66,7 +80,10 @@ pub(crate) fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
             if root.numel() != 1 {
                 return Err(Error::shape(
                     "backward",
-                    format!("backward() needs a one-element tensor, got {:?}; use backward_with(grad)", root.shape()),
+                    format!(
+                        "backward() needs a one-element tensor, got {:?}; use backward_with(grad)",
+                        root.shape()
+                    ),
                 ));
             }
             Tensor::ones(root.device(), root.shape(), root.dtype())?
@@ -79,7 +96,9 @@ pub(crate) fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
         let mut order: Vec<Option<Tensor>> = order.into_iter().map(Some).collect();
         for slot in order.iter_mut() {
             let Some(node) = slot.take() else { continue };
-            let Some(g) = grads.remove(&node.id()) else { continue };
+            let Some(g) = grads.remove(&node.id()) else {
+                continue;
+            };
             let op = lock(&node.0.op).take();
             match op {
                 None if node.0.variable => accumulate_leaf(&node, g)?,
@@ -144,7 +163,10 @@ fn topo_order(root: &Tensor) -> Vec<Tensor> {
         if !seen.insert(t.id()) {
             continue;
         }
-        let inputs: Vec<Tensor> = lock(&t.0.op).as_ref().map(|op| op.inputs().into_iter().cloned().collect()).unwrap_or_default();
+        let inputs: Vec<Tensor> = lock(&t.0.op)
+            .as_ref()
+            .map(|op| op.inputs().into_iter().cloned().collect())
+            .unwrap_or_default();
         stack.push((t, true));
         for i in inputs {
             if i.requires_grad() && !seen.contains(&i.id()) {

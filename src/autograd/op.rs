@@ -14,21 +14,41 @@ pub enum Op {
     /// Dtype conversion between float types.
     Cast { x: Tensor },
     /// A unary op; `saved` is its input or its output (see `Unary::grad_uses_output`).
-    Unary { op: Unary, x: Tensor, a: f32, b: f32, saved: Tensor },
+    Unary {
+        op: Unary,
+        x: Tensor,
+        a: f32,
+        b: f32,
+        saved: Tensor,
+    },
     /// A broadcasting binary op.
     Binary { op: Binary, x: Tensor, y: Tensor },
     /// `where(c, x, y)`.
     Select { c: Tensor, x: Tensor, y: Tensor },
     /// Sum along an axis times `scale` (mean has 1/len).
-    Sum { x: Tensor, axis: usize, keepdim: bool, scale: f32 },
+    Sum {
+        x: Tensor,
+        axis: usize,
+        keepdim: bool,
+        scale: f32,
+    },
     /// Max along an axis; `out` is the result (detached).
-    Max { x: Tensor, axis: usize, keepdim: bool, out: Tensor },
+    Max {
+        x: Tensor,
+        axis: usize,
+        keepdim: bool,
+        out: Tensor,
+    },
     /// Dimension permutation.
     Permute { x: Tensor, perm: Vec<usize> },
     /// Broadcast to a larger shape.
     Expand { x: Tensor },
     /// A slice along an axis.
-    Narrow { x: Tensor, axis: usize, start: usize },
+    Narrow {
+        x: Tensor,
+        axis: usize,
+        start: usize,
+    },
     /// Concatenation along an axis.
     Cat { xs: Vec<Tensor>, axis: usize },
 }

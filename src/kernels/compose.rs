@@ -62,7 +62,9 @@ pub fn select_entry<'a>(source: &'a str, entry: &str) -> Option<(&'a str, &'a st
     while let Some(line_end) = rest.find('\n') {
         let name = rest[marker.len()..line_end].trim();
         let body_start = line_end + 1;
-        let next = rest[body_start..].find(marker).map_or(rest.len(), |p| body_start + p);
+        let next = rest[body_start..]
+            .find(marker)
+            .map_or(rest.len(), |p| body_start + p);
         if name == entry {
             return Some((common, &rest[body_start..next]));
         }
@@ -117,7 +119,11 @@ pub fn compose(
     }
     let body = format!("{common}{section}");
     if body.contains("block_sum(") || body.contains("block_max(") {
-        s.push_str(if target.subgroups { REDUCE_SUBGROUP } else { REDUCE_SHARED });
+        s.push_str(if target.subgroups {
+            REDUCE_SUBGROUP
+        } else {
+            REDUCE_SHARED
+        });
     }
     s.push_str(&body);
     Some(s)
@@ -136,7 +142,10 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
     let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
     match (d.dtype, target.f16) {
         (DType::F32, _) => {
-            let _ = writeln!(s, "{at}: array<f32>;\nfn ld_{n}(i: u32) -> f32 {{ return {n}[i]; }}");
+            let _ = writeln!(
+                s,
+                "{at}: array<f32>;\nfn ld_{n}(i: u32) -> f32 {{ return {n}[i]; }}"
+            );
             if d.write {
                 let _ = writeln!(s, "fn st_{n}(i: u32, v: f32) {{ {n}[i] = v; }}");
             }
@@ -155,7 +164,10 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
             return;
         }
         (DType::F16, F16Mode::Native) => {
-            let _ = writeln!(s, "{at}: array<f16>;\nfn ld_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}");
+            let _ = writeln!(
+                s,
+                "{at}: array<f16>;\nfn ld_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}"
+            );
             if d.write {
                 let _ = writeln!(s, "fn st_{n}(i: u32, v: f32) {{ {n}[i] = f16(v); }}");
             }
@@ -241,7 +253,8 @@ mod tests {
 
     #[test]
     fn sections() {
-        let src = "// head\nfn shared() {}\n//! entry a\nfn main() { A }\n//! entry b\nfn main() { B }\n";
+        let src =
+            "// head\nfn shared() {}\n//! entry a\nfn main() { A }\n//! entry b\nfn main() { B }\n";
         let (c, a) = select_entry(src, "a").unwrap();
         assert!(c.contains("shared") && a.contains('A') && !a.contains('B'));
         let (_, b) = select_entry(src, "b").unwrap();

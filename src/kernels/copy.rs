@@ -12,7 +12,14 @@ pub(crate) const MAX_RANK: usize = 6;
 
 /// `y = x` for `n` contiguous elements, converting dtypes. Same-dtype copies move raw words, so
 /// they are exact for every bit pattern.
-pub(crate) fn cast(dev: &Device, x: &Block, xd: DType, y: &Block, yd: DType, n: usize) -> Result<()> {
+pub(crate) fn cast(
+    dev: &Device,
+    x: &Block,
+    xd: DType,
+    y: &Block,
+    yd: DType,
+    n: usize,
+) -> Result<()> {
     if xd == yd {
         let words = (xd.bytes(n)).div_ceil(4) as usize;
         let w32 = u32_len("copy", words)?;
@@ -24,7 +31,10 @@ pub(crate) fn cast(dev: &Device, x: &Block, xd: DType, y: &Block, yd: DType, n: 
                 wg: WG,
                 consts: &[],
                 params: &params(w32, &[], &[], 0, &[], 0),
-                args: &[Arg::read("x", x, DType::U32), Arg::write("y", y, DType::U32)],
+                args: &[
+                    Arg::read("x", x, DType::U32),
+                    Arg::write("y", y, DType::U32),
+                ],
                 groups: grid_1d(words, WG),
             },
         );
@@ -44,7 +54,14 @@ pub(crate) fn cast(dev: &Device, x: &Block, xd: DType, y: &Block, yd: DType, n: 
     )
 }
 
-fn params(n: u32, dims: &[usize], xs: &[usize], xoff: usize, ys: &[usize], yoff: usize) -> Vec<u32> {
+fn params(
+    n: u32,
+    dims: &[usize],
+    xs: &[usize],
+    xoff: usize,
+    ys: &[usize],
+    yoff: usize,
+) -> Vec<u32> {
     let mut w = vec![n, dims.len() as u32, xoff as u32, yoff as u32];
     for arr in [dims, xs, ys] {
         let mut v = [0u32; 8];
@@ -63,13 +80,28 @@ pub(crate) struct View<'a> {
 }
 
 /// `y[view_y(c)] = x[view_x(c)]` for every coordinate `c` of `dims`.
-pub(crate) fn strided(dev: &Device, x: &Block, xv: View<'_>, y: &Block, yv: View<'_>, dtype: DType, dims: &[usize]) -> Result<()> {
+pub(crate) fn strided(
+    dev: &Device,
+    x: &Block,
+    xv: View<'_>,
+    y: &Block,
+    yv: View<'_>,
+    dtype: DType,
+    dims: &[usize],
+) -> Result<()> {
     if dims.len() > MAX_RANK {
-        return Err(Error::invalid("strided copy", format!("rank {} is above the supported {MAX_RANK}", dims.len())));
+        return Err(Error::invalid(
+            "strided copy",
+            format!("rank {} is above the supported {MAX_RANK}", dims.len()),
+        ));
     }
     let n: usize = dims.iter().product();
     let n32 = u32_len("strided copy", n)?;
-    let entry = if dtype == DType::U32 { "strided_u32" } else { "strided" };
+    let entry = if dtype == DType::U32 {
+        "strided_u32"
+    } else {
+        "strided"
+    };
     launch(
         dev,
         &Launch {

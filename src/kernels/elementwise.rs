@@ -40,7 +40,10 @@ pub enum Unary {
 impl Unary {
     /// Whether the gradient is computed from the op's output (else from its input).
     pub fn grad_uses_output(self) -> bool {
-        matches!(self, Unary::Exp | Unary::Sqrt | Unary::Tanh | Unary::Sigmoid | Unary::Recip)
+        matches!(
+            self,
+            Unary::Exp | Unary::Sqrt | Unary::Tanh | Unary::Sigmoid | Unary::Recip
+        )
     }
 }
 
@@ -81,7 +84,16 @@ fn params(n: u32, op: u32, a: f32, b: f32, dims: &[usize], strides: [&[usize]; 3
 }
 
 /// `y = op(x; a, b)` over `n` elements.
-pub(crate) fn unary(dev: &Device, op: Unary, x: &Block, y: &Block, dtype: DType, n: usize, a: f32, b: f32) -> Result<()> {
+pub(crate) fn unary(
+    dev: &Device,
+    op: Unary,
+    x: &Block,
+    y: &Block,
+    dtype: DType,
+    n: usize,
+    a: f32,
+    b: f32,
+) -> Result<()> {
     let n32 = u32_len("unary", n)?;
     launch(
         dev,
@@ -99,7 +111,17 @@ pub(crate) fn unary(dev: &Device, op: Unary, x: &Block, y: &Block, dtype: DType,
 
 /// `dx = g * op'(v)`, where `v` is the op's saved input or output (`Unary::grad_uses_output`).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn unary_bwd(dev: &Device, op: Unary, v: &Block, g: &Block, dx: &Block, dtype: DType, n: usize, a: f32, b: f32) -> Result<()> {
+pub(crate) fn unary_bwd(
+    dev: &Device,
+    op: Unary,
+    v: &Block,
+    g: &Block,
+    dx: &Block,
+    dtype: DType,
+    n: usize,
+    a: f32,
+    b: f32,
+) -> Result<()> {
     let n32 = u32_len("unary backward", n)?;
     launch(
         dev,
@@ -109,7 +131,11 @@ pub(crate) fn unary_bwd(dev: &Device, op: Unary, v: &Block, g: &Block, dx: &Bloc
             wg: WG,
             consts: &[],
             params: &params(n32, op as u32, a, b, &[], [&[], &[], &[]]),
-            args: &[Arg::read("x", v, dtype), Arg::read("g", g, dtype), Arg::write("dx", dx, dtype)],
+            args: &[
+                Arg::read("x", v, dtype),
+                Arg::read("g", g, dtype),
+                Arg::write("dx", dx, dtype),
+            ],
             groups: grid_1d(n, WG),
         },
     )
@@ -122,7 +148,11 @@ pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let mut acc = 1;
     let off = out.len() - shape.len();
     for k in (0..shape.len()).rev() {
-        strides[off + k] = if shape[k] == 1 && out[off + k] != 1 { 0 } else { acc };
+        strides[off + k] = if shape[k] == 1 && out[off + k] != 1 {
+            0
+        } else {
+            acc
+        };
         acc *= shape[k];
     }
     strides
@@ -184,14 +214,27 @@ pub(crate) fn binary(
                 wg: WG,
                 consts: &[],
                 params: &params(n32, op as u32, 0.0, 0.0, &[], [&[], &[], &[]]),
-                args: &[Arg::read("x", x, dtype), Arg::read("y", y, dtype), Arg::write("z", z, dtype)],
+                args: &[
+                    Arg::read("x", x, dtype),
+                    Arg::read("y", y, dtype),
+                    Arg::write("z", z, dtype),
+                ],
                 groups: grid_1d(n, WG),
             },
         );
     }
-    let (dims, st) = simplify(out, &[broadcast_strides(xs, out), broadcast_strides(ys, out)]);
+    let (dims, st) = simplify(
+        out,
+        &[broadcast_strides(xs, out), broadcast_strides(ys, out)],
+    );
     if dims.len() > MAX_RANK {
-        return Err(Error::invalid("binary", format!("broadcast of {xs:?} and {ys:?} needs rank {} (> {MAX_RANK})", dims.len())));
+        return Err(Error::invalid(
+            "binary",
+            format!(
+                "broadcast of {xs:?} and {ys:?} needs rank {} (> {MAX_RANK})",
+                dims.len()
+            ),
+        ));
     }
     launch(
         dev,
@@ -201,7 +244,11 @@ pub(crate) fn binary(
             wg: WG,
             consts: &[],
             params: &params(n32, op as u32, 0.0, 0.0, &dims, [&st[0], &st[1], &[]]),
-            args: &[Arg::read("x", x, dtype), Arg::read("y", y, dtype), Arg::write("z", z, dtype)],
+            args: &[
+                Arg::read("x", x, dtype),
+                Arg::read("y", y, dtype),
+                Arg::write("z", z, dtype),
+            ],
             groups: grid_1d(n, WG),
         },
     )
@@ -224,9 +271,19 @@ pub(crate) fn select(
 ) -> Result<()> {
     let n: usize = out.iter().product();
     let n32 = u32_len("where", n)?;
-    let (dims, st) = simplify(out, &[broadcast_strides(cs, out), broadcast_strides(xs, out), broadcast_strides(ys, out)]);
+    let (dims, st) = simplify(
+        out,
+        &[
+            broadcast_strides(cs, out),
+            broadcast_strides(xs, out),
+            broadcast_strides(ys, out),
+        ],
+    );
     if dims.len() > MAX_RANK {
-        return Err(Error::invalid("where", format!("broadcast needs rank {} (> {MAX_RANK})", dims.len())));
+        return Err(Error::invalid(
+            "where",
+            format!("broadcast needs rank {} (> {MAX_RANK})", dims.len()),
+        ));
     }
     launch(
         dev,

@@ -26,7 +26,11 @@ fn seed_words(seed: u64) -> (u32, u32) {
 pub(crate) fn fill(dev: &Device, out: &Block, dtype: DType, n: usize, value: f32) -> Result<()> {
     let n32 = u32_len("fill", n)?;
     // A u32 block is filled through an f32 view: the word stored is value's bit pattern.
-    let view = if dtype == DType::U32 { DType::F32 } else { dtype };
+    let view = if dtype == DType::U32 {
+        DType::F32
+    } else {
+        dtype
+    };
     launch(
         dev,
         &Launch {
@@ -42,7 +46,14 @@ pub(crate) fn fill(dev: &Device, out: &Block, dtype: DType, n: usize, value: f32
 }
 
 /// Random numbers from `dist`, a pure function of (seed, index).
-pub(crate) fn random(dev: &Device, out: &Block, dtype: DType, n: usize, dist: Dist, seed: u64) -> Result<()> {
+pub(crate) fn random(
+    dev: &Device,
+    out: &Block,
+    dtype: DType,
+    n: usize,
+    dist: Dist,
+    seed: u64,
+) -> Result<()> {
     let n32 = u32_len("random", n)?;
     let (lo, hi) = seed_words(seed);
     let (entry, a, b) = match dist {
@@ -65,7 +76,15 @@ pub(crate) fn random(dev: &Device, out: &Block, dtype: DType, n: usize, dist: Di
 
 /// `y = x * mask / (1 - p)` with the mask drawn from (seed, index). Applying it to `dy` with the
 /// same seed is the backward pass.
-pub(crate) fn dropout(dev: &Device, x: &Block, y: &Block, dtype: DType, n: usize, p: f32, seed: u64) -> Result<()> {
+pub(crate) fn dropout(
+    dev: &Device,
+    x: &Block,
+    y: &Block,
+    dtype: DType,
+    n: usize,
+    p: f32,
+    seed: u64,
+) -> Result<()> {
     let n32 = u32_len("dropout", n)?;
     let (lo, hi) = seed_words(seed);
     let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };

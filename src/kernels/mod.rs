@@ -70,10 +70,20 @@ pub(crate) struct Arg<'a> {
 
 impl<'a> Arg<'a> {
     pub fn read(name: &'static str, block: &'a Block, dtype: DType) -> Self {
-        Arg { name, block, dtype, write: false }
+        Arg {
+            name,
+            block,
+            dtype,
+            write: false,
+        }
     }
     pub fn write(name: &'static str, block: &'a Block, dtype: DType) -> Self {
-        Arg { name, block, dtype, write: true }
+        Arg {
+            name,
+            block,
+            dtype,
+            write: true,
+        }
     }
 }
 
@@ -94,28 +104,68 @@ pub(crate) struct Launch<'a> {
 /// The capability set of a device, as the composer sees it.
 pub(crate) fn target(dev: &Device) -> Target {
     let c = dev.caps();
-    Target { f16: if c.f16 { F16Mode::Native } else { F16Mode::Packed }, subgroups: c.subgroups }
+    Target {
+        f16: if c.f16 {
+            F16Mode::Native
+        } else {
+            F16Mode::Packed
+        },
+        subgroups: c.subgroups,
+    }
 }
 
 /// Compiles (once) and records one launch.
 pub(crate) fn launch(dev: &Device, l: &Launch<'_>) -> Result<()> {
     let t = target(dev);
-    let mut key = format!("{:?}/{}/wg{}/{:?}/sg{}", l.kernel, l.entry, l.wg, t.f16, t.subgroups as u8);
+    let mut key = format!(
+        "{:?}/{}/wg{}/{:?}/sg{}",
+        l.kernel, l.entry, l.wg, t.f16, t.subgroups as u8
+    );
     for (n, v) in l.consts {
         key.push_str(&format!("/{n}={v}"));
     }
     for a in l.args {
-        key.push_str(&format!("/{}:{}{}", a.name, a.dtype, if a.write { "w" } else { "" }));
+        key.push_str(&format!(
+            "/{}:{}{}",
+            a.name,
+            a.dtype,
+            if a.write { "w" } else { "" }
+        ));
     }
     let pipe = dev.pipeline(&key, l.args.len(), || {
-        let decls: Vec<Decl> = l.args.iter().map(|a| Decl { name: a.name, dtype: a.dtype, write: a.write }).collect();
-        compose::compose(t, l.kernel.source(), l.entry, l.wg, l.consts, &decls, l.kernel.enables())
-            .ok_or_else(|| Error::Gpu(format!("kernel {:?} has no entry point {}", l.kernel, l.entry)))
+        let decls: Vec<Decl> = l
+            .args
+            .iter()
+            .map(|a| Decl {
+                name: a.name,
+                dtype: a.dtype,
+                write: a.write,
+            })
+            .collect();
+        compose::compose(
+            t,
+            l.kernel.source(),
+            l.entry,
+            l.wg,
+            l.consts,
+            &decls,
+            l.kernel.enables(),
+        )
+        .ok_or_else(|| {
+            Error::Gpu(format!(
+                "kernel {:?} has no entry point {}",
+                l.kernel, l.entry
+            ))
+        })
     })?;
     let slices: Vec<Slice<'_>> = l
         .args
         .iter()
-        .map(|a| Slice { buffer: a.block.buffer(), offset: a.block.offset(), size: a.block.size() })
+        .map(|a| Slice {
+            buffer: a.block.buffer(),
+            offset: a.block.offset(),
+            size: a.block.size(),
+        })
         .collect();
     dev.dispatch(&pipe, l.params, &slices, l.groups)
 }

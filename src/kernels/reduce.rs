@@ -19,7 +19,14 @@ pub(crate) enum ReduceOp {
     Max,
 }
 
-fn params(outer: usize, len: usize, inner: usize, op: ReduceOp, chunk: usize, nchunks: usize) -> Vec<u32> {
+fn params(
+    outer: usize,
+    len: usize,
+    inner: usize,
+    op: ReduceOp,
+    chunk: usize,
+    nchunks: usize,
+) -> Vec<u32> {
     let (code, scale) = match op {
         ReduceOp::Sum(s) => (0, s),
         ReduceOp::Max => (1, 1.0),
@@ -39,7 +46,11 @@ fn params(outer: usize, len: usize, inner: usize, op: ReduceOp, chunk: usize, nc
 /// Grid of `rows`: chunks on x, rows on y, rows past 65535 on z.
 fn rows_grid(nchunks: usize, outer: usize) -> [u32; 3] {
     let y = outer.min(65535).max(1);
-    [nchunks as u32, y as u32, outer.div_ceil(65535).max(1) as u32]
+    [
+        nchunks as u32,
+        y as u32,
+        outer.div_ceil(65535).max(1) as u32,
+    ]
 }
 
 /// Reduces x viewed as [outer, len, inner] over the middle axis into y of [outer, inner].
@@ -72,7 +83,11 @@ pub(crate) fn reduce(
         );
     }
     // Split long rows only when there are too few rows to fill the device.
-    let nchunks = if len > CHUNK && outer < 1024 { len.div_ceil(CHUNK) } else { 1 };
+    let nchunks = if len > CHUNK && outer < 1024 {
+        len.div_ceil(CHUNK)
+    } else {
+        1
+    };
     if nchunks == 1 {
         return launch(
             dev,
@@ -120,9 +135,21 @@ pub(crate) fn reduce(
 }
 
 /// Index of the maximum of x viewed as [outer, len, inner] along the middle axis, as u32.
-pub(crate) fn argmax(dev: &Device, x: &Block, y: &Block, dtype: DType, outer: usize, len: usize, inner: usize) -> Result<()> {
+pub(crate) fn argmax(
+    dev: &Device,
+    x: &Block,
+    y: &Block,
+    dtype: DType,
+    outer: usize,
+    len: usize,
+    inner: usize,
+) -> Result<()> {
     u32_len("argmax", outer * len * inner)?;
-    let (entry, groups) = if inner > 1 { ("argmax_cols", grid_1d(outer * inner, WG)) } else { ("argmax_rows", grid_1d(outer * WG as usize, WG)) };
+    let (entry, groups) = if inner > 1 {
+        ("argmax_cols", grid_1d(outer * inner, WG))
+    } else {
+        ("argmax_rows", grid_1d(outer * WG as usize, WG))
+    };
     launch(
         dev,
         &Launch {

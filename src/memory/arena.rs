@@ -49,7 +49,13 @@ impl ArenaConfig {
     pub fn new(align: u64, max_page: u64) -> Self {
         let align = align.max(4);
         let max_page = max_page / align * align;
-        ArenaConfig { align, max_page, small_limit: MIB, small_page: 2 * MIB, no_cache: false }
+        ArenaConfig {
+            align,
+            max_page,
+            small_limit: MIB,
+            small_page: 2 * MIB,
+            no_cache: false,
+        }
     }
 }
 
@@ -113,7 +119,11 @@ impl Arena {
 
     /// The pool a rounded size belongs to.
     pub fn pool_for(&self, size: u64) -> PoolKind {
-        if size <= self.cfg.small_limit { PoolKind::Small } else { PoolKind::Large }
+        if size <= self.cfg.small_limit {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
     }
 
     /// The page size to create for a rounded request, capped at `max_page` (never below `size`;
@@ -158,21 +168,41 @@ impl Arena {
             PoolKind::Large => MIB,
         };
         let rest = free_size - size;
-        let (block, tail) = if rest >= min_split { (size, rest) } else { (free_size, 0) };
+        let (block, tail) = if rest >= min_split {
+            (size, rest)
+        } else {
+            (free_size, 0)
+        };
         let pool = {
             let Some(page) = self.pages.get_mut(&page_id) else {
                 unreachable!("free list names a page that does not exist")
             };
-            page.spans.insert(offset, Span { size: block, free: false });
+            page.spans.insert(
+                offset,
+                Span {
+                    size: block,
+                    free: false,
+                },
+            );
             if tail > 0 {
-                page.spans.insert(offset + block, Span { size: tail, free: true });
+                page.spans.insert(
+                    offset + block,
+                    Span {
+                        size: tail,
+                        free: true,
+                    },
+                );
             }
             page.pool
         };
         if tail > 0 {
             self.free_set(pool).insert((tail, page_id, offset + block));
         }
-        Placement { page: page_id, offset, size: block }
+        Placement {
+            page: page_id,
+            offset,
+            size: block,
+        }
     }
 
     /// Registers a new page of `size` bytes (one free span) and serves `request` from it.
@@ -181,8 +211,21 @@ impl Arena {
         self.next_page += 1;
         let pool = self.pool_for(request);
         let mut spans = BTreeMap::new();
-        spans.insert(0, Span { size: page_size, free: true });
-        self.pages.insert(id, Page { size: page_size, pool, spans });
+        spans.insert(
+            0,
+            Span {
+                size: page_size,
+                free: true,
+            },
+        );
+        self.pages.insert(
+            id,
+            Page {
+                size: page_size,
+                pool,
+                spans,
+            },
+        );
         let placement = self.take(id, 0, page_size, request);
         (id, placement)
     }
@@ -256,7 +299,11 @@ impl Arena {
 
     /// Number of pages, small and large.
     pub fn page_counts(&self) -> (usize, usize) {
-        let small = self.pages.values().filter(|p| p.pool == PoolKind::Small).count();
+        let small = self
+            .pages
+            .values()
+            .filter(|p| p.pool == PoolKind::Small)
+            .count();
         (small, self.pages.len() - small)
     }
 
@@ -268,13 +315,17 @@ impl Arena {
             let mut prev_free = false;
             for (&off, span) in &page.spans {
                 if off != expect {
-                    return Err(format!("page {id}: gap or overlap at {off}, expected {expect}"));
+                    return Err(format!(
+                        "page {id}: gap or overlap at {off}, expected {expect}"
+                    ));
                 }
                 if off % self.cfg.align != 0 || span.size % self.cfg.align != 0 || span.size == 0 {
                     return Err(format!("page {id}: misaligned span {off}+{}", span.size));
                 }
                 if span.free && prev_free {
-                    return Err(format!("page {id}: adjacent free spans not merged at {off}"));
+                    return Err(format!(
+                        "page {id}: adjacent free spans not merged at {off}"
+                    ));
                 }
                 if span.free {
                     free_count += 1;
@@ -290,9 +341,17 @@ impl Arena {
                 expect = off + span.size;
             }
             if expect != page.size {
-                return Err(format!("page {id}: spans cover {expect} of {} bytes", page.size));
+                return Err(format!(
+                    "page {id}: spans cover {expect} of {} bytes",
+                    page.size
+                ));
             }
-            if page.size > self.cfg.max_page.max(page.spans.values().map(|s| s.size).max().unwrap_or(0)) {
+            if page.size
+                > self
+                    .cfg
+                    .max_page
+                    .max(page.spans.values().map(|s| s.size).max().unwrap_or(0))
+            {
                 return Err(format!("page {id}: size {} above the page cap", page.size));
             }
         }
@@ -304,7 +363,9 @@ impl Arena {
 
     /// True when every page is a single free span.
     pub fn all_free(&self) -> bool {
-        self.pages.values().all(|p| p.spans.len() == 1 && p.spans.values().all(|s| s.free))
+        self.pages
+            .values()
+            .all(|p| p.spans.len() == 1 && p.spans.values().all(|s| s.free))
     }
 }
 
@@ -338,7 +399,11 @@ mod tests {
         a.check().unwrap();
         assert!(a.all_free());
         let z = alloc(&mut a, 2048);
-        assert_eq!((z.page, z.offset), (x.page, 0), "freed neighbours merged and reused");
+        assert_eq!(
+            (z.page, z.offset),
+            (x.page, 0),
+            "freed neighbours merged and reused"
+        );
     }
 
     #[test]
@@ -349,7 +414,11 @@ mod tests {
         assert_eq!(a.page_size_for(11 * MIB), 12 * MIB);
         assert_eq!(a.page_size_for(63 * MIB), 64 * MIB);
         let capped = Arena::new(ArenaConfig::new(256, 8 * MIB));
-        assert_eq!(capped.page_size_for(2 * MIB), 8 * MIB, "pages never exceed the cap");
+        assert_eq!(
+            capped.page_size_for(2 * MIB),
+            8 * MIB,
+            "pages never exceed the cap"
+        );
     }
 
     #[test]

@@ -30,6 +30,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use trace::Trace;
 
+/// Allocates and frees one block of `bytes` (for the allocation-latency benchmark).
+#[doc(hidden)]
+pub fn bench_alloc(dev: &crate::Device, bytes: u64) -> crate::Result<u64> {
+    let b = dev.alloc(bytes)?;
+    Ok(b.offset())
+}
+
 /// Trace events kept before the oldest are dropped.
 const TRACE_CAPACITY: usize = 1 << 20;
 
@@ -70,6 +77,10 @@ impl Block {
     pub fn size(&self) -> u64 {
         self.placement.size
     }
+    /// The page's id.
+    pub fn page(&self) -> u64 {
+        self.placement.page
+    }
 }
 
 impl Drop for Block {
@@ -91,7 +102,10 @@ impl MemoryPool {
     pub(crate) fn new(device: wgpu::Device, cfg: PoolConfig) -> Arc<Self> {
         let mut acfg = ArenaConfig::new(cfg.align, cfg.max_page);
         acfg.no_cache = cfg.no_cache;
-        let stats = MemoryStats { limit: cfg.limit, ..Default::default() };
+        let stats = MemoryStats {
+            limit: cfg.limit,
+            ..Default::default()
+        };
         Arc::new(MemoryPool {
             device,
             state: Mutex::new(PoolState {
@@ -217,7 +231,12 @@ impl MemoryPool {
             Some(b) => b.clone(),
             None => unreachable!("arena placed a block in a page without a buffer"),
         };
-        Block { pool: Arc::clone(self), placement: p, requested, buffer }
+        Block {
+            pool: Arc::clone(self),
+            placement: p,
+            requested,
+            buffer,
+        }
     }
 
     fn release(&self, p: Placement, requested: u64) {
@@ -328,7 +347,9 @@ impl MemoryPool {
     /// Closes the innermost scope; returns its peak of allocated bytes.
     pub(crate) fn pop_scope(&self) -> u64 {
         let mut st = self.lock();
-        let Some((name, peak)) = st.scopes.pop() else { return 0 };
+        let Some((name, peak)) = st.scopes.pop() else {
+            return 0;
+        };
         // The enclosing scope saw this peak too.
         if let Some(outer) = st.scopes.last_mut() {
             outer.1 = outer.1.max(peak);

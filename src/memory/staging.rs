@@ -70,7 +70,10 @@ impl UploadBelt {
     pub(crate) fn write(&mut self, data: &[u8]) -> Result<Piece> {
         let len = (data.len() as u64).div_ceil(4) * 4;
         debug_assert!(len <= CHUNK_SIZE);
-        let fits = self.current.as_ref().is_some_and(|c| c.used + len <= c.size);
+        let fits = self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.used + len <= c.size);
         if !fits {
             if let Some(c) = self.current.take() {
                 self.filled.push(c);
@@ -91,12 +94,17 @@ impl UploadBelt {
             w.slice(..n).copy_from_slice(data);
             if len as usize > n {
                 let zeros = [0u8; 4];
-                w.slice(n..len as usize).copy_from_slice(&zeros[..len as usize - n]);
+                w.slice(n..len as usize)
+                    .copy_from_slice(&zeros[..len as usize - n]);
             }
         }
         chunk.used = (offset + len).div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN;
         self.batch_bytes += len;
-        Ok(Piece { buffer: chunk.buffer.clone(), offset, len })
+        Ok(Piece {
+            buffer: chunk.buffer.clone(),
+            offset,
+            len,
+        })
     }
 
     fn fresh_chunk(&mut self) -> Chunk {
@@ -178,7 +186,12 @@ const DOWNLOAD_KEEP: u64 = 256 << 20;
 
 impl DownloadPool {
     pub(crate) fn new(device: wgpu::Device) -> Self {
-        DownloadPool { device, free: Vec::new(), created: 0, bytes: 0 }
+        DownloadPool {
+            device,
+            free: Vec::new(),
+            created: 0,
+            bytes: 0,
+        }
     }
 
     /// A mappable buffer of at least `len` bytes.

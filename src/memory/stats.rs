@@ -59,7 +59,11 @@ pub struct MemoryStats {
 impl MemoryStats {
     /// Fraction of requests served from the cache (1.0 when there were none).
     pub fn hit_rate(&self) -> f64 {
-        if self.requests == 0 { 1.0 } else { self.cache_hits as f64 / self.requests as f64 }
+        if self.requests == 0 {
+            1.0
+        } else {
+            self.cache_hits as f64 / self.requests as f64
+        }
     }
 
     /// Every buffer the device has created for wgrad: pages plus staging. A steady training
@@ -78,7 +82,11 @@ pub struct MemoryReport {
 impl fmt::Display for MemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.stats;
-        let limit = if s.limit == u64::MAX { "none".to_string() } else { fmt_bytes(s.limit) };
+        let limit = if s.limit == u64::MAX {
+            "none".to_string()
+        } else {
+            fmt_bytes(s.limit)
+        };
         writeln!(f, "wgrad memory on {} (budget {limit})", self.adapter)?;
         writeln!(
             f,
@@ -87,7 +95,12 @@ impl fmt::Display for MemoryReport {
             fmt_bytes(s.peak_allocated),
             s.live_blocks
         )?;
-        writeln!(f, "  active    {:>11}  peak {:>11}", fmt_bytes(s.active), fmt_bytes(s.peak_active))?;
+        writeln!(
+            f,
+            "  active    {:>11}  peak {:>11}",
+            fmt_bytes(s.active),
+            fmt_bytes(s.peak_active)
+        )?;
         writeln!(
             f,
             "  reserved  {:>11}  peak {:>11}  in {} pages ({} small, {} large)",

@@ -69,7 +69,12 @@ pub struct Trace {
 
 impl Trace {
     pub(crate) fn new(enabled: bool, capacity: usize) -> Self {
-        Trace { enabled, capacity, events: VecDeque::new(), dropped: 0 }
+        Trace {
+            enabled,
+            capacity,
+            events: VecDeque::new(),
+            dropped: 0,
+        }
     }
 
     pub(crate) fn push(&mut self, e: Event) {

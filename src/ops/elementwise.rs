@@ -11,13 +11,26 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for k in 0..r {
-        let da = if k + a.len() >= r { a[k + a.len() - r] } else { 1 };
-        let db = if k + b.len() >= r { b[k + b.len() - r] } else { 1 };
+        let da = if k + a.len() >= r {
+            a[k + a.len() - r]
+        } else {
+            1
+        };
+        let db = if k + b.len() >= r {
+            b[k + b.len() - r]
+        } else {
+            1
+        };
         out[k] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => return Err(Error::shape(op, format!("{a:?} and {b:?} do not broadcast"))),
+            _ => {
+                return Err(Error::shape(
+                    op,
+                    format!("{a:?} and {b:?} do not broadcast"),
+                ));
+            }
         };
     }
     Ok(out)
@@ -25,14 +38,22 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec
 
 pub(crate) fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
     if a.dtype() != b.dtype() {
-        return Err(Error::DType { op, expected: a.dtype(), got: b.dtype() });
+        return Err(Error::DType {
+            op,
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
     }
     Ok(a.dtype())
 }
 
 pub(crate) fn float_only(op: &'static str, t: &Tensor) -> Result<()> {
     if !t.dtype().is_float() {
-        return Err(Error::DType { op, expected: DType::F32, got: t.dtype() });
+        return Err(Error::DType {
+            op,
+            expected: DType::F32,
+            got: t.dtype(),
+        });
     }
     Ok(())
 }
@@ -49,10 +70,29 @@ impl Tensor {
     pub(crate) fn unary(&self, op: Unary, a: f32, b: f32) -> Result<Tensor> {
         float_only("unary op", self)?;
         let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
-        ew::unary(self.device(), op, self.block(), out.block(), self.dtype(), self.numel(), a, b)?;
+        ew::unary(
+            self.device(),
+            op,
+            self.block(),
+            out.block(),
+            self.dtype(),
+            self.numel(),
+            a,
+            b,
+        )?;
         let rec = record(&[self], || {
-            let saved = if op.grad_uses_output() { out.detach() } else { self.detach() };
-            Op::Unary { op, x: self.clone(), a, b, saved }
+            let saved = if op.grad_uses_output() {
+                out.detach()
+            } else {
+                self.detach()
+            };
+            Op::Unary {
+                op,
+                x: self.clone(),
+                a,
+                b,
+                saved,
+            }
         });
         Ok(out.with_op(rec))
     }
@@ -65,9 +105,30 @@ impl Tensor {
         float_only(name, self)?;
         let shape = broadcast_shape(name, self.shape(), other.shape())?;
         let out = Tensor::uninit(self.device(), &shape, dtype)?;
-        ew::binary(self.device(), op, self.block(), self.shape(), other.block(), other.shape(), out.block(), &shape, dtype)?;
-        let differentiable = !matches!(op, Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge);
-        let rec = if differentiable { record(&[self, other], || Op::Binary { op, x: self.clone(), y: other.clone() }) } else { None };
+        ew::binary(
+            self.device(),
+            op,
+            self.block(),
+            self.shape(),
+            other.block(),
+            other.shape(),
+            out.block(),
+            &shape,
+            dtype,
+        )?;
+        let differentiable = !matches!(
+            op,
+            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge
+        );
+        let rec = if differentiable {
+            record(&[self, other], || Op::Binary {
+                op,
+                x: self.clone(),
+                y: other.clone(),
+            })
+        } else {
+            None
+        };
         Ok(out.with_op(rec))
     }
 
@@ -208,7 +269,16 @@ impl Tensor {
     pub fn gt_scalar(&self, a: f32) -> Result<Tensor> {
         let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
         float_only("gt_scalar", self)?;
-        ew::unary(self.device(), Unary::Step, self.block(), out.block(), self.dtype(), self.numel(), a, 0.0)?;
+        ew::unary(
+            self.device(),
+            Unary::Step,
+            self.block(),
+            out.block(),
+            self.dtype(),
+            self.numel(),
+            a,
+            0.0,
+        )?;
         Ok(out)
     }
 
@@ -219,7 +289,11 @@ impl Tensor {
         let dtype = same_dtype(name, on_true, on_false)?;
         same_device(name, cond, on_true)?;
         same_device(name, on_true, on_false)?;
-        let shape = broadcast_shape(name, &broadcast_shape(name, cond.shape(), on_true.shape())?, on_false.shape())?;
+        let shape = broadcast_shape(
+            name,
+            &broadcast_shape(name, cond.shape(), on_true.shape())?,
+            on_false.shape(),
+        )?;
         let out = Tensor::uninit(on_true.device(), &shape, dtype)?;
         ew::select(
             on_true.device(),
@@ -234,7 +308,11 @@ impl Tensor {
             &shape,
             dtype,
         )?;
-        let rec = record(&[on_true, on_false], || Op::Select { c: cond.detach(), x: on_true.clone(), y: on_false.clone() });
+        let rec = record(&[on_true, on_false], || Op::Select {
+            c: cond.detach(),
+            x: on_true.clone(),
+            y: on_false.clone(),
+        });
         Ok(out.with_op(rec))
     }
 }
@@ -246,9 +324,17 @@ mod tests {
     #[test]
     fn broadcasting_rules() {
         assert_eq!(broadcast_shape("t", &[2, 3], &[3]).unwrap(), vec![2, 3]);
-        assert_eq!(broadcast_shape("t", &[2, 1, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
+        assert_eq!(
+            broadcast_shape("t", &[2, 1, 4], &[3, 1]).unwrap(),
+            vec![2, 3, 4]
+        );
         assert_eq!(broadcast_shape("t", &[], &[5]).unwrap(), vec![5]);
-        let e = broadcast_shape("add", &[2, 3], &[4]).unwrap_err().to_string();
-        assert!(e.contains("add") && e.contains("[2, 3]") && e.contains("[4]"), "{e}");
+        let e = broadcast_shape("add", &[2, 3], &[4])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("add") && e.contains("[2, 3]") && e.contains("[4]"),
+            "{e}"
+        );
     }
 }

@@ -20,8 +20,15 @@ impl Tensor {
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let r = self.rank();
         let mut seen = vec![false; r];
-        if perm.len() != r || perm.iter().any(|&p| p >= r || std::mem::replace(&mut seen[p], true)) {
-            return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of {r} axes")));
+        if perm.len() != r
+            || perm
+                .iter()
+                .any(|&p| p >= r || std::mem::replace(&mut seen[p], true))
+        {
+            return Err(Error::invalid(
+                "permute",
+                format!("{perm:?} is not a permutation of {r} axes"),
+            ));
         }
         let xs = contiguous_strides(self.shape());
         let dims: Vec<usize> = perm.iter().map(|&p| self.shape()[p]).collect();
@@ -30,13 +37,22 @@ impl Tensor {
         kc::strided(
             self.device(),
             self.block(),
-            View { strides: &strides, offset: 0 },
+            View {
+                strides: &strides,
+                offset: 0,
+            },
             out.block(),
-            View { strides: &contiguous_strides(&dims), offset: 0 },
+            View {
+                strides: &contiguous_strides(&dims),
+                offset: 0,
+            },
             self.dtype(),
             &dims,
         )?;
-        let rec = record(&[self], || Op::Permute { x: self.clone(), perm: perm.to_vec() });
+        let rec = record(&[self], || Op::Permute {
+            x: self.clone(),
+            perm: perm.to_vec(),
+        });
         Ok(out.with_op(rec))
     }
 
@@ -55,18 +71,32 @@ impl Tensor {
             return Ok(self.clone());
         }
         let ok = shape.len() >= self.rank()
-            && self.shape().iter().rev().zip(shape.iter().rev()).all(|(&a, &b)| a == b || a == 1);
+            && self
+                .shape()
+                .iter()
+                .rev()
+                .zip(shape.iter().rev())
+                .all(|(&a, &b)| a == b || a == 1);
         if !ok {
-            return Err(Error::shape("broadcast_to", format!("{:?} cannot broadcast to {shape:?}", self.shape())));
+            return Err(Error::shape(
+                "broadcast_to",
+                format!("{:?} cannot broadcast to {shape:?}", self.shape()),
+            ));
         }
         let strides = crate::kernels::elementwise::broadcast_strides(self.shape(), shape);
         let out = Tensor::uninit(self.device(), shape, self.dtype())?;
         kc::strided(
             self.device(),
             self.block(),
-            View { strides: &strides, offset: 0 },
+            View {
+                strides: &strides,
+                offset: 0,
+            },
             out.block(),
-            View { strides: &contiguous_strides(shape), offset: 0 },
+            View {
+                strides: &contiguous_strides(shape),
+                offset: 0,
+            },
             self.dtype(),
             shape,
         )?;
@@ -78,7 +108,14 @@ impl Tensor {
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
         let a = self.axis(axis, "narrow")?;
         if start + len > self.shape()[a] {
-            return Err(Error::shape("narrow", format!("{start}..{} out of axis {a} of {:?}", start + len, self.shape())));
+            return Err(Error::shape(
+                "narrow",
+                format!(
+                    "{start}..{} out of axis {a} of {:?}",
+                    start + len,
+                    self.shape()
+                ),
+            ));
         }
         let xs = contiguous_strides(self.shape());
         let mut dims = self.shape().to_vec();
@@ -87,13 +124,23 @@ impl Tensor {
         kc::strided(
             self.device(),
             self.block(),
-            View { strides: &xs, offset: start * xs[a] },
+            View {
+                strides: &xs,
+                offset: start * xs[a],
+            },
             out.block(),
-            View { strides: &contiguous_strides(&dims), offset: 0 },
+            View {
+                strides: &contiguous_strides(&dims),
+                offset: 0,
+            },
             self.dtype(),
             &dims,
         )?;
-        let rec = record(&[self], || Op::Narrow { x: self.clone(), axis: a, start });
+        let rec = record(&[self], || Op::Narrow {
+            x: self.clone(),
+            axis: a,
+            start,
+        });
         Ok(out.with_op(rec))
     }
 
@@ -104,9 +151,15 @@ impl Tensor {
         kc::strided(
             self.device(),
             src.block(),
-            View { strides: &contiguous_strides(src.shape()), offset: 0 },
+            View {
+                strides: &contiguous_strides(src.shape()),
+                offset: 0,
+            },
             self.block(),
-            View { strides: &ys, offset: start * ys[axis] },
+            View {
+                strides: &ys,
+                offset: start * ys[axis],
+            },
             self.dtype(),
             src.shape(),
         )
@@ -123,9 +176,22 @@ impl Tensor {
         for t in xs {
             let compatible = t.rank() == first.rank()
                 && t.dtype() == first.dtype()
-                && t.shape().iter().zip(first.shape()).enumerate().all(|(k, (x, y))| k == a || x == y);
+                && t.shape()
+                    .iter()
+                    .zip(first.shape())
+                    .enumerate()
+                    .all(|(k, (x, y))| k == a || x == y);
             if !compatible {
-                return Err(Error::shape("cat", format!("{:?} and {:?} ({}, {}) along axis {a}", first.shape(), t.shape(), first.dtype(), t.dtype())));
+                return Err(Error::shape(
+                    "cat",
+                    format!(
+                        "{:?} and {:?} ({}, {}) along axis {a}",
+                        first.shape(),
+                        t.shape(),
+                        first.dtype(),
+                        t.dtype()
+                    ),
+                ));
             }
             dims[a] += t.shape()[a];
         }
@@ -135,7 +201,10 @@ impl Tensor {
             out.write_slice(t, a, at)?;
             at += t.shape()[a];
         }
-        let rec = record(xs, || Op::Cat { xs: xs.iter().map(|t| (*t).clone()).collect(), axis: a });
+        let rec = record(xs, || Op::Cat {
+            xs: xs.iter().map(|t| (*t).clone()).collect(),
+            axis: a,
+        });
         Ok(out.with_op(rec))
     }
 }

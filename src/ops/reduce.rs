@@ -25,20 +25,49 @@ fn reduced_shape(shape: &[usize], axis: usize, keepdim: bool) -> Vec<usize> {
 }
 
 impl Tensor {
-    fn reduce_axis(&self, axis: isize, keepdim: bool, op: ReduceOp, name: &'static str) -> Result<Tensor> {
+    fn reduce_axis(
+        &self,
+        axis: isize,
+        keepdim: bool,
+        op: ReduceOp,
+        name: &'static str,
+    ) -> Result<Tensor> {
         float_only(name, self)?;
         let a = self.axis(axis, name)?;
         let (outer, len, inner) = split3(self.shape(), a);
         if len == 0 {
-            return Err(Error::invalid(name, format!("reducing an empty axis of {:?}", self.shape())));
+            return Err(Error::invalid(
+                name,
+                format!("reducing an empty axis of {:?}", self.shape()),
+            ));
         }
         let shape = reduced_shape(self.shape(), a, keepdim);
         let out = Tensor::uninit(self.device(), &shape, self.dtype())?;
         let dev = self.device().clone();
-        kr::reduce(&dev, op, self.block(), out.block(), self.dtype(), outer, len, inner, |bytes| dev.alloc(bytes as u64))?;
+        kr::reduce(
+            &dev,
+            op,
+            self.block(),
+            out.block(),
+            self.dtype(),
+            outer,
+            len,
+            inner,
+            |bytes| dev.alloc(bytes as u64),
+        )?;
         let rec = record(&[self], || match op {
-            ReduceOp::Sum(scale) => Op::Sum { x: self.clone(), axis: a, keepdim, scale },
-            ReduceOp::Max => Op::Max { x: self.clone(), axis: a, keepdim, out: out.detach() },
+            ReduceOp::Sum(scale) => Op::Sum {
+                x: self.clone(),
+                axis: a,
+                keepdim,
+                scale,
+            },
+            ReduceOp::Max => Op::Max {
+                x: self.clone(),
+                axis: a,
+                keepdim,
+                out: out.detach(),
+            },
         });
         Ok(out.with_op(rec))
     }
@@ -81,10 +110,25 @@ impl Tensor {
         let a = self.axis(axis, "argmax")?;
         let (outer, len, inner) = split3(self.shape(), a);
         if len == 0 {
-            return Err(Error::invalid("argmax", format!("empty axis of {:?}", self.shape())));
+            return Err(Error::invalid(
+                "argmax",
+                format!("empty axis of {:?}", self.shape()),
+            ));
         }
-        let out = Tensor::uninit(self.device(), &reduced_shape(self.shape(), a, keepdim), DType::U32)?;
-        kr::argmax(self.device(), self.block(), out.block(), self.dtype(), outer, len, inner)?;
+        let out = Tensor::uninit(
+            self.device(),
+            &reduced_shape(self.shape(), a, keepdim),
+            DType::U32,
+        )?;
+        kr::argmax(
+            self.device(),
+            self.block(),
+            out.block(),
+            self.dtype(),
+            outer,
+            len,
+            inner,
+        )?;
         Ok(out)
     }
 
@@ -95,7 +139,10 @@ impl Tensor {
             return Ok(self.clone());
         }
         if target.len() > self.rank() {
-            return Err(Error::shape("sum_to", format!("{:?} cannot be summed to {target:?}", self.shape())));
+            return Err(Error::shape(
+                "sum_to",
+                format!("{:?} cannot be summed to {target:?}", self.shape()),
+            ));
         }
         let lead = self.rank() - target.len();
         let mut t = self.clone();
@@ -109,7 +156,10 @@ impl Tensor {
             if d == 1 && t.shape()[k] != 1 {
                 t = t.sum(k as isize, true)?;
             } else if d != t.shape()[k] {
-                return Err(Error::shape("sum_to", format!("{:?} cannot be summed to {target:?}", self.shape())));
+                return Err(Error::shape(
+                    "sum_to",
+                    format!("{:?} cannot be summed to {target:?}", self.shape()),
+                ));
             }
         }
         t.reshape(target)

@@ -1,0 +1,263 @@
+//! The memory pool and staging: reuse safety, steady state, budget, round trips.
+
+mod common;
+
+use common::{Rng, device, device_with};
+use half::f16;
+use wgrad::{DType, Error, Tensor};
+
+/// A block freed while queued commands still read it is handed to a new tensor and
+/// overwritten by a host upload: the queued reads must still see the old contents.
+#[test]
+fn write_after_free() {
+    let dev = device_with(|o| o.no_cache = false);
+    let n = 1000;
+    for flush_between in [false, true] {
+        let a = Tensor::from_slice(&dev, &vec![1.5f32; n], &[n]).unwrap();
+        let b = a.mul_scalar(2.0).unwrap(); // queued, reads a
+        let loc = a.storage_location();
+        drop(a);
+        if flush_between {
+            dev.flush().unwrap();
+        }
+        let c = Tensor::from_slice(&dev, &vec![7.0f32; n], &[n]).unwrap();
+        assert_eq!(
+            c.storage_location(),
+            loc,
+            "the freed block is reused at once"
+        );
+        let d = c.add_scalar(1.0).unwrap();
+        assert!(
+            b.to_vec::<f32>().unwrap().iter().all(|&v| v == 3.0),
+            "a queued read saw the later upload"
+        );
+        assert!(d.to_vec::<f32>().unwrap().iter().all(|&v| v == 8.0));
+    }
+}
+
+/// The same hazard through a kernel: a freed input block reused as a later kernel's output.
+#[test]
+fn kernel_write_after_free() {
+    let dev = device();
+    let mut rng = Rng::new(1);
+    let x: Vec<f32> = rng.vec(4096);
+    let a = Tensor::from_slice(&dev, &x, &[4096]).unwrap();
+    let b = a.exp().unwrap();
+    drop(a);
+    let z = Tensor::zeros(&dev, &[4096], DType::F32).unwrap(); // likely a's block
+    let got = b.to_vec::<f32>().unwrap();
+    for (g, v) in got.iter().zip(&x) {
+        assert!((g - v.exp()).abs() <= 1e-6 + 1e-5 * v.exp().abs());
+    }
+    assert!(z.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+}
+
+/// After a few iterations of a repeated workload, no buffer of any kind is created.
+#[test]
+fn steady_state_allocates_nothing() {
+    let dev = device_with(|o| o.no_cache = false);
+    let mut rng = Rng::new(2);
+    let data = rng.vec(3 * 1000);
+    let mut after_warmup = 0;
+    for it in 0..30 {
+        let x = Tensor::from_slice(&dev, &data, &[3, 1000]).unwrap();
+        let w = dev.randn(&[3, 1000], DType::F32).unwrap();
+        let y = x.mul(&w).unwrap().relu().unwrap().sum(1, false).unwrap();
+        let h = y.to_dtype(DType::F16).unwrap();
+        let _ = h.to_vec::<f16>().unwrap();
+        let _ = y.mean_all().unwrap().to_scalar().unwrap();
+        if it == 4 {
+            after_warmup = dev.memory_stats().total_device_allocs();
+        }
+    }
+    let s = dev.memory_stats();
+    assert_eq!(
+        s.total_device_allocs(),
+        after_warmup,
+        "buffers created in the steady loop:\n{}",
+        dev.memory_report()
+    );
+    assert!(s.hit_rate() > 0.9, "{}", dev.memory_report());
+}
+
+/// Past the budget an allocation fails with a clear error; live tensors survive, and after
+/// dropping some the same allocation succeeds.
+#[test]
+fn budget_oom_then_recovery() {
+    let dev = device_with(|o| o.memory_limit = Some(wgrad::MemoryLimit::Bytes(24 << 20)));
+    let n = (3 << 20) / 4; // 3 MiB of f32
+    let mut live = Vec::new();
+    let err = loop {
+        let v = live.len() as f32;
+        match Tensor::full(&dev, &[n], v, DType::F32) {
+            Ok(t) => live.push(t),
+            Err(e) => break e,
+        }
+        assert!(live.len() < 100, "the budget was never enforced");
+    };
+    match &err {
+        Error::OutOfMemory {
+            requested,
+            limit,
+            allocated,
+            reserved,
+            ..
+        } => {
+            assert_eq!(*requested, (n * 4) as u64);
+            assert_eq!(*limit, 24 << 20);
+            assert!(*allocated <= *limit && *reserved <= *limit);
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("out of memory") && msg.contains("24.00 MiB"),
+        "{msg}"
+    );
+    // Nothing already allocated was lost.
+    for (i, t) in live.iter().enumerate() {
+        let v = t.to_vec::<f32>().unwrap();
+        assert!(v.iter().all(|&x| x == i as f32), "tensor {i} was damaged");
+    }
+    let s = dev.memory_stats();
+    assert_eq!(s.ooms, 1);
+    assert!(s.reserved <= 24 << 20);
+    live.truncate(live.len() / 2);
+    let t = Tensor::full(&dev, &[n], 9.0, DType::F32).expect("allocation after dropping tensors");
+    assert_eq!(t.to_vec::<f32>().unwrap()[n - 1], 9.0);
+}
+
+/// An allocation past the adapter's binding limit names the limit.
+#[test]
+fn past_binding_limit_is_an_error() {
+    let dev = device();
+    let too_big = (dev.caps().max_binding / 4 + 1024) as usize;
+    let e = Tensor::zeros(&dev, &[too_big], DType::F32).unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
+    assert!(
+        e.to_string().contains("max_storage_buffer_binding_size"),
+        "{e}"
+    );
+}
+
+#[test]
+fn round_trips() {
+    let dev = device();
+    let mut rng = Rng::new(3);
+    for n in [0usize, 1, 3, 1000, (1 << 20) + 3] {
+        let x = rng.vec(n);
+        let t = Tensor::from_slice(&dev, &x, &[n]).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), x, "f32 round trip of {n}");
+        let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+        let t = Tensor::from_slice(&dev, &h, &[n]).unwrap();
+        let back = t.to_vec::<f16>().unwrap();
+        assert!(
+            back.iter().zip(&h).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "f16 round trip of {n}"
+        );
+        // Async read-back of the same tensor.
+        let fut = t.to_vec_async::<f16>().unwrap();
+        let back = futures::executor::block_on(fut).unwrap();
+        assert_eq!(back.len(), n);
+    }
+}
+
+#[test]
+fn read_with_wrong_dtype_is_an_error() {
+    let dev = device();
+    let t = Tensor::zeros(&dev, &[4], DType::F16).unwrap();
+    assert!(matches!(t.to_vec::<f32>(), Err(Error::DType { .. })));
+    assert!(matches!(
+        Tensor::from_slice(&dev, &[1.0f32, 2.0], &[3]),
+        Err(Error::Shape { .. })
+    ));
+}
+
+/// Device and Tensor cross threads: a worker uploads while this thread computes.
+#[test]
+fn upload_from_another_thread() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<wgrad::Device>();
+    assert_send_sync::<Tensor>();
+    let dev = device();
+    let d2 = dev.clone();
+    let worker = std::thread::spawn(move || {
+        (0..8)
+            .map(|i| Tensor::full(&d2, &[256], i as f32, DType::F32).unwrap())
+            .collect::<Vec<_>>()
+    });
+    let mine = dev.randn(&[256], DType::F32).unwrap().exp().unwrap();
+    let theirs = worker.join().unwrap();
+    for (i, t) in theirs.iter().enumerate() {
+        assert!(
+            t.add(&mine)
+                .unwrap()
+                .sub(&mine)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&v| (v - i as f32).abs() < 1e-5)
+        );
+    }
+}
+
+#[test]
+fn stats_trace_and_empty_cache() {
+    let dev = device_with(|o| {
+        o.trace = true;
+        o.no_cache = false;
+    });
+    dev.begin_scope("work");
+    let a = Tensor::zeros(&dev, &[1000], DType::F32).unwrap();
+    let b = Tensor::zeros(&dev, &[5 << 20], DType::F16).unwrap(); // large pool
+    drop(a);
+    let peak = dev.end_scope();
+    assert!(peak >= 4000 + (10 << 20));
+    let s = dev.memory_stats();
+    assert_eq!(s.live_blocks, 1);
+    assert_eq!(s.allocated, 10 << 20);
+    assert!(s.active >= s.allocated && s.reserved >= s.active);
+    assert_eq!((s.small_pages, s.large_pages), (1, 1));
+    drop(b);
+    dev.empty_cache();
+    let s = dev.memory_stats();
+    assert_eq!(s.reserved, 0);
+    assert_eq!(s.device_frees, 2);
+    let json = dev.memory_trace_json();
+    for kind in [
+        "alloc",
+        "free",
+        "page_alloc",
+        "page_free",
+        "scope_begin",
+        "scope_end",
+    ] {
+        assert!(
+            json.contains(&format!("\"kind\":\"{kind}\"")),
+            "{kind} missing from {json}"
+        );
+    }
+    assert!(json.contains("\"scope\":\"work\""));
+    let report = dev.memory_report().to_string();
+    assert!(
+        report.contains("reserved") && report.contains("hits"),
+        "{report}"
+    );
+}
+
+/// WGRAD_NO_CACHE semantics: no reuse, every page returned on free.
+#[test]
+fn no_cache_mode() {
+    let dev = device_with(|o| o.no_cache = true);
+    let a = Tensor::full(&dev, &[100], 1.0, DType::F32).unwrap();
+    let loc = a.storage_location();
+    let b = a.add_scalar(1.0).unwrap();
+    drop(a);
+    let c = Tensor::full(&dev, &[100], 5.0, DType::F32).unwrap();
+    assert_ne!(c.storage_location().0, loc.0);
+    assert_eq!(b.to_vec::<f32>().unwrap()[0], 2.0);
+    let s = dev.memory_stats();
+    assert_eq!(s.cache_hits, 0);
+    assert!(s.device_frees >= 1);
+}
