@@ -4,6 +4,8 @@
 // grid folded to 2-D; threads past `n` return at once, which is the only bounds check needed
 // because every access is at the thread's own index):
 //   fill     out[i] = value
+//   words    out[i] = bit pattern of value, on raw u32 words (poisoning fresh blocks with NaN
+//            for tests: the pattern 0x7fc07fc0 is NaN as one f32 and as two f16 halves)
 //   uniform  out[i] = a + (b - a) * u(i),          u in [0, 1)
 //   normal   out[i] = a + b * z(i),                z standard normal (Box-Muller)
 //   dropout  y[i] = x[i] * (u(i) >= a ? b : 0)     a = drop probability, b = 1 / (1 - a)
@@ -52,6 +54,14 @@ fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n) { return; }
   st_out(i, p.a);
+}
+
+//! entry words
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n) { return; }
+  st_out(i, bitcast<u32>(p.a));
 }
 
 //! entry uniform

@@ -76,6 +76,9 @@ pub struct DeviceOptions {
     pub no_cache: bool,
     /// Record the memory event trace from the start.
     pub trace: bool,
+    /// Fill every new tensor's memory with NaN before use, so a kernel that leaves an element
+    /// unwritten shows up in tests (`WGRAD_POISON=1`).
+    pub poison: bool,
     /// Do not use SHADER_F16 even if present (f16 then uses packed storage).
     pub disable_f16: bool,
     /// Do not use subgroup operations even if present.
@@ -87,7 +90,7 @@ pub struct DeviceOptions {
 impl DeviceOptions {
     /// Options from the environment:
     /// `WGRAD_ADAPTER=<name substring>`, `WGRAD_MEMORY_LIMIT=2GiB|50%`, `WGRAD_NO_CACHE=1`,
-    /// `WGRAD_TRACE=1`, `WGRAD_DISABLE=f16,subgroups,coop`. wgpu's `WGPU_BACKEND` picks backends.
+    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_DISABLE=f16,subgroups,coop`. wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let flag = |k: &str| var(k).is_some_and(|v| v != "0");
@@ -102,6 +105,7 @@ impl DeviceOptions {
                 .transpose()?,
             no_cache: flag("WGRAD_NO_CACHE"),
             trace: flag("WGRAD_TRACE"),
+            poison: flag("WGRAD_POISON"),
             disable_f16: has("f16"),
             disable_subgroups: has("subgroups") || has("subgroup"),
             disable_coop_matrix: has("coop"),
@@ -239,10 +243,8 @@ pub(crate) struct DeviceInner {
     rng: AtomicU64,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
-    pub(crate) id: u64,
+    pub(crate) poison: bool,
 }
-
-static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -492,7 +494,7 @@ impl Device {
                 rng: AtomicU64::new(0x5eed),
                 errors,
                 lost,
-                id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+                poison: opts.poison,
             }),
         })
     }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod kernels;
 pub mod memory;
 pub mod ops;
+pub mod reference;
 mod stream;
 pub mod tensor;
 

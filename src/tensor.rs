@@ -71,6 +71,9 @@ impl Tensor {
     pub(crate) fn uninit(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n = numel_of("alloc", shape)?;
         let block = dev.alloc(dtype.bytes(n))?;
+        if dev.inner.poison {
+            kernels::fill::fill_words(dev, &block, 0x7fc0_7fc0)?;
+        }
         Ok(Tensor::from_parts(
             dev,
             shape.to_vec(),
@@ -455,6 +458,12 @@ impl Tensor {
             },
         }
     }
+}
+
+/// An uninitialised tensor (poisoned when the device poisons); for tests of poisoning.
+#[doc(hidden)]
+pub fn poison_probe(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    Tensor::uninit(dev, shape, dtype)
 }
 
 impl fmt::Debug for Tensor {

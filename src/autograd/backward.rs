@@ -3,6 +3,7 @@
 use super::Op;
 use crate::error::Result;
 use crate::kernels::elementwise::{self as ew, Binary};
+use crate::ops::{attention, conv, embedding, loss, matmul, norm, softmax};
 use crate::tensor::Tensor;
 
 /// The gradients of `op`'s inputs given the gradient `g` of its output `out`.
@@ -125,5 +126,58 @@ pub(super) fn grads(op: &Op, out: &Tensor, g: Tensor) -> Result<Vec<(Tensor, Ten
             }
             v
         }
+        Op::Matmul {
+            a,
+            b,
+            bias,
+            trans_a,
+            trans_b,
+            relu_out,
+        } => matmul::matmul_grads(
+            a,
+            b,
+            bias.as_ref(),
+            *trans_a,
+            *trans_b,
+            relu_out.as_ref(),
+            g,
+        )?,
+        Op::Conv2d { x, w, bias, opts } => conv::conv_grads(x, w, bias.as_ref(), opts, g)?,
+        Op::MaxPool { x, geom, idx } => vec![(x.clone(), conv::maxpool_grad(x, geom, idx, &g)?)],
+        Op::AvgPool { x, geom } => vec![(x.clone(), conv::avgpool_grad(x, geom, &g)?)],
+        Op::Softmax { x, y, log } => vec![(x.clone(), softmax::softmax_grad(y, &g, *log)?)],
+        Op::Attention {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            causal,
+            scale,
+        } => {
+            let [dq, dk, dv] = attention::attention_grads(q, k, v, out, lse, *causal, *scale, &g)?;
+            vec![(q.clone(), dq), (k.clone(), dk), (v.clone(), dv)]
+        }
+        Op::Norm {
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            eps,
+        } => {
+            let [dx, dgamma, dbeta] =
+                norm::norm_grads(x, gamma, beta.as_ref(), mean, rstd, *eps, &g)?;
+            let mut v = vec![(x.clone(), dx), (gamma.clone(), dgamma)];
+            if let Some(b) = beta {
+                v.push((b.clone(), dbeta));
+            }
+            v
+        }
+        Op::CrossEntropy { x, labels, lse } => {
+            vec![(x.clone(), loss::cross_entropy_grad(x, labels, lse, &g)?)]
+        }
+        Op::Embedding { w, idx } => vec![(w.clone(), embedding::embedding_grad(w, idx, &g)?)],
+        Op::Dropout { x, p, seed } => vec![(x.clone(), embedding::dropout_grad(&g, *p, *seed)?)],
     })
 }

@@ -3,7 +3,9 @@
 //! Saved outputs are stored *detached* (same storage, no op), never as the output tensor
 //! itself, which would make a reference cycle.
 
+use crate::kernels::conv::Geom;
 use crate::kernels::elementwise::{Binary, Unary};
+use crate::ops::Conv2dOpts;
 use crate::tensor::Tensor;
 
 /// How a tensor was computed. One variant per differentiable op.
@@ -51,6 +53,57 @@ pub enum Op {
     },
     /// Concatenation along an axis.
     Cat { xs: Vec<Tensor>, axis: usize },
+    /// `act(op(a) op(b) + bias)`; `relu_out` is the output when the activation was ReLU.
+    Matmul {
+        a: Tensor,
+        b: Tensor,
+        bias: Option<Tensor>,
+        trans_a: bool,
+        trans_b: bool,
+        relu_out: Option<Tensor>,
+    },
+    /// 2-D convolution.
+    Conv2d {
+        x: Tensor,
+        w: Tensor,
+        bias: Option<Tensor>,
+        opts: Conv2dOpts,
+    },
+    /// Max pooling; `idx` holds the position of each window's maximum.
+    MaxPool { x: Tensor, geom: Geom, idx: Tensor },
+    /// Average pooling.
+    AvgPool { x: Tensor, geom: Geom },
+    /// Softmax or log-softmax along the last axis; `y` is the output.
+    Softmax { x: Tensor, y: Tensor, log: bool },
+    /// Fused attention; `out` and `lse` are what the backward pass recomputes from.
+    Attention {
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        causal: bool,
+        scale: f32,
+    },
+    /// LayerNorm (with beta) or RMSNorm; `mean` and `rstd` are per row.
+    Norm {
+        x: Tensor,
+        gamma: Tensor,
+        beta: Option<Tensor>,
+        mean: Tensor,
+        rstd: Tensor,
+        eps: f32,
+    },
+    /// Per-row cross-entropy from logits.
+    CrossEntropy {
+        x: Tensor,
+        labels: Tensor,
+        lse: Tensor,
+    },
+    /// Embedding lookup.
+    Embedding { w: Tensor, idx: Tensor },
+    /// Dropout with the seed of its mask.
+    Dropout { x: Tensor, p: f32, seed: u64 },
 }
 
 impl Op {
@@ -64,9 +117,28 @@ impl Op {
             | Op::Max { x, .. }
             | Op::Permute { x, .. }
             | Op::Expand { x }
-            | Op::Narrow { x, .. } => vec![x],
+            | Op::Narrow { x, .. }
+            | Op::MaxPool { x, .. }
+            | Op::AvgPool { x, .. }
+            | Op::Softmax { x, .. }
+            | Op::CrossEntropy { x, .. }
+            | Op::Dropout { x, .. } => vec![x],
+            Op::Embedding { w, .. } => vec![w],
             Op::Binary { x, y, .. } | Op::Select { x, y, .. } => vec![x, y],
             Op::Cat { xs, .. } => xs.iter().collect(),
+            Op::Matmul { a, b, bias, .. } => [Some(a), Some(b), bias.as_ref()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            Op::Conv2d { x, w, bias, .. } => [Some(x), Some(w), bias.as_ref()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::Norm { x, gamma, beta, .. } => [Some(x), Some(gamma), beta.as_ref()]
+                .into_iter()
+                .flatten()
+                .collect(),
         }
     }
 }

@@ -45,6 +45,23 @@ pub(crate) fn fill(dev: &Device, out: &Block, dtype: DType, n: usize, value: f32
     )
 }
 
+/// Every 32-bit word of `block` set to `bits` (poisoning for tests).
+pub(crate) fn fill_words(dev: &Device, block: &Block, bits: u32) -> Result<()> {
+    let words = (block.size() / 4) as usize;
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Fill,
+            entry: "words",
+            wg: WG,
+            consts: &[],
+            params: &[u32_len("poison", words)?, bits, 0, 0, 0],
+            args: &[Arg::write("out", block, DType::U32)],
+            groups: grid_1d(words, WG),
+        },
+    )
+}
+
 /// Random numbers from `dist`, a pure function of (seed, index).
 pub(crate) fn random(
     dev: &Device,

@@ -7,11 +7,19 @@
 //! autograd: they see blocks of memory, dtypes and sizes.
 
 pub mod compose;
+pub mod signature;
 
+pub(crate) mod attention;
+pub mod conv;
 pub(crate) mod copy;
 pub mod elementwise;
+pub(crate) mod embedding;
 pub(crate) mod fill;
+pub(crate) mod loss;
+pub mod matmul;
+pub(crate) mod norm;
 pub(crate) mod reduce;
+pub(crate) mod softmax;
 
 use crate::device::Device;
 use crate::dtype::DType;
@@ -31,6 +39,22 @@ pub enum Kernel {
     Elementwise,
     /// Sum, mean, max, argmax along an axis.
     Reduce,
+    /// Softmax and log-softmax along the last axis, forward and backward.
+    Softmax,
+    /// Tiled matrix multiply with transposes, bias and activation.
+    Matmul,
+    /// Matrix multiply on cooperative matrices (tensor cores), f16 in, f32 accumulate.
+    MatmulCoop,
+    /// im2col / col2im for convolution; max and average pooling.
+    Conv,
+    /// Fused scaled dot-product attention (flash style), forward and backward.
+    Attention,
+    /// LayerNorm and RMSNorm forward and backward.
+    Norm,
+    /// Cross-entropy from logits, forward and backward.
+    Loss,
+    /// Embedding gather and scatter-add.
+    Embedding,
 }
 
 impl Kernel {
@@ -40,6 +64,14 @@ impl Kernel {
         Kernel::Copy,
         Kernel::Elementwise,
         Kernel::Reduce,
+        Kernel::Softmax,
+        Kernel::Matmul,
+        Kernel::MatmulCoop,
+        Kernel::Conv,
+        Kernel::Attention,
+        Kernel::Norm,
+        Kernel::Loss,
+        Kernel::Embedding,
     ];
 
     /// The family's WGSL source.
@@ -49,12 +81,21 @@ impl Kernel {
             Kernel::Copy => include_str!("../../shaders/copy.wgsl"),
             Kernel::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
             Kernel::Reduce => include_str!("../../shaders/reduce.wgsl"),
+            Kernel::Softmax => include_str!("../../shaders/softmax.wgsl"),
+            Kernel::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Kernel::MatmulCoop => include_str!("../../shaders/matmul_coop.wgsl"),
+            Kernel::Conv => include_str!("../../shaders/conv.wgsl"),
+            Kernel::Attention => include_str!("../../shaders/attention.wgsl"),
+            Kernel::Norm => include_str!("../../shaders/norm.wgsl"),
+            Kernel::Loss => include_str!("../../shaders/loss.wgsl"),
+            Kernel::Embedding => include_str!("../../shaders/embedding.wgsl"),
         }
     }
 
     /// Extra `enable` directives the family needs.
     pub fn enables(self) -> &'static [&'static str] {
         match self {
+            Kernel::MatmulCoop => &["wgpu_cooperative_matrix"],
             _ => &[],
         }
     }
@@ -133,6 +174,7 @@ pub(crate) fn launch(dev: &Device, l: &Launch<'_>) -> Result<()> {
         ));
     }
     let pipe = dev.pipeline(&key, l.args.len(), || {
+        check_signature(l)?;
         let decls: Vec<Decl> = l
             .args
             .iter()
@@ -168,6 +210,45 @@ pub(crate) fn launch(dev: &Device, l: &Launch<'_>) -> Result<()> {
         })
         .collect();
     dev.dispatch(&pipe, l.params, &slices, l.groups)
+}
+
+/// Checks a launch against the signature table (once per pipeline): the table is what the
+/// naga validation test covers, so it must describe what really runs.
+fn check_signature(l: &Launch<'_>) -> Result<()> {
+    let bad = |why: String| {
+        Err(Error::Gpu(format!(
+            "internal: launch of {:?}/{} {why}",
+            l.kernel, l.entry
+        )))
+    };
+    let Some(sig) = signature::find(l.kernel, l.entry) else {
+        return bad("has no signature".into());
+    };
+    if sig.bindings.len() != l.args.len() {
+        return bad(format!(
+            "binds {} buffers, the signature {}",
+            l.args.len(),
+            sig.bindings.len()
+        ));
+    }
+    for (a, &(name, elem, write)) in l.args.iter().zip(sig.bindings) {
+        if a.name != name || a.write != write || !elem.allows(a.dtype) {
+            return bad(format!(
+                "binds {} ({}, write {}) where the signature has {name} ({elem:?}, write {write})",
+                a.name, a.dtype, a.write
+            ));
+        }
+    }
+    if !sig.wgs.contains(&l.wg) {
+        return bad(format!("uses workgroup size {} not in {:?}", l.wg, sig.wgs));
+    }
+    if !sig.consts.iter().any(|c| *c == l.consts) {
+        return bad(format!(
+            "uses constants {:?} not in the signature",
+            l.consts
+        ));
+    }
+    Ok(())
 }
 
 /// The grid for `n` threads in workgroups of `wg`, folded into two dimensions when one would

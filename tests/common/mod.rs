@@ -43,3 +43,61 @@ impl Rng {
         self.next_u64() % n
     }
 }
+
+use half::f16;
+use wgrad::{DType, Tensor};
+
+/// Tolerance constants per dtype, in one place: |gpu - ref| <= atol + rtol * |ref|.
+pub fn tol(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (1e-5, 1e-4),
+        // f16 storage: inputs and outputs rounded to 11 bits, arithmetic in f32.
+        DType::F16 => (2e-3, 4e-3),
+        DType::U32 => (0.0, 0.0),
+    }
+}
+
+/// The values a tensor of `dtype` holds for `data` (f16 rounds).
+pub fn rounded(data: &[f32], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::F16 => data.iter().map(|&v| f16::from_f32(v).to_f64()).collect(),
+        _ => data.iter().map(|&v| v as f64).collect(),
+    }
+}
+
+/// A device tensor of `dtype` holding `data`.
+pub fn tensor(dev: &wgrad::Device, data: &[f32], shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::from_f32(dev, data, shape, dtype).unwrap()
+}
+
+/// Asserts every element is within tolerance (NaN never passes), with a message naming the
+/// first bad index.
+pub fn assert_close(got: &[f32], want: &[f64], dtype: DType, what: &str) {
+    assert_close_tol(got, want, tol(dtype), what);
+}
+
+pub fn assert_close_tol(got: &[f32], want: &[f64], (atol, rtol): (f64, f64), what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        let ok = err <= atol + rtol * w.abs()
+            || (g.is_infinite() && w.is_infinite() && (g > 0.0) == (w > 0.0));
+        assert!(
+            ok && !g.is_nan(),
+            "{what}: element {i}: got {g}, want {w} (err {err:.3e}, allowed {:.3e})",
+            atol + rtol * w.abs()
+        );
+        if err > worst.1 {
+            worst = (i, err);
+        }
+    }
+}
+
+/// A poisoning device (every new tensor starts as NaN) with environment options.
+pub fn poisoned() -> wgrad::Device {
+    device_with(|o| o.poison = true)
+}
+
+pub const SIZES: [usize; 5] = [1, 3, 17, 127, 1000];
+pub const DTYPES: [DType; 2] = [DType::F32, DType::F16];

@@ -1,0 +1,349 @@
+// attention.wgsl: fused scaled dot-product attention, flash style, forward and backward.
+//
+//   O = softmax(scale * Q K^T + mask) V,  Q: [BH, SQ, D], K, V: [BH, SKV, D], O: [BH, SQ, D]
+//
+// The SQ x SKV score matrix never goes to memory. Each workgroup keeps a BR x BC block of
+// scores in workgroup memory at a time, so memory is O(SQ) per head (the output and one f32
+// log-sum-exp per query row), not O(SQ * SKV).
+// The causal mask lets query i see key j when j <= i + (SKV - SQ) (bottom-right aligned, so
+// SQ == SKV is the usual lower triangle); masked scores are -inf.
+//
+// Constants: BR query rows and BC keys per block, DMAX >= D (the head dimension, padded for
+// register arrays; workgroup-memory rows are DMAX + 1 floats so threads reading different
+// rows at the same column hit different banks). WG = 128 threads.
+//
+//   fwd        Workgroup (x, y) = (query block, head). Thread t owns query row r = t / TPR and
+//              columns l, l + TPR, ... of its output (TPR = WG / BR threads per row). For each
+//              key block: load K and V tiles, compute the row's scores into Ss, then every
+//              thread of the row reads the row back and does the online-softmax update:
+//              m' = max(m, max_c s), rescale l and the output accumulators by exp(m - m'),
+//              add p_c = exp(s_c - m') and p_c * V[c]. At the end O = acc / l and, for the
+//              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
+//   bwd_delta  One thread per query row: delta = sum_d dO * O (the softmax backward's dot).
+//   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
+//              of dK and dV in registers. For each query block (starting at the first that can
+//              see these keys): recompute P = exp(scale * Q K^T - lse), dP = dO V^T and
+//              dS = P * (dP - delta) for the BR x BC block, then dV += P^T dO and
+//              dK += scale * dS^T Q. No atomics: each workgroup owns its keys' gradients.
+//   bwd_q      Workgroup (x, y) = (query block, head); thread owns a query row's dQ columns;
+//              for each key block recompute dS as above and add scale * dS K.
+//
+// Bounds: tiles are loaded with zero past SQ, SKV or D; scores of keys past SKV (and masked
+// ones) are -inf, so they get probability 0; rows past SQ are computed but never stored.
+// Barriers sit in loops whose bounds depend only on workgroup ids and uniform parameters.
+//
+// Bindings: fwd reads q, k, v, writes o, lse; bwd_delta reads o, dout, writes delta; bwd_kv
+// reads q, k, v, dout, lse, delta, writes dk, dv; bwd_q reads q, k, v, dout, lse, delta,
+// writes dq. lse and delta are f32.
+// Params: bh, sq, skv, d, scale, causal, -inf (passed in: WGSL rejects an infinite constant).
+
+struct Params {
+  bh: u32,
+  sq: u32,
+  skv: u32,
+  d: u32,
+  scale: f32,
+  causal: u32,
+  ninf: f32,
+  _pad: u32,
+}
+
+const RS: u32 = DMAX + 1u;
+
+// Whether query `qi` may not attend to key `kj` (outside the keys, or causally masked).
+fn masked(qi: u32, kj: u32) -> bool {
+  if (kj >= p.skv) { return true; }
+  return p.causal != 0u && kj + p.sq > qi + p.skv;
+}
+
+// One past the last key the query block starting at q0 can see.
+fn key_end(q0: u32) -> u32 {
+  if (p.causal == 0u) { return p.skv; }
+  return min(p.skv, q0 + BR + p.skv - p.sq);
+}
+
+//! entry fwd
+var<workgroup> Qs: array<f32, BR * RS>;
+var<workgroup> Ks: array<f32, BC * RS>;
+var<workgroup> Vs: array<f32, BC * DMAX>;
+var<workgroup> Ss: array<f32, BR * BC>;
+
+const TPR: u32 = WG / BR;
+const OPT: u32 = DMAX / TPR;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let t = ids.lid;
+  let r = t / TPR;
+  let l = t % TPR;
+  let qi = q0 + r;
+  let qb = bh * p.sq * p.d;
+  let kb = bh * p.skv * p.d;
+  for (var e = t; e < BR * DMAX; e = e + WG) {
+    let rr = e / DMAX;
+    let dd = e % DMAX;
+    var v = 0.0;
+    if (q0 + rr < p.sq && dd < p.d) { v = ld_q(qb + (q0 + rr) * p.d + dd); }
+    Qs[rr * RS + dd] = v;
+  }
+  var acc: array<f32, OPT>;
+  for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = 0.0; }
+  var m = p.ninf;
+  var lsum = 0.0;
+  let kend = key_end(q0);
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    workgroupBarrier();
+    for (var e = t; e < BC * DMAX; e = e + WG) {
+      let c = e / DMAX;
+      let dd = e % DMAX;
+      var kv = 0.0;
+      var vv = 0.0;
+      if (k0 + c < p.skv && dd < p.d) {
+        kv = ld_k(kb + (k0 + c) * p.d + dd);
+        vv = ld_v(kb + (k0 + c) * p.d + dd);
+      }
+      Ks[c * RS + dd] = kv;
+      Vs[c * DMAX + dd] = vv;
+    }
+    workgroupBarrier();
+    for (var c = l; c < BC; c = c + TPR) {
+      var s = 0.0;
+      for (var dd = 0u; dd < p.d; dd = dd + 1u) { s = fma(Qs[r * RS + dd], Ks[c * RS + dd], s); }
+      Ss[r * BC + c] = select(s * p.scale, p.ninf, masked(qi, k0 + c));
+    }
+    workgroupBarrier();
+    var mb = m;
+    for (var c = 0u; c < BC; c = c + 1u) { mb = max(mb, Ss[r * BC + c]); }
+    if (mb != p.ninf) {
+      let corr = exp(m - mb);
+      lsum = lsum * corr;
+      for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = acc[j] * corr; }
+      for (var c = 0u; c < BC; c = c + 1u) {
+        let pc = exp(Ss[r * BC + c] - mb);
+        lsum = lsum + pc;
+        for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = fma(pc, Vs[c * DMAX + l + j * TPR], acc[j]); }
+      }
+      m = mb;
+    }
+  }
+  if (qi < p.sq) {
+    let inv = 1.0 / lsum;
+    for (var j = 0u; j < OPT; j = j + 1u) {
+      let dd = l + j * TPR;
+      if (dd < p.d) { st_o(qb + qi * p.d + dd, acc[j] * inv); }
+    }
+    if (l == 0u) { st_lse(bh * p.sq + qi, m + log(lsum)); }
+  }
+}
+
+//! entry bwd_delta
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.bh * p.sq) { return; }
+  var s = 0.0;
+  for (var dd = 0u; dd < p.d; dd = dd + 1u) { s = fma(ld_dout(i * p.d + dd), ld_o(i * p.d + dd), s); }
+  st_delta(i, s);
+}
+
+//! entry bwd_kv
+var<workgroup> Kt: array<f32, BC * RS>;
+var<workgroup> Vt: array<f32, BC * RS>;
+var<workgroup> Qt: array<f32, BR * RS>;
+var<workgroup> Ot: array<f32, BR * RS>;
+var<workgroup> Pt: array<f32, BR * BC>;
+var<workgroup> St: array<f32, BR * BC>;
+var<workgroup> Lt: array<f32, BR>;
+var<workgroup> Dt: array<f32, BR>;
+
+const TPC: u32 = WG / BC;
+const KPT: u32 = DMAX / TPC;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let k0 = ids.wid.x * BC;
+  let t = ids.lid;
+  let c = t / TPC;
+  let l = t % TPC;
+  let qb = bh * p.sq * p.d;
+  let kb = bh * p.skv * p.d;
+  for (var e = t; e < BC * DMAX; e = e + WG) {
+    let cc = e / DMAX;
+    let dd = e % DMAX;
+    var kv = 0.0;
+    var vv = 0.0;
+    if (k0 + cc < p.skv && dd < p.d) {
+      kv = ld_k(kb + (k0 + cc) * p.d + dd);
+      vv = ld_v(kb + (k0 + cc) * p.d + dd);
+    }
+    Kt[cc * RS + dd] = kv;
+    Vt[cc * RS + dd] = vv;
+  }
+  var dk: array<f32, KPT>;
+  var dv: array<f32, KPT>;
+  for (var j = 0u; j < KPT; j = j + 1u) { dk[j] = 0.0; dv[j] = 0.0; }
+  // The first query that can see key k0 is k0 - (SKV - SQ).
+  var qstart = 0u;
+  if (p.causal != 0u && k0 + p.sq > p.skv) { qstart = ((k0 + p.sq - p.skv) / BR) * BR; }
+  for (var q0 = qstart; q0 < p.sq; q0 = q0 + BR) {
+    workgroupBarrier();
+    for (var e = t; e < BR * DMAX; e = e + WG) {
+      let rr = e / DMAX;
+      let dd = e % DMAX;
+      var qv = 0.0;
+      var ov = 0.0;
+      if (q0 + rr < p.sq && dd < p.d) {
+        qv = ld_q(qb + (q0 + rr) * p.d + dd);
+        ov = ld_dout(qb + (q0 + rr) * p.d + dd);
+      }
+      Qt[rr * RS + dd] = qv;
+      Ot[rr * RS + dd] = ov;
+    }
+    for (var rr = t; rr < BR; rr = rr + WG) {
+      var lv = 0.0;
+      var dv0 = 0.0;
+      if (q0 + rr < p.sq) {
+        lv = ld_lse(bh * p.sq + q0 + rr);
+        dv0 = ld_delta(bh * p.sq + q0 + rr);
+      }
+      Lt[rr] = lv;
+      Dt[rr] = dv0;
+    }
+    workgroupBarrier();
+    for (var e = t; e < BR * BC; e = e + WG) {
+      let rr = e / BC;
+      let cc = e % BC;
+      let qi = q0 + rr;
+      var pv = 0.0;
+      var ds = 0.0;
+      if (qi < p.sq && !masked(qi, k0 + cc)) {
+        var s = 0.0;
+        var dp = 0.0;
+        for (var dd = 0u; dd < p.d; dd = dd + 1u) {
+          s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
+          dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
+        }
+        pv = exp(s * p.scale - Lt[rr]);
+        ds = pv * (dp - Dt[rr]);
+      }
+      Pt[e] = pv;
+      St[e] = ds;
+    }
+    workgroupBarrier();
+    for (var rr = 0u; rr < BR; rr = rr + 1u) {
+      let pv = Pt[rr * BC + c];
+      let ds = St[rr * BC + c];
+      for (var j = 0u; j < KPT; j = j + 1u) {
+        let dd = l + j * TPC;
+        dv[j] = fma(pv, Ot[rr * RS + dd], dv[j]);
+        dk[j] = fma(ds, Qt[rr * RS + dd], dk[j]);
+      }
+    }
+  }
+  if (k0 + c < p.skv) {
+    for (var j = 0u; j < KPT; j = j + 1u) {
+      let dd = l + j * TPC;
+      if (dd < p.d) {
+        st_dk(kb + (k0 + c) * p.d + dd, dk[j] * p.scale);
+        st_dv(kb + (k0 + c) * p.d + dd, dv[j]);
+      }
+    }
+  }
+}
+
+//! entry bwd_q
+var<workgroup> Kt: array<f32, BC * RS>;
+var<workgroup> Vt: array<f32, BC * RS>;
+var<workgroup> Qt: array<f32, BR * RS>;
+var<workgroup> Ot: array<f32, BR * RS>;
+var<workgroup> St: array<f32, BR * BC>;
+var<workgroup> Lt: array<f32, BR>;
+var<workgroup> Dt: array<f32, BR>;
+
+const TPR: u32 = WG / BR;
+const OPT: u32 = DMAX / TPR;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let t = ids.lid;
+  let r = t / TPR;
+  let l = t % TPR;
+  let qb = bh * p.sq * p.d;
+  let kb = bh * p.skv * p.d;
+  for (var e = t; e < BR * DMAX; e = e + WG) {
+    let rr = e / DMAX;
+    let dd = e % DMAX;
+    var qv = 0.0;
+    var ov = 0.0;
+    if (q0 + rr < p.sq && dd < p.d) {
+      qv = ld_q(qb + (q0 + rr) * p.d + dd);
+      ov = ld_dout(qb + (q0 + rr) * p.d + dd);
+    }
+    Qt[rr * RS + dd] = qv;
+    Ot[rr * RS + dd] = ov;
+  }
+  for (var rr = t; rr < BR; rr = rr + WG) {
+    var lv = 0.0;
+    var dv0 = 0.0;
+    if (q0 + rr < p.sq) {
+      lv = ld_lse(bh * p.sq + q0 + rr);
+      dv0 = ld_delta(bh * p.sq + q0 + rr);
+    }
+    Lt[rr] = lv;
+    Dt[rr] = dv0;
+  }
+  var dq: array<f32, OPT>;
+  for (var j = 0u; j < OPT; j = j + 1u) { dq[j] = 0.0; }
+  let kend = key_end(q0);
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    workgroupBarrier();
+    for (var e = t; e < BC * DMAX; e = e + WG) {
+      let cc = e / DMAX;
+      let dd = e % DMAX;
+      var kv = 0.0;
+      var vv = 0.0;
+      if (k0 + cc < p.skv && dd < p.d) {
+        kv = ld_k(kb + (k0 + cc) * p.d + dd);
+        vv = ld_v(kb + (k0 + cc) * p.d + dd);
+      }
+      Kt[cc * RS + dd] = kv;
+      Vt[cc * RS + dd] = vv;
+    }
+    workgroupBarrier();
+    for (var e = t; e < BR * BC; e = e + WG) {
+      let rr = e / BC;
+      let cc = e % BC;
+      let qi = q0 + rr;
+      var ds = 0.0;
+      if (qi < p.sq && !masked(qi, k0 + cc)) {
+        var s = 0.0;
+        var dp = 0.0;
+        for (var dd = 0u; dd < p.d; dd = dd + 1u) {
+          s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
+          dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
+        }
+        ds = exp(s * p.scale - Lt[rr]) * (dp - Dt[rr]);
+      }
+      St[e] = ds;
+    }
+    workgroupBarrier();
+    for (var cc = 0u; cc < BC; cc = cc + 1u) {
+      let ds = St[r * BC + cc];
+      for (var j = 0u; j < OPT; j = j + 1u) {
+        dq[j] = fma(ds, Kt[cc * RS + l + j * TPR], dq[j]);
+      }
+    }
+  }
+  let qi = q0 + r;
+  if (qi < p.sq) {
+    for (var j = 0u; j < OPT; j = j + 1u) {
+      let dd = l + j * TPR;
+      if (dd < p.d) { st_dq(qb + qi * p.d + dd, dq[j] * p.scale); }
+    }
+  }
+}

@@ -1,0 +1,189 @@
+// conv.wgsl: the data-movement half of convolution and pooling, NCHW.
+//
+// Convolution runs as im2col + matmul: `im2col` lays the input patches out as a column matrix
+// [N, C*KH*KW, HO*WO] (rows ordered channel, kernel row, kernel column), so output channels
+// come from one batched product with the weight [O, C/G * KH * KW] (matmul.wgsl with the
+// batch index n*G + g). The gradient for the input goes back through `col2im`.
+//
+// All entries are one thread per element of the tensor they write, 1-D with flat_id; threads
+// past the end return. Coordinates are derived from the thread index, and every input read is
+// guarded by a range test of the (possibly negative, hence i32) input coordinate, which is how
+// padding reads as zero (or as -inf for max pooling).
+//
+//   im2col       col[n, (c*KH + ki)*KW + kj, oh*WO + ow] = x[n, c, oh*SH - PH + ki*DH, ow*SW - PW + kj*DW]
+//   col2im       dx[n, c, ih, iw] = sum over (ki, kj) whose output position (oh, ow) maps onto
+//                (ih, iw) of dcol[...]; a gather, so no two threads write one element.
+//   maxpool      y = max over the window (padding = -inf), and idx = ih*W + iw of the first
+//                maximum (u32), kept for the backward pass.
+//   maxpool_bwd  dx[n, c, ih, iw] = sum of dy over the windows covering (ih, iw) whose idx is
+//                this position (a gather, deterministic).
+//   avgpool      y = sum over the window / (KH*KW) (zero padding counts).
+//   avgpool_bwd  dx = sum of dy / (KH*KW) over the windows covering the position.
+//
+// Params: n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, n0 (im2col / col2im only).
+
+struct Params {
+  n: u32,
+  c: u32,
+  h: u32,
+  w: u32,
+  kh: u32,
+  kw: u32,
+  sh: u32,
+  sw: u32,
+  ph: u32,
+  pw: u32,
+  dh: u32,
+  dw: u32,
+  ho: u32,
+  wo: u32,
+  // First image of this call: im2col reads x from image n0, col2im writes dx from image n0
+  // (convolution runs in chunks of the batch to bound the column buffer).
+  n0: u32,
+}
+
+// The output index along one axis whose window puts tap `k` on input position `i`, or -1.
+fn out_pos(i: u32, k: u32, pad: u32, stride: u32, dil: u32, size: u32) -> i32 {
+  let t = i32(i) + i32(pad) - i32(k * dil);
+  if (t < 0 || t % i32(stride) != 0) { return -1; }
+  let o = t / i32(stride);
+  if (o >= i32(size)) { return -1; }
+  return o;
+}
+
+//! entry im2col
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  let hw = p.ho * p.wo;
+  let kk = p.kh * p.kw;
+  if (i >= p.n * p.c * kk * hw) { return; }
+  let s = i % hw;
+  let t = i / hw;
+  let ck = t % (p.c * kk);
+  let nn = t / (p.c * kk);
+  let ch = ck / kk;
+  let r = ck % kk;
+  let ih = i32((s / p.wo) * p.sh + (r / p.kw) * p.dh) - i32(p.ph);
+  let iw = i32((s % p.wo) * p.sw + (r % p.kw) * p.dw) - i32(p.pw);
+  var v = 0.0;
+  if (ih >= 0 && ih < i32(p.h) && iw >= 0 && iw < i32(p.w)) {
+    v = ld_x((((p.n0 + nn) * p.c + ch) * p.h + u32(ih)) * p.w + u32(iw));
+  }
+  st_col(i, v);
+}
+
+//! entry col2im
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n * p.c * p.h * p.w) { return; }
+  let iw = i % p.w;
+  let ih = (i / p.w) % p.h;
+  let ch = (i / (p.w * p.h)) % p.c;
+  let nn = i / (p.w * p.h * p.c);
+  let hw = p.ho * p.wo;
+  let kk = p.kh * p.kw;
+  var acc = 0.0;
+  for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
+    let oh = out_pos(ih, ki, p.ph, p.sh, p.dh, p.ho);
+    if (oh < 0) { continue; }
+    for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
+      let ow = out_pos(iw, kj, p.pw, p.sw, p.dw, p.wo);
+      if (ow < 0) { continue; }
+      let row = (nn * p.c + ch) * kk + ki * p.kw + kj;
+      acc = acc + ld_dcol(row * hw + u32(oh) * p.wo + u32(ow));
+    }
+  }
+  st_dx(p.n0 * p.c * p.h * p.w + i, acc);
+}
+
+//! entry maxpool
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n * p.c * p.ho * p.wo) { return; }
+  let ow = i % p.wo;
+  let oh = (i / p.wo) % p.ho;
+  let plane = i / (p.wo * p.ho);
+  var best = -3.4028234663852886e38;
+  var at = 0xffffffffu;
+  for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
+    let ih = i32(oh * p.sh + ki * p.dh) - i32(p.ph);
+    if (ih < 0 || ih >= i32(p.h)) { continue; }
+    for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
+      let iw = i32(ow * p.sw + kj * p.dw) - i32(p.pw);
+      if (iw < 0 || iw >= i32(p.w)) { continue; }
+      let pos = u32(ih) * p.w + u32(iw);
+      let v = ld_x(plane * p.h * p.w + pos);
+      if (v > best || at == 0xffffffffu) { best = v; at = pos; }
+    }
+  }
+  st_y(i, best);
+  st_idx(i, at);
+}
+
+//! entry maxpool_bwd
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n * p.c * p.h * p.w) { return; }
+  let iw = i % p.w;
+  let ih = (i / p.w) % p.h;
+  let plane = i / (p.w * p.h);
+  let pos = ih * p.w + iw;
+  var acc = 0.0;
+  for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
+    let oh = out_pos(ih, ki, p.ph, p.sh, p.dh, p.ho);
+    if (oh < 0) { continue; }
+    for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
+      let ow = out_pos(iw, kj, p.pw, p.sw, p.dw, p.wo);
+      if (ow < 0) { continue; }
+      let o = (plane * p.ho + u32(oh)) * p.wo + u32(ow);
+      if (ld_idx(o) == pos) { acc = acc + ld_dy(o); }
+    }
+  }
+  st_dx(i, acc);
+}
+
+//! entry avgpool
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n * p.c * p.ho * p.wo) { return; }
+  let ow = i % p.wo;
+  let oh = (i / p.wo) % p.ho;
+  let plane = i / (p.wo * p.ho);
+  var acc = 0.0;
+  for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
+    let ih = i32(oh * p.sh + ki * p.dh) - i32(p.ph);
+    if (ih < 0 || ih >= i32(p.h)) { continue; }
+    for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
+      let iw = i32(ow * p.sw + kj * p.dw) - i32(p.pw);
+      if (iw < 0 || iw >= i32(p.w)) { continue; }
+      acc = acc + ld_x((plane * p.h + u32(ih)) * p.w + u32(iw));
+    }
+  }
+  st_y(i, acc / f32(p.kh * p.kw));
+}
+
+//! entry avgpool_bwd
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n * p.c * p.h * p.w) { return; }
+  let iw = i % p.w;
+  let ih = (i / p.w) % p.h;
+  let plane = i / (p.w * p.h);
+  var acc = 0.0;
+  for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
+    let oh = out_pos(ih, ki, p.ph, p.sh, p.dh, p.ho);
+    if (oh < 0) { continue; }
+    for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
+      let ow = out_pos(iw, kj, p.pw, p.sw, p.dw, p.wo);
+      if (ow < 0) { continue; }
+      acc = acc + ld_dy((plane * p.ho + u32(oh)) * p.wo + u32(ow));
+    }
+  }
+  st_dx(i, acc / f32(p.kh * p.kw));
+}

@@ -1,0 +1,135 @@
+// matmul.wgsl: C[b] = act(op(A)[b] x op(B)[b] + bias), tiled in workgroup memory.
+//
+// Shapes: op(A) is M x K, op(B) is K x N, C is M x N (row-major, contiguous per batch).
+// Transposes cost nothing: A's element (m, k) is read at a_off + m*sam + k*sak and B's (k, n)
+// at b_off + k*sbk + n*sbn, so a transposed operand just swaps its two strides.
+// Batches: workgroup z is the batch index b. An operand's offset is
+// off + (b % mod) * batch_stride (off places the product inside larger tensors: convolution
+// runs in chunks of the batch), which covers plain batches (mod = batch), broadcasting one matrix
+// over all batches (stride 0) and a weight shared across groups (grouped convolution: mod = G).
+//
+// Tiling: a workgroup of WG = (BM/TM) x (BN/TN) threads computes one BM x BN tile of C. Per
+// step of BK along K it copies a BM x BK tile of A and a BK x BN tile of B into workgroup
+// memory (transposed so both are read along k), then each thread accumulates a TM x TN block
+// of outputs in registers: rows ty + i*(BM/TM), columns tx + j*(BN/TN). That strided mapping
+// makes neighbouring threads read neighbouring workgroup-memory words (no bank conflicts) and
+// write neighbouring columns of C (coalesced).
+// Loads follow the operand's contiguous axis (a_kfast / b_nfast), so global reads coalesce
+// whether or not the operand is transposed.
+//
+// Bounds: any M, N, K. Tile loads past M, N or K store 0 in workgroup memory (so the
+// products they join add nothing); stores past M or N are skipped. Every thread reaches every
+// barrier: the K loop bound is uniform and no thread returns early.
+//
+// Epilogue: + bias[n] when has_bias, then act (0 none, 1 relu, 2 gelu (erf form)), stored as
+// C's dtype. Accumulation is always f32.
+//
+// Bindings: a, b, bias (read; a dummy when has_bias is 0), c (write).
+// Constants: BM, BN, BK, TM, TN.
+
+struct Params {
+  m: u32,
+  n: u32,
+  k: u32,
+  batch: u32,
+  sam: u32,
+  sak: u32,
+  sbk: u32,
+  sbn: u32,
+  a_bs: u32,
+  b_bs: u32,
+  a_mod: u32,
+  b_mod: u32,
+  a_kfast: u32,
+  b_nfast: u32,
+  act: u32,
+  has_bias: u32,
+  a_off: u32,
+  b_off: u32,
+  c_off: u32,
+  _pad: u32,
+}
+
+const TX: u32 = BN / TN;
+const TY: u32 = BM / TM;
+
+var<workgroup> As: array<f32, BK * BM>;
+var<workgroup> Bs: array<f32, BK * BN>;
+
+fn erf_(x: f32) -> f32 {
+  let a = abs(x);
+  let t = 1.0 / (1.0 + 0.3275911 * a);
+  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
+  return sign(x) * (1.0 - poly * exp(-a * a));
+}
+
+fn epilogue(v: f32, n: u32) -> f32 {
+  var r = v;
+  if (p.has_bias != 0u) { r = r + ld_bias(n); }
+  if (p.act == 1u) { r = max(r, 0.0); }
+  if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
+  return r;
+}
+
+//! entry main
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let tx = lid % TX;
+  let ty = lid / TX;
+  let bt = ids.wid.z;
+  let m0 = ids.wid.y * BM;
+  let n0 = ids.wid.x * BN;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+
+  var acc: array<f32, TM * TN>;
+  for (var i = 0u; i < TM * TN; i = i + 1u) { acc[i] = 0.0; }
+
+  for (var k0 = 0u; k0 < p.k; k0 = k0 + BK) {
+    for (var e = lid; e < BM * BK; e = e + WG) {
+      var mm: u32;
+      var kk: u32;
+      if (p.a_kfast != 0u) { mm = e / BK; kk = e % BK; } else { kk = e / BM; mm = e % BM; }
+      let gm = m0 + mm;
+      let gk = k0 + kk;
+      var v = 0.0;
+      if (gm < p.m && gk < p.k) { v = ld_a(a_base + gm * p.sam + gk * p.sak); }
+      As[kk * BM + mm] = v;
+    }
+    for (var e = lid; e < BN * BK; e = e + WG) {
+      var nn: u32;
+      var kk: u32;
+      if (p.b_nfast != 0u) { kk = e / BN; nn = e % BN; } else { nn = e / BK; kk = e % BK; }
+      let gn = n0 + nn;
+      let gk = k0 + kk;
+      var v = 0.0;
+      if (gn < p.n && gk < p.k) { v = ld_b(b_base + gk * p.sbk + gn * p.sbn); }
+      Bs[kk * BN + nn] = v;
+    }
+    workgroupBarrier();
+    for (var kk = 0u; kk < BK; kk = kk + 1u) {
+      var ra: array<f32, TM>;
+      var rb: array<f32, TN>;
+      for (var i = 0u; i < TM; i = i + 1u) { ra[i] = As[kk * BM + ty + i * TY]; }
+      for (var j = 0u; j < TN; j = j + 1u) { rb[j] = Bs[kk * BN + tx + j * TX]; }
+      for (var i = 0u; i < TM; i = i + 1u) {
+        for (var j = 0u; j < TN; j = j + 1u) {
+          acc[i * TN + j] = fma(ra[i], rb[j], acc[i * TN + j]);
+        }
+      }
+    }
+    workgroupBarrier();
+  }
+
+  let c_base = p.c_off + bt * p.m * p.n;
+  for (var i = 0u; i < TM; i = i + 1u) {
+    let gm = m0 + ty + i * TY;
+    for (var j = 0u; j < TN; j = j + 1u) {
+      let gn = n0 + tx + j * TX;
+      if (gm < p.m && gn < p.n) {
+        st_c(c_base + gm * p.n + gn, epilogue(acc[i * TN + j], gn));
+      }
+    }
+  }
+}

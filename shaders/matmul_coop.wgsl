@@ -1,0 +1,160 @@
+// matmul_coop.wgsl: the same product as matmul.wgsl on cooperative matrices (tensor cores):
+// 16x16x16 multiply-adds with f16 inputs and f32 accumulators.
+//
+// Same parameters, strides, batching and epilogue as matmul.wgsl. Requires SHADER_F16, the
+// 16x16 f16 -> f32 cooperative-matrix configuration, and a subgroup size of 32 (WG = 256 is 8
+// subgroups; the host only picks this kernel on such adapters).
+//
+// Tiling: a workgroup computes a 128 x 128 tile of C. Each step along K copies a 128 x 32 tile
+// of A and a 32 x 128 tile of B into workgroup memory as f16 (zero past M, N, K, which is what
+// makes any shape work: the matrix loads themselves cannot be bounds-checked). Subgroup s
+// owns rows 32*(s/2) .. +32 and columns 64*(s%2) .. +64 of the tile: a 2 x 4 grid of 16 x 16
+// accumulators. Workgroup-memory rows are padded (SA = 40, SB = 136 halves) so the matrix
+// loads of neighbouring rows fall in different banks; the strides are constants, which is
+// also what naga's SPIR-V writer needs for cooperative loads.
+//
+// Epilogue: each subgroup stores one accumulator at a time to its own 16 x 16 f32 patch of
+// workgroup memory, then its 32 lanes apply bias and activation and write the 256 values with
+// bounds checks, converting to C's dtype.
+//
+// Bindings: a, b, bias (read), c (write). Constants: none beyond WG. The subgroup index is
+// lid / 32: subgroups of a 1-D workgroup are consecutive runs of local_invocation_index.
+
+struct Params {
+  m: u32,
+  n: u32,
+  k: u32,
+  batch: u32,
+  sam: u32,
+  sak: u32,
+  sbk: u32,
+  sbn: u32,
+  a_bs: u32,
+  b_bs: u32,
+  a_mod: u32,
+  b_mod: u32,
+  a_kfast: u32,
+  b_nfast: u32,
+  act: u32,
+  has_bias: u32,
+  a_off: u32,
+  b_off: u32,
+  c_off: u32,
+  _pad: u32,
+}
+
+const BM: u32 = 128u;
+const BN: u32 = 128u;
+const BK: u32 = 32u;
+const SA: u32 = 40u;
+const SB: u32 = 136u;
+
+var<workgroup> As: array<f16, BM * SA>;
+var<workgroup> Bs: array<f16, BK * SB>;
+var<workgroup> Cs: array<f32, 8u * 256u>;
+
+fn erf_(x: f32) -> f32 {
+  let a = abs(x);
+  let t = 1.0 / (1.0 + 0.3275911 * a);
+  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
+  return sign(x) * (1.0 - poly * exp(-a * a));
+}
+
+fn epilogue(v: f32, n: u32) -> f32 {
+  var r = v;
+  if (p.has_bias != 0u) { r = r + ld_bias(n); }
+  if (p.act == 1u) { r = max(r, 0.0); }
+  if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
+  return r;
+}
+
+// Writes one 16 x 16 accumulator of subgroup `sg` whose top-left is (gm0, gn0) in C.
+fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32) {
+  coopStoreT(acc, &Cs[sg * 256u], 16u);
+  subgroupBarrier();
+  for (var e = lane; e < 256u; e = e + 32u) {
+    let gm = gm0 + e / 16u;
+    let gn = gn0 + e % 16u;
+    if (gm < p.m && gn < p.n) {
+      st_c(c_base + gm * p.n + gn, epilogue(Cs[sg * 256u + e], gn));
+    }
+  }
+  subgroupBarrier();
+}
+
+//! entry main
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z;
+  let m0 = ids.wid.y * BM;
+  let n0 = ids.wid.x * BN;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let wr = (sg / 2u) * 32u;
+  let wc = (sg % 2u) * 64u;
+
+  var c00 = coop_mat16x16<f32, C>();
+  var c01 = coop_mat16x16<f32, C>();
+  var c02 = coop_mat16x16<f32, C>();
+  var c03 = coop_mat16x16<f32, C>();
+  var c10 = coop_mat16x16<f32, C>();
+  var c11 = coop_mat16x16<f32, C>();
+  var c12 = coop_mat16x16<f32, C>();
+  var c13 = coop_mat16x16<f32, C>();
+
+  for (var k0 = 0u; k0 < p.k; k0 = k0 + BK) {
+    for (var e = lid; e < BM * BK; e = e + WG) {
+      var mm: u32;
+      var kk: u32;
+      if (p.a_kfast != 0u) { mm = e / BK; kk = e % BK; } else { kk = e / BM; mm = e % BM; }
+      let gm = m0 + mm;
+      let gk = k0 + kk;
+      var v = 0.0;
+      if (gm < p.m && gk < p.k) { v = ld_a(a_base + gm * p.sam + gk * p.sak); }
+      As[mm * SA + kk] = f16(v);
+    }
+    for (var e = lid; e < BN * BK; e = e + WG) {
+      var nn: u32;
+      var kk: u32;
+      if (p.b_nfast != 0u) { kk = e / BN; nn = e % BN; } else { nn = e / BK; kk = e % BK; }
+      let gn = n0 + nn;
+      let gk = k0 + kk;
+      var v = 0.0;
+      if (gn < p.n && gk < p.k) { v = ld_b(b_base + gk * p.sbk + gn * p.sbn); }
+      Bs[kk * SB + nn] = f16(v);
+    }
+    workgroupBarrier();
+    for (var kk = 0u; kk < BK; kk = kk + 16u) {
+      let a0 = coopLoadT<coop_mat16x16<f16, A>>(&As[wr * SA + kk], SA);
+      let a1 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wr + 16u) * SA + kk], SA);
+      let b0 = coopLoadT<coop_mat16x16<f16, B>>(&Bs[kk * SB + wc], SB);
+      let b1 = coopLoadT<coop_mat16x16<f16, B>>(&Bs[kk * SB + wc + 16u], SB);
+      let b2 = coopLoadT<coop_mat16x16<f16, B>>(&Bs[kk * SB + wc + 32u], SB);
+      let b3 = coopLoadT<coop_mat16x16<f16, B>>(&Bs[kk * SB + wc + 48u], SB);
+      c00 = coopMultiplyAdd(a0, b0, c00);
+      c01 = coopMultiplyAdd(a0, b1, c01);
+      c02 = coopMultiplyAdd(a0, b2, c02);
+      c03 = coopMultiplyAdd(a0, b3, c03);
+      c10 = coopMultiplyAdd(a1, b0, c10);
+      c11 = coopMultiplyAdd(a1, b1, c11);
+      c12 = coopMultiplyAdd(a1, b2, c12);
+      c13 = coopMultiplyAdd(a1, b3, c13);
+    }
+    workgroupBarrier();
+  }
+
+  let c_base = p.c_off + bt * p.m * p.n;
+  let r0 = m0 + wr;
+  let q0 = n0 + wc;
+  flush_tile(c00, sg, lane, c_base, r0, q0);
+  flush_tile(c01, sg, lane, c_base, r0, q0 + 16u);
+  flush_tile(c02, sg, lane, c_base, r0, q0 + 32u);
+  flush_tile(c03, sg, lane, c_base, r0, q0 + 48u);
+  flush_tile(c10, sg, lane, c_base, r0 + 16u, q0);
+  flush_tile(c11, sg, lane, c_base, r0 + 16u, q0 + 16u);
+  flush_tile(c12, sg, lane, c_base, r0 + 16u, q0 + 32u);
+  flush_tile(c13, sg, lane, c_base, r0 + 16u, q0 + 48u);
+}

@@ -1,0 +1,81 @@
+// softmax.wgsl: softmax and log-softmax along the last axis, forward and backward.
+//
+// One workgroup per row (row r = wid.y * nwg.x + wid.x, so more than 65535 rows fold onto a
+// 2-D grid); its WG threads stride over the row's `len` elements, so rows of any length work
+// (1 to millions), with WG picked by the host from 32 to 256 to fit short rows.
+//
+//   fwd  Each thread keeps an online (max, sum of exp) pair over its elements, so the row is
+//        read once for statistics: when a new maximum m' arrives the sum is rescaled by
+//        exp(m - m'). The workgroup combines pairs with block_max then block_sum, and a
+//        second read writes exp(x - max) / sum, or x - (max + log sum) for log-softmax.
+//        Subtracting the row maximum keeps every exp() in [0, 1] (no overflow).
+//   bwd  softmax:      dx = y * (dy - sum(dy * y))
+//        log-softmax:  dx = dy - exp(y) * sum(dy)
+//        from the saved output y; one reduction, then one elementwise pass.
+//
+// Bindings: fwd reads x, writes y; bwd reads y, dy, writes dx. Params: rows, len, log (0/1).
+// Bounds: the per-row early return depends only on the workgroup id, so the barriers inside
+// block_max / block_sum stay in uniform control flow; element loops test i < len.
+
+struct Params {
+  rows: u32,
+  len: u32,
+  log: u32,
+  _pad: u32,
+}
+
+const LOWEST: f32 = -3.4028234663852886e38;
+
+//! entry fwd
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let r = ids.wid.y * ids.nwg.x + ids.wid.x;
+  if (r >= p.rows) { return; }
+  let base = r * p.len;
+  var m = LOWEST;
+  var s = 0.0;
+  for (var i = ids.lid; i < p.len; i = i + WG) {
+    let v = ld_x(base + i);
+    if (v > m) {
+      s = s * exp(m - v) + 1.0;
+      m = v;
+    } else {
+      s = s + exp(v - m);
+    }
+  }
+  let mx = block_max(m, ids);
+  let sum = block_sum(s * exp(m - mx), ids);
+  let inv = 1.0 / sum;
+  let lse = mx + log(sum);
+  for (var i = ids.lid; i < p.len; i = i + WG) {
+    let v = ld_x(base + i);
+    if (p.log != 0u) {
+      st_y(base + i, v - lse);
+    } else {
+      st_y(base + i, exp(v - mx) * inv);
+    }
+  }
+}
+
+//! entry bwd
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let r = ids.wid.y * ids.nwg.x + ids.wid.x;
+  if (r >= p.rows) { return; }
+  let base = r * p.len;
+  var acc = 0.0;
+  for (var i = ids.lid; i < p.len; i = i + WG) {
+    let g = ld_dy(base + i);
+    if (p.log != 0u) { acc = acc + g; } else { acc = acc + g * ld_y(base + i); }
+  }
+  let t = block_sum(acc, ids);
+  for (var i = ids.lid; i < p.len; i = i + WG) {
+    let g = ld_dy(base + i);
+    let y = ld_y(base + i);
+    if (p.log != 0u) {
+      st_dx(base + i, g - exp(y) * t);
+    } else {
+      st_dx(base + i, y * (g - t));
+    }
+  }
+}

@@ -1,0 +1,404 @@
+//! 2-D convolution (im2col + batched matmul) and pooling, NCHW.
+
+use super::elementwise::{float_only, same_device, same_dtype};
+use crate::autograd::{Op, record};
+use crate::error::{Error, Result};
+use crate::kernels::conv::{self as kc, Geom};
+use crate::kernels::matmul::{self as km, Act, Gemm};
+use crate::tensor::Tensor;
+
+/// Convolution hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOpts {
+    /// Stride (rows, cols).
+    pub stride: (usize, usize),
+    /// Zero padding (rows, cols).
+    pub padding: (usize, usize),
+    /// Dilation (rows, cols).
+    pub dilation: (usize, usize),
+    /// Channel groups.
+    pub groups: usize,
+}
+
+impl Default for Conv2dOpts {
+    fn default() -> Self {
+        Conv2dOpts {
+            stride: (1, 1),
+            padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        }
+    }
+}
+
+/// Column buffers are bounded by this many bytes (and by the binding limit): the batch is
+/// processed in chunks of images.
+const COL_BUDGET: u64 = 256 << 20;
+
+/// Sizes of one convolution.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvDims {
+    pub geom: Geom,
+    pub o: usize,
+    pub groups: usize,
+    pub ho: usize,
+    pub wo: usize,
+}
+
+impl ConvDims {
+    fn cg_kk(&self) -> usize {
+        self.geom.c / self.groups * self.geom.kh * self.geom.kw
+    }
+    fn og(&self) -> usize {
+        self.o / self.groups
+    }
+    fn hw(&self) -> usize {
+        self.ho * self.wo
+    }
+    /// Images per chunk so a column buffer fits the budget and the binding limit.
+    fn chunk(&self, x: &Tensor) -> usize {
+        let per_image = x
+            .dtype()
+            .bytes(self.geom.c * self.geom.kh * self.geom.kw * self.hw())
+            .max(1);
+        let cap = COL_BUDGET.min(x.device().caps().max_binding);
+        ((cap / per_image) as usize).clamp(1, self.geom.n.max(1))
+    }
+}
+
+fn conv_dims(x: &Tensor, w: &Tensor, o: &Conv2dOpts) -> Result<ConvDims> {
+    let op = "conv2d";
+    if x.rank() != 4 || w.rank() != 4 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "input {:?} and weight {:?} must both be 4-D (NCHW, OIHW)",
+                x.shape(),
+                w.shape()
+            ),
+        ));
+    }
+    let (n, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let (oc, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
+    let g = o.groups;
+    if g == 0 || c % g != 0 || oc % g != 0 || cg != c / g {
+        return Err(Error::shape(
+            op,
+            format!(
+                "input {:?}, weight {:?} and {g} groups do not fit",
+                x.shape(),
+                w.shape()
+            ),
+        ));
+    }
+    let geom = Geom {
+        n,
+        c,
+        h,
+        w: wd,
+        kh,
+        kw,
+        stride: o.stride,
+        pad: o.padding,
+        dil: o.dilation,
+    };
+    let Some((ho, wo)) = geom.out() else {
+        return Err(Error::shape(
+            op,
+            format!(
+                "kernel {kh}x{kw} with {o:?} does not fit input {:?}",
+                x.shape()
+            ),
+        ));
+    };
+    Ok(ConvDims {
+        geom,
+        o: oc,
+        groups: g,
+        ho,
+        wo,
+    })
+}
+
+impl Tensor {
+    /// 2-D convolution of an NCHW input with an OIHW weight, optional bias [O].
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: Conv2dOpts,
+    ) -> Result<Tensor> {
+        float_only("conv2d", self)?;
+        same_dtype("conv2d", self, weight)?;
+        same_device("conv2d", self, weight)?;
+        let d = conv_dims(self, weight, &opts)?;
+        if let Some(b) = bias {
+            if b.shape() != [d.o] {
+                return Err(Error::shape(
+                    "conv2d",
+                    format!("bias {:?} for {} output channels", b.shape(), d.o),
+                ));
+            }
+        }
+        let out = conv_forward(self, weight, &d)?;
+        let out = match bias {
+            Some(b) => crate::autograd::no_grad(|| out.add(&b.reshape(&[1, d.o, 1, 1])?))?,
+            None => out,
+        };
+        let mut inputs = vec![self, weight];
+        inputs.extend(bias);
+        let rec = record(&inputs, || Op::Conv2d {
+            x: self.clone(),
+            w: weight.clone(),
+            bias: bias.cloned(),
+            opts,
+        });
+        Ok(out.with_op(rec))
+    }
+
+    /// Max pooling over `k` windows.
+    pub fn max_pool2d(
+        &self,
+        k: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Tensor> {
+        let g = pool_geom("max_pool2d", self, k, stride, padding)?;
+        let (ho, wo) = g.out().unwrap_or((0, 0));
+        let out = Tensor::uninit(self.device(), &[g.n, g.c, ho, wo], self.dtype())?;
+        let idx = Tensor::uninit(self.device(), &[g.n, g.c, ho, wo], crate::DType::U32)?;
+        kc::maxpool(
+            self.device(),
+            &g,
+            self.block(),
+            out.block(),
+            idx.block(),
+            self.dtype(),
+        )?;
+        let rec = record(&[self], || Op::MaxPool {
+            x: self.clone(),
+            geom: g,
+            idx,
+        });
+        Ok(out.with_op(rec))
+    }
+
+    /// Average pooling over `k` windows (zero padding counts in the average).
+    pub fn avg_pool2d(
+        &self,
+        k: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Tensor> {
+        let g = pool_geom("avg_pool2d", self, k, stride, padding)?;
+        let (ho, wo) = g.out().unwrap_or((0, 0));
+        let out = Tensor::uninit(self.device(), &[g.n, g.c, ho, wo], self.dtype())?;
+        kc::avgpool(self.device(), &g, self.block(), out.block(), self.dtype())?;
+        let rec = record(&[self], || Op::AvgPool {
+            x: self.clone(),
+            geom: g,
+        });
+        Ok(out.with_op(rec))
+    }
+}
+
+fn pool_geom(
+    op: &'static str,
+    x: &Tensor,
+    k: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Geom> {
+    float_only(op, x)?;
+    if x.rank() != 4 {
+        return Err(Error::shape(
+            op,
+            format!("input {:?} must be NCHW", x.shape()),
+        ));
+    }
+    let s = x.shape();
+    let g = Geom {
+        n: s[0],
+        c: s[1],
+        h: s[2],
+        w: s[3],
+        kh: k.0,
+        kw: k.1,
+        stride,
+        pad: padding,
+        dil: (1, 1),
+    };
+    if g.out().is_none() || padding.0 * 2 > k.0 || padding.1 * 2 > k.1 {
+        return Err(Error::shape(
+            op,
+            format!("window {k:?}, stride {stride:?}, padding {padding:?} do not fit input {s:?}"),
+        ));
+    }
+    Ok(g)
+}
+
+/// The product for images n0 .. n0 + cn: out[n, g] = w[g] x col[n, g] (batch index n*G + g).
+fn conv_forward(x: &Tensor, w: &Tensor, d: &ConvDims) -> Result<Tensor> {
+    let dev = x.device();
+    let out = Tensor::uninit(dev, &[d.geom.n, d.o, d.ho, d.wo], x.dtype())?;
+    let chunk = d.chunk(x);
+    let mut n0 = 0;
+    while n0 < d.geom.n {
+        let cn = chunk.min(d.geom.n - n0);
+        let g = Geom { n: cn, ..d.geom };
+        let col = Tensor::uninit(
+            dev,
+            &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()],
+            x.dtype(),
+        )?;
+        kc::im2col(dev, &g, n0, x.block(), col.block(), x.dtype())?;
+        km::matmul(
+            dev,
+            &Gemm {
+                a: w.block(),
+                b: col.block(),
+                c: out.block(),
+                bias: None,
+                dtype: x.dtype(),
+                m: d.og(),
+                n: d.hw(),
+                k: d.cg_kk(),
+                batch: cn * d.groups,
+                trans_a: false,
+                trans_b: false,
+                a_bs: d.og() * d.cg_kk(),
+                b_bs: d.cg_kk() * d.hw(),
+                a_mod: d.groups,
+                b_mod: cn * d.groups,
+                act: Act::None,
+                offsets: (0, 0, n0 * d.o * d.hw()),
+            },
+        )?;
+        n0 += cn;
+    }
+    Ok(out)
+}
+
+/// Gradients of conv2d for the inputs that need them.
+pub(crate) fn conv_grads(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    opts: &Conv2dOpts,
+    dy: Tensor,
+) -> Result<Vec<(Tensor, Tensor)>> {
+    let d = conv_dims(x, w, opts)?;
+    let dev = x.device();
+    let dt = x.dtype();
+    let mut v = Vec::new();
+    let chunk = d.chunk(x);
+    let dx = if x.requires_grad() {
+        Some(Tensor::uninit(dev, x.shape(), dt)?)
+    } else {
+        None
+    };
+    let mut dw: Option<Tensor> = None;
+    let mut n0 = 0;
+    while n0 < d.geom.n {
+        let cn = chunk.min(d.geom.n - n0);
+        let g = Geom { n: cn, ..d.geom };
+        if w.requires_grad() {
+            // dw[n*G+g] = dy[n, g] (Og x HW) x col[n, g]^T (HW x Cg*kk), then summed over n.
+            let col = Tensor::uninit(dev, &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
+            kc::im2col(dev, &g, n0, x.block(), col.block(), dt)?;
+            let part = Tensor::uninit(dev, &[cn, d.o * d.cg_kk()], dt)?;
+            km::matmul(
+                dev,
+                &Gemm {
+                    a: dy.block(),
+                    b: col.block(),
+                    c: part.block(),
+                    bias: None,
+                    dtype: dt,
+                    m: d.og(),
+                    n: d.cg_kk(),
+                    k: d.hw(),
+                    batch: cn * d.groups,
+                    trans_a: false,
+                    trans_b: true,
+                    a_bs: d.og() * d.hw(),
+                    b_bs: d.cg_kk() * d.hw(),
+                    a_mod: cn * d.groups,
+                    b_mod: cn * d.groups,
+                    act: Act::None,
+                    offsets: (n0 * d.o * d.hw(), 0, 0),
+                },
+            )?;
+            let s = part.sum(0, false)?;
+            dw = Some(match dw {
+                Some(acc) => acc.add(&s)?,
+                None => s,
+            });
+        }
+        if let Some(dx) = &dx {
+            // dcol[n, g] = w[g]^T (Cg*kk x Og) x dy[n, g] (Og x HW), then col2im.
+            let dcol = Tensor::uninit(dev, &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
+            km::matmul(
+                dev,
+                &Gemm {
+                    a: w.block(),
+                    b: dy.block(),
+                    c: dcol.block(),
+                    bias: None,
+                    dtype: dt,
+                    m: d.cg_kk(),
+                    n: d.hw(),
+                    k: d.og(),
+                    batch: cn * d.groups,
+                    trans_a: true,
+                    trans_b: false,
+                    a_bs: d.og() * d.cg_kk(),
+                    b_bs: d.og() * d.hw(),
+                    a_mod: d.groups,
+                    b_mod: cn * d.groups,
+                    act: Act::None,
+                    offsets: (0, n0 * d.o * d.hw(), 0),
+                },
+            )?;
+            kc::col2im(dev, &g, n0, dcol.block(), dx.block(), dt)?;
+        }
+        n0 += cn;
+    }
+    if let Some(dx) = dx {
+        v.push((x.clone(), dx));
+    }
+    if let Some(dw) = dw {
+        v.push((w.clone(), dw.reshape(w.shape())?));
+    }
+    if let Some(b) = bias {
+        if b.requires_grad() {
+            let s = dy
+                .reshape(&[d.geom.n, d.o, d.hw()])?
+                .sum(2, false)?
+                .sum(0, false)?;
+            v.push((b.clone(), s));
+        }
+    }
+    Ok(v)
+}
+
+/// Gradient of max pooling: each input gets the gradients of the windows it was the maximum of.
+pub(crate) fn maxpool_grad(x: &Tensor, g: &Geom, idx: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let dx = Tensor::uninit(x.device(), x.shape(), dy.dtype())?;
+    kc::maxpool_bwd(
+        x.device(),
+        g,
+        idx.block(),
+        dy.block(),
+        dx.block(),
+        dy.dtype(),
+    )?;
+    Ok(dx)
+}
+
+/// Gradient of average pooling.
+pub(crate) fn avgpool_grad(x: &Tensor, g: &Geom, dy: &Tensor) -> Result<Tensor> {
+    let dx = Tensor::uninit(x.device(), x.shape(), dy.dtype())?;
+    kc::avgpool_bwd(x.device(), g, dy.block(), dx.block(), dy.dtype())?;
+    Ok(dx)
+}

@@ -1,0 +1,97 @@
+//! Losses: cross-entropy from logits, mean squared error.
+
+use super::elementwise::float_only;
+use crate::autograd::{Op, record};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::loss as kl;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// Per-row cross-entropy of logits [rows, classes] against u32 class labels [rows]. A
+    /// label outside 0..classes gives a NaN loss for its row.
+    pub fn cross_entropy_rows(&self, labels: &Tensor) -> Result<Tensor> {
+        let op = "cross_entropy";
+        float_only(op, self)?;
+        if labels.dtype() != DType::U32 {
+            return Err(Error::DType {
+                op,
+                expected: DType::U32,
+                got: labels.dtype(),
+            });
+        }
+        if self.rank() != 2 || labels.shape() != [self.shape()[0]] {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "logits {:?} with labels {:?}: want [rows, classes] and [rows]",
+                    self.shape(),
+                    labels.shape()
+                ),
+            ));
+        }
+        let (rows, classes) = (self.shape()[0], self.shape()[1]);
+        if classes == 0 {
+            return Err(Error::shape(op, "zero classes".to_string()));
+        }
+        let dev = self.device();
+        let loss = Tensor::uninit(dev, &[rows], self.dtype())?;
+        let lse = Tensor::uninit(dev, &[rows], DType::F32)?;
+        kl::forward(
+            dev,
+            self.block(),
+            labels.block(),
+            loss.block(),
+            lse.block(),
+            self.dtype(),
+            rows,
+            classes,
+        )?;
+        let rec = record(&[self], || Op::CrossEntropy {
+            x: self.clone(),
+            labels: labels.clone(),
+            lse,
+        });
+        Ok(loss.with_op(rec))
+    }
+
+    /// Mean cross-entropy of logits [rows, classes] against u32 labels [rows].
+    pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
+        self.cross_entropy_rows(labels)?.mean_all()
+    }
+
+    /// Mean squared error against `target` (same shape).
+    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if self.shape() != target.shape() {
+            return Err(Error::shape(
+                "mse_loss",
+                format!("{:?} and {:?}", self.shape(), target.shape()),
+            ));
+        }
+        self.sub(target)?.square()?.mean_all()
+    }
+}
+
+/// d logits from the per-row loss gradient g.
+pub(crate) fn cross_entropy_grad(
+    x: &Tensor,
+    labels: &Tensor,
+    lse: &Tensor,
+    g: &Tensor,
+) -> Result<Tensor> {
+    let (rows, classes) = (x.shape()[0], x.shape()[1]);
+    let dx = Tensor::uninit(x.device(), x.shape(), x.dtype())?;
+    let g = g.to_dtype(x.dtype())?;
+    kl::backward(
+        x.device(),
+        x.block(),
+        labels.block(),
+        lse.block(),
+        g.block(),
+        dx.block(),
+        x.dtype(),
+        rows,
+        classes,
+    )?;
+    Ok(dx)
+}

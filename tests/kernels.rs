@@ -1,0 +1,947 @@
+//! Every kernel against the f64 CPU reference, on fresh random inputs, at awkward sizes, in f32
+//! and f16, with every output poisoned (NaN) before the kernel runs.
+
+mod common;
+
+use common::*;
+use wgrad::kernels::matmul::Act;
+use wgrad::ops::{Conv2dOpts, MatmulOpts};
+use wgrad::reference as cpu;
+use wgrad::{DType, Error, Tensor};
+
+fn f(v: &[f64]) -> Vec<f64> {
+    v.to_vec()
+}
+
+#[test]
+fn unary_ops() {
+    let dev = poisoned();
+    let mut rng = Rng::new(10);
+    type Op = (
+        &'static str,
+        fn(&Tensor) -> wgrad::Result<Tensor>,
+        fn(f64) -> f64,
+        bool,
+    );
+    let ops: [Op; 16] = [
+        ("neg", |t| t.neg(), |x| -x, false),
+        ("exp", |t| t.exp(), f64::exp, false),
+        ("log", |t| t.log(), f64::ln, true),
+        ("sqrt", |t| t.sqrt(), f64::sqrt, true),
+        ("relu", |t| t.relu(), |x| x.max(0.0), false),
+        ("gelu", |t| t.gelu(), cpu::gelu, false),
+        ("tanh", |t| t.tanh(), f64::tanh, false),
+        (
+            "sigmoid",
+            |t| t.sigmoid(),
+            |x| 1.0 / (1.0 + (-x).exp()),
+            false,
+        ),
+        ("silu", |t| t.silu(), |x| x / (1.0 + (-x).exp()), false),
+        ("abs", |t| t.abs(), f64::abs, false),
+        ("square", |t| t.square(), |x| x * x, false),
+        ("recip", |t| t.recip(), |x| 1.0 / x, true),
+        ("add_scalar", |t| t.add_scalar(0.75), |x| x + 0.75, false),
+        ("mul_scalar", |t| t.mul_scalar(-1.5), |x| x * -1.5, false),
+        ("pow_scalar", |t| t.pow_scalar(1.7), |x| x.powf(1.7), true),
+        (
+            "clamp",
+            |t| t.clamp(-0.3, 0.4),
+            |x| x.clamp(-0.3, 0.4),
+            false,
+        ),
+    ];
+    for dt in DTYPES {
+        for n in SIZES {
+            for (name, op, reference, positive) in ops {
+                let x: Vec<f32> = rng
+                    .vec(n)
+                    .into_iter()
+                    .map(|v| if positive { v.abs() + 0.1 } else { v * 3.0 })
+                    .collect();
+                let t = tensor(&dev, &x, &[n], dt);
+                let y = op(&t).unwrap().to_f32_vec().unwrap();
+                let want: Vec<f64> = rounded(&x, dt).into_iter().map(reference).collect();
+                assert_close(&y, &want, dt, &format!("{name} n={n} {dt}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_ops_broadcast() {
+    let dev = poisoned();
+    let mut rng = Rng::new(11);
+    let shapes: [(&[usize], &[usize]); 7] = [
+        (&[1], &[1]),
+        (&[17], &[17]),
+        (&[3, 17], &[17]),
+        (&[3, 1, 5], &[4, 1]),
+        (&[1], &[127]),
+        (&[1000], &[1000]),
+        (&[2, 3, 4, 5, 6], &[3, 1, 5, 1]),
+    ];
+    type Op = (
+        &'static str,
+        fn(&Tensor, &Tensor) -> wgrad::Result<Tensor>,
+        fn(f64, f64) -> f64,
+    );
+    let ops: [Op; 9] = [
+        ("add", |a, b| a.add(b), |a, b| a + b),
+        ("sub", |a, b| a.sub(b), |a, b| a - b),
+        ("mul", |a, b| a.mul(b), |a, b| a * b),
+        ("div", |a, b| a.div(b), |a, b| a / b),
+        ("maximum", |a, b| a.maximum(b), f64::max),
+        ("minimum", |a, b| a.minimum(b), f64::min),
+        (
+            "pow",
+            |a, b| a.abs()?.add_scalar(0.5)?.pow(b),
+            |a, b| (a.abs() + 0.5).powf(b),
+        ),
+        ("lt", |a, b| a.lt(b), |a, b| (a < b) as u8 as f64),
+        ("ge", |a, b| a.ge(b), |a, b| (a >= b) as u8 as f64),
+    ];
+    for dt in DTYPES {
+        for (sa, sb) in shapes {
+            let na: usize = sa.iter().product();
+            let nb: usize = sb.iter().product();
+            let a = rng.vec(na);
+            let b: Vec<f32> = rng
+                .vec(nb)
+                .into_iter()
+                .map(|v| v + 2.0 * v.signum())
+                .collect();
+            let (ta, tb) = (tensor(&dev, &a, sa, dt), tensor(&dev, &b, sb, dt));
+            let out_shape = wgrad::ops::elementwise::broadcast_shape("t", sa, sb).unwrap();
+            let ra = rounded(&a, dt);
+            let rb = rounded(&b, dt);
+            for (name, op, reference) in ops {
+                let y = op(&ta, &tb).unwrap();
+                assert_eq!(y.shape(), out_shape.as_slice());
+                let want = broadcast_apply(&ra, sa, &rb, sb, &out_shape, reference);
+                // pow with an f16 base rounded through abs+0.5 in f32 on the GPU: compare loosely.
+                let tolr = if name == "pow" && dt == DType::F16 {
+                    (1e-2, 1e-2)
+                } else {
+                    tol(dt)
+                };
+                assert_close_tol(
+                    &y.to_f32_vec().unwrap(),
+                    &want,
+                    tolr,
+                    &format!("{name} {sa:?} {sb:?} {dt}"),
+                );
+            }
+        }
+    }
+}
+
+fn broadcast_apply(
+    a: &[f64],
+    sa: &[usize],
+    b: &[f64],
+    sb: &[usize],
+    out: &[usize],
+    op: fn(f64, f64) -> f64,
+) -> Vec<f64> {
+    let n: usize = out.iter().product();
+    let idx = |flat: usize, s: &[usize]| -> usize {
+        let mut rem = flat;
+        let mut coords = vec![0; out.len()];
+        for k in (0..out.len()).rev() {
+            coords[k] = rem % out[k];
+            rem /= out[k];
+        }
+        let off = out.len() - s.len();
+        let mut i = 0;
+        for k in 0..s.len() {
+            let c = if s[k] == 1 { 0 } else { coords[off + k] };
+            i = i * s[k] + c;
+        }
+        i
+    };
+    (0..n).map(|i| op(a[idx(i, sa)], b[idx(i, sb)])).collect()
+}
+
+#[test]
+fn select_where() {
+    let dev = poisoned();
+    let mut rng = Rng::new(12);
+    for dt in DTYPES {
+        let c: Vec<f32> = rng
+            .vec(3 * 17)
+            .into_iter()
+            .map(|v| (v > 0.0) as u8 as f32)
+            .collect();
+        let x = rng.vec(17);
+        let y = rng.vec(3 * 17);
+        let out = Tensor::where_cond(
+            &tensor(&dev, &c, &[3, 17], DType::F32),
+            &tensor(&dev, &x, &[17], dt),
+            &tensor(&dev, &y, &[3, 17], dt),
+        )
+        .unwrap();
+        let (rx, ry) = (rounded(&x, dt), rounded(&y, dt));
+        let want: Vec<f64> = (0..51)
+            .map(|i| if c[i] != 0.0 { rx[i % 17] } else { ry[i] })
+            .collect();
+        assert_close(&out.to_f32_vec().unwrap(), &want, dt, "where");
+    }
+}
+
+#[test]
+fn reductions() {
+    let dev = poisoned();
+    let mut rng = Rng::new(13);
+    let cases: [(&[usize], isize); 8] = [
+        (&[1], 0),
+        (&[3], 0),
+        (&[17, 127], 1),
+        (&[17, 127], 0),
+        (&[5, 1000, 3], 1),
+        (&[2, 20000], 1),
+        (&[1000, 3], -1),
+        (&[3, 4, 5], 0),
+    ];
+    for dt in DTYPES {
+        for (shape, axis) in cases {
+            let n: usize = shape.iter().product();
+            let x = rng.vec(n);
+            let t = tensor(&dev, &x, shape, dt);
+            let a = if axis < 0 {
+                (axis + shape.len() as isize) as usize
+            } else {
+                axis as usize
+            };
+            let outer: usize = shape[..a].iter().product();
+            let inner: usize = shape[a + 1..].iter().product();
+            let len = shape[a];
+            let rx = rounded(&x, dt);
+            let what = format!("{shape:?} axis {axis} {dt}");
+            let sum = cpu::reduce(&rx, outer, len, inner, false);
+            // Sums of many terms: allow for f32 accumulation error growing with the length.
+            let (atol, rtol) = tol(dt);
+            let sum_tol = (atol * (len as f64).sqrt() * 4.0, rtol);
+            assert_close_tol(
+                &t.sum(axis, false).unwrap().to_f32_vec().unwrap(),
+                &sum,
+                sum_tol,
+                &format!("sum {what}"),
+            );
+            let mean: Vec<f64> = sum.iter().map(|v| v / len as f64).collect();
+            assert_close_tol(
+                &t.mean(axis, true).unwrap().to_f32_vec().unwrap(),
+                &mean,
+                sum_tol,
+                &format!("mean {what}"),
+            );
+            let max = cpu::reduce(&rx, outer, len, inner, true);
+            assert_close(
+                &t.max(axis, false).unwrap().to_f32_vec().unwrap(),
+                &max,
+                dt,
+                &format!("max {what}"),
+            );
+            let am = t.argmax(axis, false).unwrap().to_vec::<u32>().unwrap();
+            for o in 0..outer {
+                for i in 0..inner {
+                    let first = (0..len)
+                        .find(|&l| rx[(o * len + l) * inner + i] == max[o * inner + i])
+                        .unwrap();
+                    assert_eq!(
+                        am[o * inner + i] as usize,
+                        first,
+                        "argmax {what} at ({o}, {i})"
+                    );
+                }
+            }
+        }
+    }
+    // Everything at once.
+    let x = rng.vec(100_003);
+    let t = tensor(&dev, &x, &[100_003], DType::F32);
+    let want: f64 = x.iter().map(|&v| v as f64).sum();
+    let got = t.sum_all().unwrap().to_scalar().unwrap() as f64;
+    assert!((got - want).abs() < 1e-3, "sum_all {got} vs {want}");
+}
+
+#[test]
+fn softmax_rows() {
+    let dev = poisoned();
+    let mut rng = Rng::new(14);
+    for dt in DTYPES {
+        for (rows, len) in [(1, 1), (3, 3), (5, 17), (2, 127), (7, 1000), (1, 100_000)] {
+            let x: Vec<f32> = rng.vec(rows * len).into_iter().map(|v| v * 8.0).collect();
+            let t = tensor(&dev, &x, &[rows, len], dt);
+            let rx = rounded(&x, dt);
+            assert_close(
+                &t.softmax().unwrap().to_f32_vec().unwrap(),
+                &cpu::softmax(&rx, rows, len, false),
+                dt,
+                &format!("softmax {rows}x{len} {dt}"),
+            );
+            let tl = if dt == DType::F16 {
+                (2e-2, 4e-3)
+            } else {
+                (1e-4, 1e-5)
+            };
+            assert_close_tol(
+                &t.log_softmax().unwrap().to_f32_vec().unwrap(),
+                &cpu::softmax(&rx, rows, len, true),
+                tl,
+                &format!("log_softmax {rows}x{len} {dt}"),
+            );
+        }
+    }
+    // Large logits do not overflow.
+    let t = Tensor::from_slice(&dev, &[1000.0f32, 0.0, -1000.0], &[1, 3]).unwrap();
+    assert_close(
+        &t.softmax().unwrap().to_f32_vec().unwrap(),
+        &[1.0, 0.0, 0.0],
+        DType::F32,
+        "softmax of large logits",
+    );
+}
+
+fn matmul_case(
+    dev: &wgrad::Device,
+    rng: &mut Rng,
+    dt: DType,
+    (m, n, k): (usize, usize, usize),
+    ta: bool,
+    tb: bool,
+    bias: bool,
+    act: Act,
+) {
+    let a = rng.vec(m * k);
+    let b = rng.vec(k * n);
+    let bv = rng.vec(n);
+    let sa: Vec<usize> = if ta { vec![k, m] } else { vec![m, k] };
+    let sb: Vec<usize> = if tb { vec![n, k] } else { vec![k, n] };
+    let (tta, ttb, tbias) = (
+        tensor(dev, &a, &sa, dt),
+        tensor(dev, &b, &sb, dt),
+        tensor(dev, &bv, &[n], dt),
+    );
+    let out = tta
+        .matmul_with(
+            &ttb,
+            MatmulOpts {
+                trans_a: ta,
+                trans_b: tb,
+                bias: bias.then_some(&tbias),
+                act: Some(act),
+            },
+        )
+        .unwrap();
+    assert_eq!(out.shape(), &[m, n]);
+    let rb = rounded(&bv, dt);
+    let want = cpu::matmul(
+        &rounded(&a, dt),
+        &rounded(&b, dt),
+        bias.then_some(rb.as_slice()),
+        m,
+        n,
+        k,
+        ta,
+        tb,
+        act as u8,
+    );
+    let (atol, rtol) = tol(dt);
+    let t = (atol * (k as f64).sqrt(), rtol);
+    assert_close_tol(
+        &out.to_f32_vec().unwrap(),
+        &want,
+        t,
+        &format!("matmul {m}x{n}x{k} ta={ta} tb={tb} bias={bias} {act:?} {dt}"),
+    );
+}
+
+#[test]
+fn matmul_shapes() {
+    let dev = poisoned();
+    let mut rng = Rng::new(15);
+    let sizes = [
+        (1, 1, 1),
+        (3, 17, 5),
+        (17, 127, 33),
+        (127, 3, 1000),
+        (130, 129, 65),
+        (1000, 17, 3),
+        (64, 64, 64),
+        (129, 257, 17),
+    ];
+    for dt in DTYPES {
+        for s in sizes {
+            matmul_case(&dev, &mut rng, dt, s, false, false, false, Act::None);
+        }
+        for (ta, tb) in [(true, false), (false, true), (true, true)] {
+            for s in [(3, 17, 5), (130, 129, 65), (17, 1000, 3)] {
+                matmul_case(&dev, &mut rng, dt, s, ta, tb, false, Act::None);
+            }
+        }
+        for act in [Act::None, Act::Relu, Act::Gelu] {
+            matmul_case(&dev, &mut rng, dt, (33, 65, 17), false, true, true, act);
+            matmul_case(&dev, &mut rng, dt, (200, 150, 40), false, true, true, act);
+        }
+    }
+}
+
+#[test]
+fn matmul_batched_broadcast() {
+    let dev = poisoned();
+    let mut rng = Rng::new(16);
+    for dt in DTYPES {
+        // [2,3,M,K] x [3,K,N] (B broadcast over the first dim) and [2,1,M,K] x [2,3,K,N].
+        for (sa, sb) in [
+            (vec![2usize, 3, 5, 7], vec![3usize, 7, 4]),
+            (vec![2, 1, 5, 7], vec![2, 3, 7, 4]),
+            (vec![4, 9, 6], vec![6, 10]),
+        ] {
+            let na: usize = sa.iter().product();
+            let nb: usize = sb.iter().product();
+            let a = rng.vec(na);
+            let b = rng.vec(nb);
+            let out = tensor(&dev, &a, &sa, dt)
+                .matmul(&tensor(&dev, &b, &sb, dt))
+                .unwrap();
+            let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
+            let batch_a = &sa[..sa.len() - 2];
+            let batch_b = &sb[..sb.len() - 2];
+            let batch = wgrad::ops::elementwise::broadcast_shape("t", batch_a, batch_b).unwrap();
+            let nbt: usize = batch.iter().product();
+            let (ra, rb) = (rounded(&a, dt), rounded(&b, dt));
+            let mut want = Vec::new();
+            for bi in 0..nbt {
+                let pick = |shape: &[usize]| -> usize {
+                    // Index of the broadcast operand matrix for output batch bi.
+                    let mut rem = bi;
+                    let mut coords = vec![0; batch.len()];
+                    for d in (0..batch.len()).rev() {
+                        coords[d] = rem % batch[d];
+                        rem /= batch[d];
+                    }
+                    let off = batch.len() - shape.len();
+                    shape.iter().enumerate().fold(0, |acc, (d, &s)| {
+                        acc * s + if s == 1 { 0 } else { coords[off + d] }
+                    })
+                };
+                let ia = pick(batch_a);
+                let ib = pick(batch_b);
+                want.extend(cpu::matmul(
+                    &ra[ia * m * k..(ia + 1) * m * k],
+                    &rb[ib * k * n..(ib + 1) * k * n],
+                    None,
+                    m,
+                    n,
+                    k,
+                    false,
+                    false,
+                    0,
+                ));
+            }
+            let mut want_shape = batch.clone();
+            want_shape.extend([m, n]);
+            assert_eq!(out.shape(), want_shape.as_slice());
+            assert_close(
+                &out.to_f32_vec().unwrap(),
+                &want,
+                dt,
+                &format!("batched {sa:?} x {sb:?} {dt}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn conv2d_geometries() {
+    let dev = poisoned();
+    let mut rng = Rng::new(17);
+    // (n, c, h, w, o, k, stride, pad, dil, groups)
+    let cases = [
+        (1, 1, 5, 5, 1, (3, 3), (1, 1), (0, 0), (1, 1), 1),
+        (2, 3, 17, 13, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        (3, 4, 12, 9, 6, (3, 2), (2, 1), (1, 0), (1, 1), 2),
+        (2, 2, 11, 11, 3, (3, 3), (2, 2), (2, 2), (2, 2), 1),
+        (1, 6, 7, 7, 6, (5, 5), (1, 1), (2, 2), (1, 1), 6),
+        (4, 1, 28, 28, 8, (5, 5), (1, 1), (2, 2), (1, 1), 1),
+    ];
+    for dt in DTYPES {
+        for (n, c, h, w, o, k, stride, pad, dil, groups) in cases {
+            let x = rng.vec(n * c * h * w);
+            let wt = rng.vec(o * (c / groups) * k.0 * k.1);
+            let b = rng.vec(o);
+            let opts = Conv2dOpts {
+                stride,
+                padding: pad,
+                dilation: dil,
+                groups,
+            };
+            let tb = tensor(&dev, &b, &[o], dt);
+            let y = tensor(&dev, &x, &[n, c, h, w], dt)
+                .conv2d(
+                    &tensor(&dev, &wt, &[o, c / groups, k.0, k.1], dt),
+                    Some(&tb),
+                    opts,
+                )
+                .unwrap();
+            let win = cpu::Window {
+                n,
+                c,
+                h,
+                w,
+                k,
+                stride,
+                pad,
+                dil,
+            };
+            let (ho, wo) = win.out();
+            assert_eq!(y.shape(), &[n, o, ho, wo]);
+            let rbias = rounded(&b, dt);
+            let want = cpu::conv2d(
+                &rounded(&x, dt),
+                &rounded(&wt, dt),
+                Some(&rbias),
+                &win,
+                o,
+                groups,
+            );
+            assert_close_tol(
+                &y.to_f32_vec().unwrap(),
+                &want,
+                (tol(dt).0 * 10.0, tol(dt).1),
+                &format!(
+                    "conv2d {:?} {dt}",
+                    (n, c, h, w, o, k, stride, pad, dil, groups)
+                ),
+            );
+        }
+    }
+}
+
+#[test]
+fn pooling() {
+    let dev = poisoned();
+    let mut rng = Rng::new(18);
+    for dt in DTYPES {
+        for (n, c, h, w, k, s, p) in [
+            (1, 1, 1, 1, (1, 1), (1, 1), (0, 0)),
+            (2, 3, 17, 13, (2, 2), (2, 2), (0, 0)),
+            (1, 2, 9, 10, (3, 3), (2, 2), (1, 1)),
+            (2, 1, 28, 28, (3, 2), (1, 2), (1, 1)),
+        ] {
+            let x = rng.vec(n * c * h * w);
+            let t = tensor(&dev, &x, &[n, c, h, w], dt);
+            let win = cpu::Window {
+                n,
+                c,
+                h,
+                w,
+                k,
+                stride: s,
+                pad: p,
+                dil: (1, 1),
+            };
+            let rx = rounded(&x, dt);
+            assert_close(
+                &t.max_pool2d(k, s, p).unwrap().to_f32_vec().unwrap(),
+                &cpu::pool2d(&rx, &win, true),
+                dt,
+                "max_pool2d",
+            );
+            assert_close(
+                &t.avg_pool2d(k, s, p).unwrap().to_f32_vec().unwrap(),
+                &cpu::pool2d(&rx, &win, false),
+                dt,
+                "avg_pool2d",
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_vs_reference_and_composition() {
+    let dev = poisoned();
+    let mut rng = Rng::new(19);
+    for dt in DTYPES {
+        for (b, h, s, d) in [
+            (1, 1, 1, 8),
+            (2, 3, 3, 16),
+            (1, 2, 17, 33),
+            (1, 1, 127, 64),
+            (1, 2, 40, 128),
+            (1, 1, 9, 200),
+        ] {
+            for causal in [false, true] {
+                let n = b * h * s * d;
+                let (q, k, v) = (rng.vec(n), rng.vec(n), rng.vec(n));
+                let shape = [b, h, s, d];
+                let (tq, tk, tv) = (
+                    tensor(&dev, &q, &shape, dt),
+                    tensor(&dev, &k, &shape, dt),
+                    tensor(&dev, &v, &shape, dt),
+                );
+                let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
+                let scale = 1.0 / (d as f64).sqrt();
+                let want = cpu::attention(
+                    &rounded(&q, dt),
+                    &rounded(&k, dt),
+                    &rounded(&v, dt),
+                    b * h,
+                    s,
+                    s,
+                    d,
+                    causal,
+                    scale,
+                );
+                let what = format!("attention {:?} causal={causal} {dt}", shape);
+                let got = out.to_f32_vec().unwrap();
+                assert_close(&got, &want, dt, &what);
+                // The same from the basic kernels: softmax(q k^T * scale + mask) v.
+                let scores = tq
+                    .matmul_with(
+                        &tk,
+                        MatmulOpts {
+                            trans_b: true,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap()
+                    .mul_scalar(scale as f32)
+                    .unwrap();
+                let scores = if causal {
+                    let mask: Vec<f32> = (0..s * s)
+                        .map(|i| if i % s > i / s { -1e4 } else { 0.0 })
+                        .collect();
+                    scores.add(&tensor(&dev, &mask, &[s, s], dt)).unwrap()
+                } else {
+                    scores
+                };
+                let composed = scores
+                    .softmax()
+                    .unwrap()
+                    .matmul(&tv)
+                    .unwrap()
+                    .to_f32_vec()
+                    .unwrap();
+                let (atol, rtol) = tol(dt);
+                assert_close_tol(
+                    &got,
+                    &f(&composed.iter().map(|&v| v as f64).collect::<Vec<_>>()),
+                    (atol * 4.0, rtol * 4.0),
+                    &format!("{what} vs composition"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_cross_lengths() {
+    // Fewer queries than keys (a decoding step): causal mask aligned bottom-right.
+    let dev = poisoned();
+    let mut rng = Rng::new(20);
+    let (bh, sq, skv, d) = (2, 5, 23, 32);
+    let (q, k, v) = (
+        rng.vec(bh * sq * d),
+        rng.vec(bh * skv * d),
+        rng.vec(bh * skv * d),
+    );
+    for causal in [false, true] {
+        let out = Tensor::attention(
+            &tensor(&dev, &q, &[bh, sq, d], DType::F32),
+            &tensor(&dev, &k, &[bh, skv, d], DType::F32),
+            &tensor(&dev, &v, &[bh, skv, d], DType::F32),
+            causal,
+            Some(0.3),
+        )
+        .unwrap();
+        let want = cpu::attention(
+            &rounded(&q, DType::F32),
+            &rounded(&k, DType::F32),
+            &rounded(&v, DType::F32),
+            bh,
+            sq,
+            skv,
+            d,
+            causal,
+            0.3,
+        );
+        assert_close(
+            &out.to_f32_vec().unwrap(),
+            &want,
+            DType::F32,
+            &format!("cross attention causal={causal}"),
+        );
+    }
+}
+
+#[test]
+fn norms() {
+    let dev = poisoned();
+    let mut rng = Rng::new(21);
+    for dt in DTYPES {
+        for (rows, len) in [(1, 1), (3, 17), (127, 3), (5, 1000)] {
+            let x: Vec<f32> = rng
+                .vec(rows * len)
+                .into_iter()
+                .map(|v| v * 2.0 + 0.5)
+                .collect();
+            let g = rng.vec(len);
+            let b = rng.vec(len);
+            let t = tensor(&dev, &x, &[rows, len], dt);
+            let (tg, tb) = (tensor(&dev, &g, &[len], dt), tensor(&dev, &b, &[len], dt));
+            let (rx, rg, rb) = (rounded(&x, dt), rounded(&g, dt), rounded(&b, dt));
+            let tl = (tol(dt).0 * 10.0, tol(dt).1 * 2.0);
+            assert_close_tol(
+                &t.layer_norm(&tg, &tb, 1e-5).unwrap().to_f32_vec().unwrap(),
+                &cpu::norm(&rx, &rg, Some(&rb), rows, len, 1e-5),
+                tl,
+                &format!("layer_norm {rows}x{len} {dt}"),
+            );
+            assert_close_tol(
+                &t.rms_norm(&tg, 1e-5).unwrap().to_f32_vec().unwrap(),
+                &cpu::norm(&rx, &rg, None, rows, len, 1e-5),
+                tl,
+                &format!("rms_norm {rows}x{len} {dt}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_rows() {
+    let dev = poisoned();
+    let mut rng = Rng::new(22);
+    for dt in DTYPES {
+        for (rows, classes) in [(1, 1), (3, 10), (17, 3), (127, 1000)] {
+            let x: Vec<f32> = rng
+                .vec(rows * classes)
+                .into_iter()
+                .map(|v| v * 4.0)
+                .collect();
+            let labels: Vec<u32> = (0..rows)
+                .map(|_| rng.below(classes as u64) as u32)
+                .collect();
+            let t = tensor(&dev, &x, &[rows, classes], dt);
+            let l = Tensor::from_slice(&dev, &labels, &[rows]).unwrap();
+            let want = cpu::cross_entropy(&rounded(&x, dt), &labels, rows, classes);
+            assert_close_tol(
+                &t.cross_entropy_rows(&l).unwrap().to_f32_vec().unwrap(),
+                &want,
+                (tol(dt).0 * 5.0, tol(dt).1),
+                &format!("cross_entropy {rows}x{classes} {dt}"),
+            );
+        }
+    }
+    // A label out of range poisons its row's loss with NaN instead of reading out of bounds.
+    let t = Tensor::from_slice(&dev, &[0.0f32, 1.0, 2.0, 3.0], &[2, 2]).unwrap();
+    let l = Tensor::from_slice(&dev, &[1u32, 7], &[2]).unwrap();
+    let loss = t.cross_entropy_rows(&l).unwrap().to_vec::<f32>().unwrap();
+    assert!(loss[0].is_finite() && loss[1].is_nan(), "{loss:?}");
+}
+
+#[test]
+fn embedding_gather() {
+    let dev = poisoned();
+    let mut rng = Rng::new(23);
+    for dt in DTYPES {
+        for (vocab, dim, n) in [(1, 1, 1), (3, 17, 5), (65, 127, 33), (1000, 3, 1000)] {
+            let w = rng.vec(vocab * dim);
+            let idx: Vec<u32> = (0..n).map(|_| rng.below(vocab as u64) as u32).collect();
+            let y = tensor(&dev, &w, &[vocab, dim], dt)
+                .embedding(&Tensor::from_slice(&dev, &idx, &[n]).unwrap())
+                .unwrap();
+            assert_eq!(y.shape(), &[n, dim]);
+            let rw = rounded(&w, dt);
+            let want: Vec<f64> = idx
+                .iter()
+                .flat_map(|&i| rw[i as usize * dim..(i as usize + 1) * dim].to_vec())
+                .collect();
+            assert_close(&y.to_f32_vec().unwrap(), &want, dt, "embedding");
+        }
+    }
+}
+
+#[test]
+fn layout_cast_fill() {
+    let dev = poisoned();
+    let mut rng = Rng::new(24);
+    let x = rng.vec(2 * 3 * 4);
+    let t = tensor(&dev, &x, &[2, 3, 4], DType::F32);
+    // permute [2,3,4] -> [4,2,3]
+    let p = t.permute(&[2, 0, 1]).unwrap();
+    assert_eq!(p.shape(), &[4, 2, 3]);
+    let got = p.to_vec::<f32>().unwrap();
+    for a in 0..4 {
+        for b in 0..2 {
+            for c in 0..3 {
+                assert_eq!(got[(a * 2 + b) * 3 + c], x[(b * 3 + c) * 4 + a]);
+            }
+        }
+    }
+    let n = t.narrow(1, 1, 2).unwrap();
+    assert_eq!(
+        n.to_vec::<f32>().unwrap(),
+        (0..2)
+            .flat_map(|i| x[i * 12 + 4..i * 12 + 12].to_vec())
+            .collect::<Vec<_>>()
+    );
+    let c = Tensor::cat(&[&t, &n], 1).unwrap();
+    assert_eq!(c.shape(), &[2, 5, 4]);
+    let cv = c.to_vec::<f32>().unwrap();
+    assert_eq!(&cv[..12], &x[..12]);
+    assert_eq!(&cv[12..20], &x[4..12]);
+    let bc = Tensor::from_slice(&dev, &[1.0f32, 2.0, 3.0], &[3, 1])
+        .unwrap()
+        .broadcast_to(&[2, 3, 2])
+        .unwrap();
+    assert_eq!(
+        bc.to_vec::<f32>().unwrap(),
+        vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    );
+    // Casts both ways, u32 included; copies are exact.
+    for n in SIZES {
+        let v: Vec<f32> = rng.vec(n).into_iter().map(|x| x * 1000.0).collect();
+        let t = tensor(&dev, &v, &[n], DType::F32);
+        let h = t.to_dtype(DType::F16).unwrap();
+        assert_close(
+            &h.to_f32_vec().unwrap(),
+            &rounded(&v, DType::F16),
+            DType::F16,
+            "cast to f16",
+        );
+        let back = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_close(&back, &rounded(&v, DType::F16), DType::F32, "cast back");
+        assert_eq!(t.copy().unwrap().to_vec::<f32>().unwrap(), v);
+        let u: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let tu = Tensor::from_slice(&dev, &u, &[n]).unwrap();
+        assert_eq!(
+            tu.copy().unwrap().to_vec::<u32>().unwrap(),
+            u,
+            "u32 copies are bit-exact"
+        );
+        assert_eq!(
+            tu.reshape(&[n, 1])
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap()
+                .to_vec::<u32>()
+                .unwrap(),
+            u
+        );
+    }
+    for dt in [DType::F32, DType::F16, DType::U32] {
+        let z = Tensor::full(&dev, &[1000], 3.0, dt).unwrap();
+        assert!(
+            z.to_f32_vec().unwrap().iter().all(|&v| v == 3.0),
+            "fill {dt}"
+        );
+    }
+}
+
+#[test]
+fn random_and_dropout() {
+    let dev = poisoned();
+    dev.manual_seed(7);
+    let n = 200_000;
+    for dt in DTYPES {
+        let u = Tensor::rand(&dev, &[n], -1.0, 3.0, dt)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        assert!(u.iter().all(|&v| (-1.0..=3.0).contains(&v)));
+        let mean = u.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        assert!((mean - 1.0).abs() < 0.02, "uniform mean {mean}");
+        let z = Tensor::randn(&dev, &[n], 0.5, 2.0, dt)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let m = z.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = z.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / n as f64;
+        assert!(
+            (m - 0.5).abs() < 0.02 && (var.sqrt() - 2.0).abs() < 0.02,
+            "normal mean {m} std {}",
+            var.sqrt()
+        );
+    }
+    // Same seed, same numbers; next draw, different numbers.
+    dev.manual_seed(99);
+    let a = dev
+        .randn(&[1000], DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let b = dev
+        .randn(&[1000], DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    dev.manual_seed(99);
+    let c = dev
+        .randn(&[1000], DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(a, c);
+    assert_ne!(a, b);
+    for dt in DTYPES {
+        let x = Tensor::ones(&dev, &[n], dt).unwrap();
+        let y = x.dropout(0.3).unwrap().to_f32_vec().unwrap();
+        let zeros = y.iter().filter(|&&v| v == 0.0).count() as f64 / n as f64;
+        assert!((zeros - 0.3).abs() < 0.01, "dropped fraction {zeros}");
+        let kept_scale = 1.0 / 0.7;
+        assert!(
+            y.iter().all(|&v| v == 0.0 || (v - kept_scale).abs() < 2e-3),
+            "kept values are scaled by 1/(1-p)"
+        );
+    }
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let dev = device();
+    let a = Tensor::zeros(&dev, &[2, 3], DType::F32).unwrap();
+    let b = Tensor::zeros(&dev, &[4, 5], DType::F32).unwrap();
+    let e = a.matmul(&b).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { op: "matmul", .. })
+            && e.to_string().contains("[2, 3]")
+            && e.to_string().contains("[4, 5]"),
+        "{e}"
+    );
+    let e = a.add(&b).unwrap_err();
+    assert!(e.to_string().contains("do not broadcast"), "{e}");
+    let h = Tensor::zeros(&dev, &[2, 3], DType::F16).unwrap();
+    assert!(matches!(a.add(&h), Err(Error::DType { .. })));
+    let u = Tensor::zeros(&dev, &[2], DType::U32).unwrap();
+    assert!(matches!(u.exp(), Err(Error::DType { .. })));
+    assert!(matches!(a.sum(2, false), Err(Error::Invalid { .. })));
+    assert!(matches!(a.reshape(&[7]), Err(Error::Shape { .. })));
+    assert!(matches!(
+        a.softmax().unwrap().cross_entropy(&a),
+        Err(Error::DType { .. })
+    ));
+    let q = Tensor::zeros(&dev, &[1, 4, 300], DType::F32).unwrap();
+    let e = Tensor::attention(&q, &q, &q, false, None).unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
+    let x = Tensor::zeros(&dev, &[1, 3, 4, 4], DType::F32).unwrap();
+    let w = Tensor::zeros(&dev, &[2, 3, 5, 5], DType::F32).unwrap();
+    assert!(matches!(
+        x.conv2d(&w, None, Conv2dOpts::default()),
+        Err(Error::Shape { .. })
+    ));
+    assert!(x.dropout(1.5).is_err());
+    // Nothing above damaged the device: work still runs.
+    assert_eq!(
+        a.add_scalar(1.0)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap(),
+        6.0
+    );
+}
