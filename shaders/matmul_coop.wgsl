@@ -15,9 +15,21 @@
 //
 // Epilogue: each subgroup stores one accumulator at a time to its own 16 x 16 f32 patch of
 // workgroup memory, then its 32 lanes apply bias and activation and write the 256 values with
-// bounds checks, converting to C's dtype.
+// bounds checks, converting to C's dtype. Every subgroup flushes its tiles in the same order,
+// so a workgroup barrier (uniform) separates the matrix store from the lanes' reads; subgroup
+// barriers would need wgpu's separate SUBGROUP_BARRIER feature.
 //
-// Bindings: a, b, bias (read), c (write). Constants: none beyond WG. The subgroup index is
+// Entry `direct` is the fast path for aligned shapes (M and N multiples of 128, K of 16, no
+// offsets off an 8-element boundary): it skips workgroup memory for the operands and loads
+// each 16 x 16 operand tile straight from the buffer with a cooperative load, letting the
+// caches serve the reuse between subgroups. A cooperative load's stride must be a constant
+// for naga's SPIR-V writer, so the operands' row strides are compile-time constants (SAG, SBG)
+// and a pipeline is built per stride. TA / TB select column-major loads for transposed
+// operands. Without bounds checks on those loads, the host only picks `direct` when every
+// tile is inside the matrices.
+//
+// Bindings: a, b, bias (read), c (write). Constants: none beyond WG for `main`; SAG, SBG, TA,
+// TB for `direct`. The subgroup index is
 // lid / 32: subgroups of a 1-D workgroup are consecutive runs of local_invocation_index.
 
 struct Params {
@@ -71,7 +83,7 @@ fn epilogue(v: f32, n: u32) -> f32 {
 // Writes one 16 x 16 accumulator of subgroup `sg` whose top-left is (gm0, gn0) in C.
 fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32) {
   coopStoreT(acc, &Cs[sg * 256u], 16u);
-  subgroupBarrier();
+  workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let gm = gm0 + e / 16u;
     let gn = gn0 + e % 16u;
@@ -79,7 +91,66 @@ fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: 
       st_c(c_base + gm * p.n + gn, epilogue(Cs[sg * 256u + e], gn));
     }
   }
-  subgroupBarrier();
+  workgroupBarrier();
+}
+
+//! entry direct
+// op(A) tile at rows m, columns k (k a multiple of 16).
+fn load_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }
+  return coopLoad<coop_mat16x16<f16, A>>(&a[base + k * SAG + m], SAG);
+}
+
+// op(B) tile at rows k, columns n.
+fn load_b(base: u32, k: u32, n: u32) -> coop_mat16x16<f16, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f16, B>>(&b[base + k * SBG + n], SBG); }
+  return coopLoad<coop_mat16x16<f16, B>>(&b[base + n * SBG + k], SBG);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let r0 = ids.wid.y * BM + (sg / 2u) * 32u;
+  let q0 = ids.wid.x * BN + (sg % 2u) * 64u;
+
+  var c00 = coop_mat16x16<f32, C>();
+  var c01 = coop_mat16x16<f32, C>();
+  var c02 = coop_mat16x16<f32, C>();
+  var c03 = coop_mat16x16<f32, C>();
+  var c10 = coop_mat16x16<f32, C>();
+  var c11 = coop_mat16x16<f32, C>();
+  var c12 = coop_mat16x16<f32, C>();
+  var c13 = coop_mat16x16<f32, C>();
+  for (var k = 0u; k < p.k; k = k + 16u) {
+    let a0 = load_a(a_base, r0, k);
+    let a1 = load_a(a_base, r0 + 16u, k);
+    let b0 = load_b(b_base, k, q0);
+    let b1 = load_b(b_base, k, q0 + 16u);
+    let b2 = load_b(b_base, k, q0 + 32u);
+    let b3 = load_b(b_base, k, q0 + 48u);
+    c00 = coopMultiplyAdd(a0, b0, c00);
+    c01 = coopMultiplyAdd(a0, b1, c01);
+    c02 = coopMultiplyAdd(a0, b2, c02);
+    c03 = coopMultiplyAdd(a0, b3, c03);
+    c10 = coopMultiplyAdd(a1, b0, c10);
+    c11 = coopMultiplyAdd(a1, b1, c11);
+    c12 = coopMultiplyAdd(a1, b2, c12);
+    c13 = coopMultiplyAdd(a1, b3, c13);
+  }
+  let c_base = p.c_off + bt * p.m * p.n;
+  flush_tile(c00, sg, lane, c_base, r0, q0);
+  flush_tile(c01, sg, lane, c_base, r0, q0 + 16u);
+  flush_tile(c02, sg, lane, c_base, r0, q0 + 32u);
+  flush_tile(c03, sg, lane, c_base, r0, q0 + 48u);
+  flush_tile(c10, sg, lane, c_base, r0 + 16u, q0);
+  flush_tile(c11, sg, lane, c_base, r0 + 16u, q0 + 16u);
+  flush_tile(c12, sg, lane, c_base, r0 + 16u, q0 + 32u);
+  flush_tile(c13, sg, lane, c_base, r0 + 16u, q0 + 48u);
 }
 
 //! entry main

@@ -76,6 +76,8 @@ pub struct DeviceOptions {
     pub no_cache: bool,
     /// Record the memory event trace from the start.
     pub trace: bool,
+    /// The runtime checks wgpu adds to shaders (`WGRAD_SHADER_CHECKS=full|fast|none`).
+    pub shader_checks: ShaderChecks,
     /// Fill every new tensor's memory with NaN before use, so a kernel that leaves an element
     /// unwritten shows up in tests (`WGRAD_POISON=1`).
     pub poison: bool,
@@ -106,11 +108,34 @@ impl DeviceOptions {
             no_cache: flag("WGRAD_NO_CACHE"),
             trace: flag("WGRAD_TRACE"),
             poison: flag("WGRAD_POISON"),
+            shader_checks: match var("WGRAD_SHADER_CHECKS").as_deref() {
+                None | Some("fast") => ShaderChecks::Fast,
+                Some("full") => ShaderChecks::Full,
+                Some("none") => ShaderChecks::None,
+                Some(other) => {
+                    return Err(Error::invalid("WGRAD_SHADER_CHECKS", format!("{other:?} is not full, fast or none")));
+                }
+            },
             disable_f16: has("f16"),
             disable_subgroups: has("subgroups") || has("subgroup"),
             disable_coop_matrix: has("coop"),
         })
     }
+}
+
+/// Runtime checks wgpu injects into every shader.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShaderChecks {
+    /// wgpu's defaults: buffer bounds checks, a counter on every loop (so no loop can hang the
+    /// GPU), guards on integer division.
+    Full,
+    /// Buffer bounds checks only (the default). wgrad's loops all have bounds the host
+    /// computes, and its divisors are never zero, so the loop counters and division guards
+    /// only cost time; bounds checks stay, so a kernel bug cannot touch another tensor's page.
+    #[default]
+    Fast,
+    /// No checks at all (for measuring what the checks cost).
+    None,
 }
 
 /// What the device can do, as wgrad uses it.
@@ -244,6 +269,7 @@ pub(crate) struct DeviceInner {
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     pub(crate) poison: bool,
+    shader_checks: ShaderChecks,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -495,6 +521,7 @@ impl Device {
                 errors,
                 lost,
                 poison: opts.poison,
+                shader_checks: opts.shader_checks,
             }),
         })
     }
@@ -729,10 +756,20 @@ impl Device {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(key),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
+        let checks = match self.inner.shader_checks {
+            ShaderChecks::Full => wgpu::ShaderRuntimeChecks::checked(),
+            ShaderChecks::Fast => wgpu::ShaderRuntimeChecks { force_loop_bounding: false, int_div_checks: false, ..wgpu::ShaderRuntimeChecks::checked() },
+            ShaderChecks::None => wgpu::ShaderRuntimeChecks::unchecked(),
+        };
+        // SAFETY: wgrad's shaders have no unbounded loops (every trip count comes from sizes
+        // the host validated) and never divide by zero (divisors are non-empty dimensions);
+        // with `Fast` and `Full` wgpu still bounds-checks every buffer access.
+        let module = unsafe {
+            dev.create_shader_module_trusted(
+                wgpu::ShaderModuleDescriptor { label: Some(key), source: wgpu::ShaderSource::Wgsl(src.into()) },
+                checks,
+            )
+        };
         let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(key),
             layout: Some(&pl),
@@ -787,16 +824,19 @@ impl Device {
         lock(&self.inner.stream).upload(block.buffer(), block.offset() + offset, data)
     }
 
-    /// Records a copy between two blocks. They must not share a page (wgpu forbids copies
-    /// within one buffer); callers use the copy kernel then.
-    pub(crate) fn copy_blocks(&self, src: &Block, dst: &Block, bytes: u64) {
-        lock(&self.inner.stream).copy(
-            src.buffer(),
-            src.offset(),
-            dst.buffer(),
-            dst.offset(),
-            bytes.div_ceil(4) * 4,
-        );
+    /// Records a plain buffer-to-buffer copy of `bytes` between two blocks, which must not
+    /// share a page (wgpu forbids copies within one buffer). The bench uses it as the
+    /// device's memory-bandwidth ceiling.
+    pub(crate) fn copy_blocks(&self, src: &Block, dst: &Block, bytes: u64) -> Result<()> {
+        if src.buffer() == dst.buffer() {
+            return Err(Error::invalid(
+                "copy",
+                "source and destination share a buffer",
+            ));
+        }
+        let len = bytes.div_ceil(4) * 4;
+        lock(&self.inner.stream).copy(src.buffer(), src.offset(), dst.buffer(), dst.offset(), len);
+        Ok(())
     }
 
     /// Starts a read-back of `len` bytes of `block`: records the copy, submits, and asks for

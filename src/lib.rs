@@ -13,7 +13,7 @@ mod stream;
 pub mod tensor;
 
 pub use autograd::no_grad;
-pub use device::{Device, DeviceOptions, MemoryLimit, Readback};
+pub use device::{Device, DeviceOptions, MemoryLimit, Readback, ShaderChecks};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use memory::{MemoryReport, MemoryStats};

@@ -460,6 +460,20 @@ impl Tensor {
     }
 }
 
+/// Copies `src` into `dst` with the driver's buffer copy (not a kernel); both must hold the
+/// same number of bytes in different pages. For measuring memory bandwidth.
+#[doc(hidden)]
+pub fn raw_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
+    if src.nbytes() != dst.nbytes() {
+        return Err(Error::shape(
+            "raw_copy",
+            format!("{} vs {} bytes", src.nbytes(), dst.nbytes()),
+        ));
+    }
+    src.device()
+        .copy_blocks(src.block(), dst.block(), src.nbytes())
+}
+
 /// An uninitialised tensor (poisoned when the device poisons); for tests of poisoning.
 #[doc(hidden)]
 pub fn poison_probe(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {

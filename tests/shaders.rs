@@ -16,7 +16,7 @@ fn caps(t: Target) -> naga::valid::Capabilities {
         c |= C::SHADER_FLOAT16;
     }
     if t.subgroups {
-        c |= C::SUBGROUP | C::SUBGROUP_BARRIER;
+        c |= C::SUBGROUP;
     }
     c
 }

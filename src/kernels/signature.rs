@@ -56,7 +56,8 @@ pub struct Sig {
     pub bindings: &'static [Binding],
     /// Workgroup sizes the host uses.
     pub wgs: &'static [u32],
-    /// Constant sets the host uses (empty slice: none).
+    /// Constant sets validated by the test. At run time a launch must use the names of one of
+    /// them; values may differ only for shape constants (strides), which vary per problem.
     pub consts: &'static [&'static [(&'static str, u32)]],
 }
 
@@ -71,6 +72,12 @@ const MATMUL: &[&[(&str, u32)]] = &[
     &[("BM", 128), ("BN", 128), ("BK", 8), ("TM", 8), ("TN", 8)],
     &[("BM", 64), ("BN", 64), ("BK", 16), ("TM", 4), ("TN", 4)],
     &[("BM", 32), ("BN", 32), ("BK", 16), ("TM", 2), ("TN", 2)],
+];
+/// Shape constants: the names are fixed, the values (operand strides) vary per shape; the
+/// validation test tries these.
+const COOP_DIRECT: &[&[(&str, u32)]] = &[
+    &[("SAG", 64), ("SBG", 128), ("TA", 0), ("TB", 0)],
+    &[("SAG", 256), ("SBG", 64), ("TA", 1), ("TB", 1)],
 ];
 const ATTN_FWD: &[&[(&str, u32)]] = &[
     &[("BR", 32), ("BC", 32), ("DMAX", 32)],
@@ -164,6 +171,13 @@ pub const TABLE: &[Sig] = &[
             ("bias", Data, R),
             ("c", Data, W)
         ]
+    ),
+    sig!(
+        MatmulCoop,
+        "direct",
+        [("a", Data, R), ("b", Data, R), ("bias", Data, R), ("c", Data, W)],
+        WG256,
+        COOP_DIRECT
     ),
     sig!(Conv, "im2col", [("x", Data, R), ("col", Data, W)]),
     sig!(Conv, "col2im", [("dcol", Data, R), ("dx", Data, W)]),

@@ -108,6 +108,8 @@ impl UploadBelt {
     }
 
     fn fresh_chunk(&mut self) -> Chunk {
+        // Let finished maps hand their chunks back before deciding to create one.
+        let _ = self.device.poll(wgpu::PollType::Poll);
         let ready = self.ready.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if let Some(mut c) = ready {
             c.used = 0;

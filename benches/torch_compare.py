@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Times PyTorch on every row of a wgrad bench JSON (examples/bench.rs --json) and prints both.
+
+    python3 benches/torch_compare.py wgrad.json [--out compare.json]
+
+Same sizes, same dtypes, same GPU, same run. PyTorch is timed with CUDA events: warm-up, then
+the median of 5 loops sized to ~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad
+computes). The last column, wgrad/torch, is wgrad's rate over PyTorch's (1.0 = parity).
+"""
+import json, sys
+import torch
+import torch.nn.functional as F
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+dev = "cuda"
+DT = {"f32": torch.float32, "f16": torch.float16}
+
+
+def median_ms(fn, target_ms=300.0):
+    fn(); torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); fn(); e.record(); torch.cuda.synchronize()
+    n = max(1, min(10000, int(target_ms / 5 / max(s.elapsed_time(e), 1e-3))))
+    runs = []
+    for _ in range(5):
+        s.record()
+        for _ in range(n):
+            fn()
+        e.record(); torch.cuda.synchronize()
+        runs.append(s.elapsed_time(e) / n)
+    return sorted(runs)[2]
+
+
+def dims(shape):
+    return [int(x) for x in shape.replace(" -> ", "x").replace(", ", "x").split("x") if x.isdigit()]
+
+
+def bench(row):
+    name, dt = row["name"], DT[row["dtype"]]
+    d = dims(row["shape"])
+    r = lambda *s: torch.rand(*s, device=dev, dtype=dt) * 2 - 1
+    if name == "copy":
+        x, y = r(d[0]), torch.empty(d[0], device=dev, dtype=dt)
+        return median_ms(lambda: y.copy_(x))
+    if name == "add":
+        x, y = r(d[0]), r(d[0])
+        return median_ms(lambda: x + y)
+    if name == "softmax":
+        x = r(d[0], d[1])
+        return median_ms(lambda: torch.softmax(x, -1))
+    if name == "layer_norm":
+        x = r(d[0], d[1]); g = torch.ones(d[1], device=dev, dtype=dt); b = torch.zeros(d[1], device=dev, dtype=dt)
+        return median_ms(lambda: F.layer_norm(x, (d[1],), g, b, 1e-5))
+    if name.startswith("matmul"):
+        m, n, k = d
+        a, b = r(m, k), r(k, n)
+        return median_ms(lambda: a @ b)
+    if name == "linear+bias+relu":
+        m, n, k = d
+        x, w, b = r(m, k), r(n, k), torch.zeros(n, device=dev, dtype=dt)
+        return median_ms(lambda: F.relu(F.linear(x, w, b)))
+    if name == "conv2d":
+        n, c, h, w_, o, k = d[:6]
+        x, w = r(n, c, h, w_), r(o, c, k, k)
+        return median_ms(lambda: F.conv2d(x, w, padding=k // 2))
+    if name.startswith("attention"):
+        b, h, s, hd = d
+        q, k, v = r(b, h, s, hd), r(b, h, s, hd), r(b, h, s, hd)
+        causal = "causal" in name
+        if "bwd" in name:
+            q.requires_grad_(); k.requires_grad_(); v.requires_grad_()
+            g = torch.ones_like(q)
+            def step():
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                o.backward(g)
+                q.grad = k.grad = v.grad = None
+            return median_ms(step)
+        return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    return None
+
+
+def main():
+    data = json.load(open(sys.argv[1]))
+    out = []
+    print(f"wgrad on {data['adapter']} ({data['backend']}) vs PyTorch {torch.__version__} on {torch.cuda.get_device_name()}")
+    print(f"{'kernel':<28} {'size':<26} {'dtype':<5} {'wgrad ms':>10} {'torch ms':>10} {'wgrad rate':>12} {'torch rate':>12} {'unit':<8} {'wgrad/torch':>11} {'err':>8}")
+    for row in data["rows"]:
+        t = bench(row)
+        if t is None:
+            continue
+        trate = row["rate"] * row["ms"] / t
+        ratio = t / row["ms"]
+        out.append(dict(row, torch_ms=t, torch_rate=trate, ratio=ratio))
+        print(f"{row['name']:<28} {row['shape']:<26} {row['dtype']:<5} {row['ms']:>10.4f} {t:>10.4f} {row['rate']:>12.1f} {trate:>12.1f} {row['unit']:<8} {ratio:>11.3f} {row['check']:>8}")
+    if "--out" in sys.argv:
+        json.dump(out, open(sys.argv[sys.argv.index("--out") + 1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

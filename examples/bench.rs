@@ -1,0 +1,529 @@
+//! Kernel benchmark: one table (or JSON) of time, GFLOP/s or GB/s per kernel and size, with a
+//! spot check of every result against an f64 CPU computation.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--json] [--quick]
+//!     [--matmul 4096x4096x4096,...] [--attn 4x16x2048x64,...] [--conv 32x64x56x56x64x3,...]
+//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16] [--ms 300]
+//! ```
+//!
+//! Every size is given as a flag, so the same binary measures lavapipe (`--quick`) and a
+//! datacenter GPU. Times are medians of 5 runs of a loop sized to take about `--ms`
+//! milliseconds, synchronised before the clock stops. The `copy` row is the driver's
+//! buffer-to-buffer copy of the same device: the memory-bandwidth ceiling for the GB/s rows.
+
+use std::time::Instant;
+use wgrad::kernels::matmul::{Config, choose};
+use wgrad::ops::{Conv2dOpts, MatmulOpts};
+use wgrad::{DType, Device, Result, Tensor};
+
+struct Row {
+    name: String,
+    shape: String,
+    dtype: DType,
+    ms: f64,
+    rate: f64,
+    unit: &'static str,
+    check: String,
+}
+
+struct Args {
+    json: bool,
+    matmul: Vec<Vec<usize>>,
+    attn: Vec<Vec<usize>>,
+    conv: Vec<Vec<usize>>,
+    rows: Vec<Vec<usize>>,
+    elems: usize,
+    dtypes: Vec<DType>,
+    ms: f64,
+}
+
+fn dims(s: &str) -> Vec<Vec<usize>> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split('x').map(|d| d.parse().expect("size")).collect())
+        .collect()
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        json: false,
+        matmul: dims("1024x1024x1024,4096x4096x4096"),
+        attn: dims("4x16x1024x64,2x16x4096x128"),
+        conv: dims("32x64x56x56x64x3"),
+        rows: dims("4096x4096"),
+        elems: 1 << 26,
+        dtypes: vec![DType::F32, DType::F16],
+        ms: 300.0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().expect("flag value");
+        match flag.as_str() {
+            "--json" => a.json = true,
+            "--quick" => {
+                a.matmul = dims("256x256x256,255x257x129");
+                a.attn = dims("1x4x256x64");
+                a.conv = dims("4x16x28x28x16x3");
+                a.rows = dims("256x1000");
+                a.elems = 1 << 23;
+                a.ms = 150.0;
+            }
+            "--matmul" => a.matmul = dims(&val()),
+            "--attn" => a.attn = dims(&val()),
+            "--conv" => a.conv = dims(&val()),
+            "--rows" => a.rows = dims(&val()),
+            "--elems" => a.elems = val().parse().expect("count"),
+            "--ms" => a.ms = val().parse().expect("milliseconds"),
+            "--dtypes" => {
+                a.dtypes = val()
+                    .split(',')
+                    .map(|d| match d {
+                        "f32" => DType::F32,
+                        "f16" => DType::F16,
+                        other => panic!("unknown dtype {other}"),
+                    })
+                    .collect()
+            }
+            other => panic!("unknown flag {other}; see the header of examples/bench.rs"),
+        }
+    }
+    a
+}
+
+/// Median milliseconds of one call of `f`, timed in loops of about `target_ms`.
+fn time(dev: &Device, target_ms: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    dev.sync()?;
+    let t0 = Instant::now();
+    f()?;
+    dev.sync()?;
+    let once = t0.elapsed().as_secs_f64() * 1e3;
+    let n = ((target_ms / 5.0 / once.max(1e-3)) as usize).clamp(1, 10_000);
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..n {
+            f()?;
+        }
+        dev.sync()?;
+        runs.push(t.elapsed().as_secs_f64() * 1e3 / n as f64);
+    }
+    runs.sort_by(|a, b| a.total_cmp(b));
+    Ok(runs[2])
+}
+
+/// Deterministic inputs in [-1, 1).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn to_dtype(v: &[f32], dt: DType) -> Vec<f64> {
+    v.iter()
+        .map(|&x| {
+            if dt == DType::F16 {
+                half::f16::from_f32(x).to_f64()
+            } else {
+                x as f64
+            }
+        })
+        .collect()
+}
+
+fn max_rel(pairs: impl Iterator<Item = (f64, f64)>) -> String {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (g, w) in pairs {
+        if !g.is_finite() {
+            return "NaN!".into();
+        }
+        num = num.max((g - w).abs());
+        den = den.max(w.abs());
+    }
+    format!("{:.1e}", num / den.max(1e-30))
+}
+
+fn emit(rows: &mut Vec<Row>, r: Row) {
+    eprintln!(
+        "{:<28} {:<26} {:<5} {:>10.4} ms {:>12.1} {:<8} {:>9}",
+        r.name, r.shape, r.dtype, r.ms, r.rate, r.unit, r.check
+    );
+    rows.push(r);
+}
+
+/// Runs one measurement; a failure becomes a row saying so instead of ending the run.
+fn guarded(
+    rows: &mut Vec<Row>,
+    name: &str,
+    shape: String,
+    dtype: DType,
+    f: impl FnOnce(&mut Vec<Row>) -> Result<()>,
+) {
+    if let Err(e) = f(rows) {
+        let msg: String = e.to_string().chars().take(120).collect();
+        emit(
+            rows,
+            Row {
+                name: name.into(),
+                shape,
+                dtype,
+                ms: f64::NAN,
+                rate: f64::NAN,
+                unit: "",
+                check: format!("ERROR {msg}"),
+            },
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let a = parse();
+    let dev = Device::new()?;
+    if !a.json {
+        println!("{}\n", dev.info());
+    }
+    let mut rows: Vec<Row> = Vec::new();
+
+    // Memory-bandwidth ceiling: the driver's copy of the same bytes. Tensors of 10 MiB or more
+    // get pages of their own, which a buffer-to-buffer copy needs.
+    for &dt in &a.dtypes {
+        guarded(&mut rows, "copy/add", format!("{}", a.elems), dt, |rows| {
+            let n = a.elems.max((10 << 20) / dt.size());
+            dev.empty_cache();
+            let x = Tensor::zeros(&dev, &[n], dt)?;
+            let y = Tensor::zeros(&dev, &[n], dt)?;
+            let bytes = 2.0 * x.nbytes() as f64;
+            let ms = time(&dev, a.ms, || wgrad::tensor::raw_copy(&x, &y))?;
+            emit(
+                rows,
+                Row {
+                    name: "copy".into(),
+                    shape: format!("{n}"),
+                    dtype: dt,
+                    ms,
+                    rate: bytes / ms / 1e6,
+                    unit: "GB/s",
+                    check: "-".into(),
+                },
+            );
+
+            let xv = data(n, 1);
+            let x = Tensor::from_f32(&dev, &xv, &[n], dt)?;
+            let yv = data(n, 2);
+            let y = Tensor::from_f32(&dev, &yv, &[n], dt)?;
+            let ms = time(&dev, a.ms, || x.add(&y).map(drop))?;
+            let z = x.add(&y)?.to_f32_vec()?;
+            let (rx, ry) = (to_dtype(&xv, dt), to_dtype(&yv, dt));
+            let check = max_rel((0..n).step_by(997).map(|i| (z[i] as f64, rx[i] + ry[i])));
+            emit(
+                rows,
+                Row {
+                    name: "add".into(),
+                    shape: format!("{n}"),
+                    dtype: dt,
+                    ms,
+                    rate: 3.0 * x.nbytes() as f64 / ms / 1e6,
+                    unit: "GB/s",
+                    check,
+                },
+            );
+            Ok(())
+        });
+    }
+
+    for &dt in &a.dtypes {
+        for s in &a.rows {
+            guarded(&mut rows, "softmax", format!("{s:?}"), dt, |rows| {
+                let (r, l) = (s[0], s[1]);
+                let xv = data(r * l, 3);
+                let x = Tensor::from_f32(&dev, &xv, &[r, l], dt)?;
+                let ms = time(&dev, a.ms, || x.softmax().map(drop))?;
+                let y = x.softmax()?.to_f32_vec()?;
+                let rx = to_dtype(&xv, dt);
+                let check_rows = [0, r / 2, r - 1];
+                let mut pairs = Vec::new();
+                for &ri in &check_rows {
+                    let want = wgrad::reference::softmax(&rx[ri * l..(ri + 1) * l], 1, l, false);
+                    pairs.extend((0..l).map(|i| (y[ri * l + i] as f64, want[i])));
+                }
+                let check = max_rel(pairs.into_iter());
+                emit(
+                    rows,
+                    Row {
+                        name: "softmax".into(),
+                        shape: format!("{r}x{l}"),
+                        dtype: dt,
+                        ms,
+                        rate: 2.0 * x.nbytes() as f64 / ms / 1e6,
+                        unit: "GB/s",
+                        check,
+                    },
+                );
+
+                let g = Tensor::ones(&dev, &[l], dt)?;
+                let b = Tensor::zeros(&dev, &[l], dt)?;
+                let ms = time(&dev, a.ms, || x.layer_norm(&g, &b, 1e-5).map(drop))?;
+                emit(
+                    rows,
+                    Row {
+                        name: "layer_norm".into(),
+                        shape: format!("{r}x{l}"),
+                        dtype: dt,
+                        ms,
+                        rate: 2.0 * x.nbytes() as f64 / ms / 1e6,
+                        unit: "GB/s",
+                        check: "-".into(),
+                    },
+                );
+                Ok(())
+            });
+        }
+    }
+
+    for &dt in &a.dtypes {
+        for s in &a.matmul {
+            guarded(&mut rows, "matmul", format!("{s:?}"), dt, |rows| {
+                let (m, n, k) = (s[0], s[1], s[2]);
+                let (av, bv) = (data(m * k, 4), data(k * n, 5));
+                let ta = Tensor::from_f32(&dev, &av, &[m, k], dt)?;
+                let tb = Tensor::from_f32(&dev, &bv, &[k, n], dt)?;
+                let ms = time(&dev, a.ms, || ta.matmul(&tb).map(drop))?;
+                let c = ta.matmul(&tb)?.to_f32_vec()?;
+                let (ra, rb) = (to_dtype(&av, dt), to_dtype(&bv, dt));
+                let check = max_rel((0..64).map(|t| {
+                    let (i, j) = ((t * 7919) % m, (t * 104_729) % n);
+                    (
+                        c[i * n + j] as f64,
+                        (0..k).map(|p| ra[i * k + p] * rb[p * n + j]).sum(),
+                    )
+                }));
+                let cfg = match choose(&dev, dt, m, n, k) {
+                    Config::CoopDirect => "matmul (tensor cores)".to_string(),
+                Config::Coop => "matmul (tensor cores, staged)".to_string(),
+                    Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
+                };
+                emit(
+                    rows,
+                    Row {
+                        name: cfg,
+                        shape: format!("{m}x{n}x{k}"),
+                        dtype: dt,
+                        ms,
+                        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
+                        unit: "GFLOP/s",
+                        check,
+                    },
+                );
+
+                let w = Tensor::from_f32(&dev, &data(n * k, 6), &[n, k], dt)?;
+                let x = Tensor::from_f32(&dev, &data(m * k, 7), &[m, k], dt)?;
+                let bias = Tensor::zeros(&dev, &[n], dt)?;
+                let ms = time(&dev, a.ms, || {
+                    x.matmul_with(
+                        &w,
+                        MatmulOpts {
+                            trans_b: true,
+                            bias: Some(&bias),
+                            act: Some(wgrad::kernels::matmul::Act::Relu),
+                            ..Default::default()
+                        },
+                    )
+                    .map(drop)
+                })?;
+                emit(
+                    rows,
+                    Row {
+                        name: "linear+bias+relu".into(),
+                        shape: format!("{m}x{n}x{k}"),
+                        dtype: dt,
+                        ms,
+                        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
+                        unit: "GFLOP/s",
+                        check: "-".into(),
+                    },
+                );
+                Ok(())
+            });
+        }
+    }
+
+    for &dt in &a.dtypes {
+        for s in &a.conv {
+            guarded(&mut rows, "conv2d", format!("{s:?}"), dt, |rows| {
+                let (n, c, h, w, o, k) = (s[0], s[1], s[2], s[3], s[4], s[5]);
+                let xv = data(n * c * h * w, 8);
+                let wv = data(o * c * k * k, 9);
+                let x = Tensor::from_f32(&dev, &xv, &[n, c, h, w], dt)?;
+                let wt = Tensor::from_f32(&dev, &wv, &[o, c, k, k], dt)?;
+                let opts = Conv2dOpts {
+                    padding: (k / 2, k / 2),
+                    ..Default::default()
+                };
+                let ms = time(&dev, a.ms, || x.conv2d(&wt, None, opts).map(drop))?;
+                let y = x.conv2d(&wt, None, opts)?;
+                let (ho, wo) = (y.shape()[2], y.shape()[3]);
+                let yv = y.to_f32_vec()?;
+                let (rx, rw) = (to_dtype(&xv, dt), to_dtype(&wv, dt));
+                let check = max_rel((0..32).map(|t| {
+                    let (ni, oi, yi, xi) = (t % n, (t * 7) % o, (t * 13) % ho, (t * 29) % wo);
+                    let mut s = 0.0;
+                    for ci in 0..c {
+                        for ki in 0..k {
+                            for kj in 0..k {
+                                let (ih, iw) = (
+                                    yi as isize + ki as isize - (k / 2) as isize,
+                                    xi as isize + kj as isize - (k / 2) as isize,
+                                );
+                                if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < w {
+                                    s += rx[((ni * c + ci) * h + ih as usize) * w + iw as usize]
+                                        * rw[((oi * c + ci) * k + ki) * k + kj];
+                                }
+                            }
+                        }
+                    }
+                    (yv[((ni * o + oi) * ho + yi) * wo + xi] as f64, s)
+                }));
+                let flops = 2.0 * (n * o * ho * wo * c * k * k) as f64;
+                emit(
+                    rows,
+                    Row {
+                        name: "conv2d".into(),
+                        shape: format!("{n}x{c}x{h}x{w} -> {o}, {k}x{k}"),
+                        dtype: dt,
+                        ms,
+                        rate: flops / ms / 1e6,
+                        unit: "GFLOP/s",
+                        check,
+                    },
+                );
+                Ok(())
+            });
+        }
+    }
+
+    for &dt in &a.dtypes {
+        for s in &a.attn {
+            guarded(&mut rows, "attention", format!("{s:?}"), dt, |rows| {
+                let (b, h, sl, d) = (s[0], s[1], s[2], s[3]);
+                let sz = b * h * sl * d;
+                let (qv, kv, vv) = (data(sz, 10), data(sz, 11), data(sz, 12));
+                let q = Tensor::from_f32(&dev, &qv, &[b, h, sl, d], dt)?;
+                let kt = Tensor::from_f32(&dev, &kv, &[b, h, sl, d], dt)?;
+                let v = Tensor::from_f32(&dev, &vv, &[b, h, sl, d], dt)?;
+                for causal in [false, true] {
+                    let ms = time(&dev, a.ms, || {
+                        Tensor::attention(&q, &kt, &v, causal, None).map(drop)
+                    })?;
+                    let o = Tensor::attention(&q, &kt, &v, causal, None)?.to_f32_vec()?;
+                    // Check two query rows of the first head against the reference.
+                    let (rq, rk, rv) = (
+                        to_dtype(&qv[..sl * d], dt),
+                        to_dtype(&kv[..sl * d], dt),
+                        to_dtype(&vv[..sl * d], dt),
+                    );
+                    let mut pairs = Vec::new();
+                    for &i in &[0, sl - 1] {
+                        let qi = &rq[i * d..(i + 1) * d];
+                        // A causal query sees keys 0..=i; otherwise all of them.
+                        let nk = if causal { i + 1 } else { sl };
+                        let want = wgrad::reference::attention(
+                            qi,
+                            &rk[..nk * d],
+                            &rv[..nk * d],
+                            1,
+                            1,
+                            nk,
+                            d,
+                            false,
+                            1.0 / (d as f64).sqrt(),
+                        );
+                        pairs.extend((0..d).map(|t| (o[i * d + t] as f64, want[t])));
+                    }
+                    let check = max_rel(pairs.into_iter());
+                    let flops = 4.0 * (b * h * sl * sl * d) as f64 * if causal { 0.5 } else { 1.0 };
+                    emit(
+                        rows,
+                        Row {
+                            name: format!("attention fwd{}", if causal { " causal" } else { "" }),
+                            shape: format!("{b}x{h}x{sl}x{d}"),
+                            dtype: dt,
+                            ms,
+                            rate: flops / ms / 1e6,
+                            unit: "GFLOP/s",
+                            check,
+                        },
+                    );
+                }
+                // Forward + backward (recomputing scores), causal.
+                let (qg, kg, vg) = (q.variable(), kt.variable(), v.variable());
+                let dout = Tensor::ones(&dev, &[b, h, sl, d], dt)?;
+                let ms = time(&dev, a.ms, || {
+                    let o = Tensor::attention(&qg, &kg, &vg, true, None)?;
+                    o.backward_with(&dout)?;
+                    qg.zero_grad();
+                    kg.zero_grad();
+                    vg.zero_grad();
+                    Ok(())
+                })?;
+                let flops = 4.0 * (b * h * sl * sl * d) as f64 * 0.5 * 3.5;
+                emit(
+                    rows,
+                    Row {
+                        name: "attention fwd+bwd causal".into(),
+                        shape: format!("{b}x{h}x{sl}x{d}"),
+                        dtype: dt,
+                        ms,
+                        rate: flops / ms / 1e6,
+                        unit: "GFLOP/s",
+                        check: "-".into(),
+                    },
+                );
+                Ok(())
+            });
+        }
+    }
+
+    if a.json {
+        let items: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"name\":\"{}\",\"shape\":\"{}\",\"dtype\":\"{}\",\"ms\":{:.5},\"rate\":{:.2},\"unit\":\"{}\",\"check\":\"{}\"}}",
+                    r.name,
+                    r.shape,
+                    r.dtype,
+                    r.ms,
+                    r.rate,
+                    r.unit,
+                    r.check.replace(['"', '\\', '\n'], "'")
+                )
+            })
+            .collect();
+        println!(
+            "{{\"adapter\":\"{}\",\"backend\":\"{}\",\"rows\":[{}]}}",
+            dev.info().name,
+            dev.info().backend,
+            items.join(",")
+        );
+    } else {
+        println!(
+            "{:<28} {:<26} {:<5} {:>10} {:>12} {:<8} {:>9}",
+            "kernel", "size", "dtype", "ms", "rate", "", "rel.err"
+        );
+        for r in &rows {
+            println!(
+                "{:<28} {:<26} {:<5} {:>10.4} {:>12.1} {:<8} {:>9}",
+                r.name, r.shape, r.dtype, r.ms, r.rate, r.unit, r.check
+            );
+        }
+        println!("\n{}", dev.memory_report());
+    }
+    Ok(())
+}
