@@ -306,7 +306,7 @@ fn main() -> Result<()> {
                 }));
                 let cfg = match choose(&dev, dt, m, n, k) {
                     Config::CoopDirect => "matmul (tensor cores)".to_string(),
-                Config::Coop => "matmul (tensor cores, staged)".to_string(),
+                    Config::Coop => "matmul (tensor cores, staged)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
                 };
                 emit(

@@ -113,7 +113,10 @@ impl DeviceOptions {
                 Some("full") => ShaderChecks::Full,
                 Some("none") => ShaderChecks::None,
                 Some(other) => {
-                    return Err(Error::invalid("WGRAD_SHADER_CHECKS", format!("{other:?} is not full, fast or none")));
+                    return Err(Error::invalid(
+                        "WGRAD_SHADER_CHECKS",
+                        format!("{other:?} is not full, fast or none"),
+                    ));
                 }
             },
             disable_f16: has("f16"),
@@ -758,7 +761,11 @@ impl Device {
         });
         let checks = match self.inner.shader_checks {
             ShaderChecks::Full => wgpu::ShaderRuntimeChecks::checked(),
-            ShaderChecks::Fast => wgpu::ShaderRuntimeChecks { force_loop_bounding: false, int_div_checks: false, ..wgpu::ShaderRuntimeChecks::checked() },
+            ShaderChecks::Fast => wgpu::ShaderRuntimeChecks {
+                force_loop_bounding: false,
+                int_div_checks: false,
+                ..wgpu::ShaderRuntimeChecks::checked()
+            },
             ShaderChecks::None => wgpu::ShaderRuntimeChecks::unchecked(),
         };
         // SAFETY: wgrad's shaders have no unbounded loops (every trip count comes from sizes
@@ -766,7 +773,10 @@ impl Device {
         // with `Fast` and `Full` wgpu still bounds-checks every buffer access.
         let module = unsafe {
             dev.create_shader_module_trusted(
-                wgpu::ShaderModuleDescriptor { label: Some(key), source: wgpu::ShaderSource::Wgsl(src.into()) },
+                wgpu::ShaderModuleDescriptor {
+                    label: Some(key),
+                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                },
                 checks,
             )
         };

@@ -186,6 +186,36 @@ impl Tensor {
         Tensor::random(dev, shape, dtype, Dist::Normal(mean, std))
     }
 
+    /// Overwrites the elements with `data` (same count and dtype). The upload is ordered after
+    /// every command already queued, so kernels queued earlier still see the old values.
+    pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DType {
+                op: "copy_from_slice",
+                expected: self.dtype(),
+                got: T::DTYPE,
+            });
+        }
+        self.write_bytes(bytemuck::cast_slice(data))
+    }
+
+    /// Overwrites the elements with raw little-endian bytes of the tensor's dtype.
+    pub(crate) fn write_bytes(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() as u64 != self.nbytes() {
+            return Err(Error::shape(
+                "write",
+                format!(
+                    "{} bytes for a tensor of {} bytes ({:?}, {})",
+                    bytes.len(),
+                    self.nbytes(),
+                    self.shape(),
+                    self.dtype()
+                ),
+            ));
+        }
+        self.device().upload(&self.0.storage, 0, bytes)
+    }
+
     // ----- reading -----
 
     /// The elements, row-major. `T` must match the dtype. Submits queued work and waits.

@@ -134,9 +134,9 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
     // Float views (`ldf_x`, `stf_x`) exist for every binding, so one kernel body can convert
     // between any two dtypes (cast); for float storage they are the plain accessors.
     if d.dtype != DType::U32 {
-        let _ = writeln!(s, "fn ldf_{n}(i: u32) -> f32 {{ return ld_{n}(i); }}");
+        let _ = writeln!(s, "fn ldf_{n}(i_: u32) -> f32 {{ return ld_{n}(i_); }}");
         if d.write {
-            let _ = writeln!(s, "fn stf_{n}(i: u32, v: f32) {{ st_{n}(i, v); }}");
+            let _ = writeln!(s, "fn stf_{n}(i_: u32, v_: f32) {{ st_{n}(i_, v_); }}");
         }
     }
     let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
@@ -144,21 +144,21 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
         (DType::F32, _) => {
             let _ = writeln!(
                 s,
-                "{at}: array<f32>;\nfn ld_{n}(i: u32) -> f32 {{ return {n}[i]; }}"
+                "{at}: array<f32>;\nfn ld_{n}(i_: u32) -> f32 {{ return {n}[i_]; }}"
             );
             if d.write {
-                let _ = writeln!(s, "fn st_{n}(i: u32, v: f32) {{ {n}[i] = v; }}");
+                let _ = writeln!(s, "fn st_{n}(i_: u32, v_: f32) {{ {n}[i_] = v_; }}");
             }
         }
         (DType::U32, _) => {
             let _ = writeln!(
                 s,
-                "{at}: array<u32>;\nfn ld_{n}(i: u32) -> u32 {{ return {n}[i]; }}\nfn ldf_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}"
+                "{at}: array<u32>;\nfn ld_{n}(i_: u32) -> u32 {{ return {n}[i_]; }}\nfn ldf_{n}(i_: u32) -> f32 {{ return f32({n}[i_]); }}"
             );
             if d.write {
                 let _ = writeln!(
                     s,
-                    "fn st_{n}(i: u32, v: u32) {{ {n}[i] = v; }}\nfn stf_{n}(i: u32, v: f32) {{ {n}[i] = u32(max(v, 0.0)); }}"
+                    "fn st_{n}(i_: u32, v_: u32) {{ {n}[i_] = v_; }}\nfn stf_{n}(i_: u32, v_: f32) {{ {n}[i_] = u32(max(v_, 0.0)); }}"
                 );
             }
             return;
@@ -166,16 +166,16 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
         (DType::F16, F16Mode::Native) => {
             let _ = writeln!(
                 s,
-                "{at}: array<f16>;\nfn ld_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}"
+                "{at}: array<f16>;\nfn ld_{n}(i_: u32) -> f32 {{ return f32({n}[i_]); }}"
             );
             if d.write {
-                let _ = writeln!(s, "fn st_{n}(i: u32, v: f32) {{ {n}[i] = f16(v); }}");
+                let _ = writeln!(s, "fn st_{n}(i_: u32, v_: f32) {{ {n}[i_] = f16(v_); }}");
             }
         }
         (DType::F16, F16Mode::Packed) if !d.write => {
             let _ = writeln!(
                 s,
-                "{at}: array<u32>;\nfn ld_{n}(i: u32) -> f32 {{ return unpack2x16float({n}[i >> 1u])[i & 1u]; }}"
+                "{at}: array<u32>;\nfn ld_{n}(i_: u32) -> f32 {{ return unpack2x16float({n}[i_ >> 1u])[i_ & 1u]; }}"
             );
         }
         (DType::F16, F16Mode::Packed) => {
@@ -184,13 +184,13 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
             let _ = writeln!(
                 s,
                 "{at}: array<atomic<u32>>;
-fn ld_{n}(i: u32) -> f32 {{ return unpack2x16float(atomicLoad(&{n}[i >> 1u]))[i & 1u]; }}
-fn st_{n}(i: u32, v: f32) {{
-  var h = pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
-  if (v != v) {{ h = 0x7e00u; }} else if (abs(v) >= 65520.0) {{ h = select(0x7c00u, 0xfc00u, v < 0.0); }}
-  let sh = (i & 1u) * 16u;
-  atomicAnd(&{n}[i >> 1u], ~(0xffffu << sh));
-  atomicOr(&{n}[i >> 1u], h << sh);
+fn ld_{n}(i_: u32) -> f32 {{ return unpack2x16float(atomicLoad(&{n}[i_ >> 1u]))[i_ & 1u]; }}
+fn st_{n}(i_: u32, v_: f32) {{
+  var h = pack2x16float(vec2<f32>(v_, 0.0)) & 0xffffu;
+  if (v_ != v_) {{ h = 0x7e00u; }} else if (abs(v_) >= 65520.0) {{ h = select(0x7c00u, 0xfc00u, v_ < 0.0); }}
+  let sh = (i_ & 1u) * 16u;
+  atomicAnd(&{n}[i_ >> 1u], ~(0xffffu << sh));
+  atomicOr(&{n}[i_ >> 1u], h << sh);
 }}"
             );
         }

@@ -132,7 +132,9 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     ];
     // The direct kernel loads whole 16 x 16 tiles without bounds checks: every operand offset
     // must also sit on an 8-element boundary (16 bytes), which cooperative loads assume.
-    let aligned = [g.offsets.0, g.offsets.1, g.a_bs, g.b_bs].iter().all(|v| v % 8 == 0);
+    let aligned = [g.offsets.0, g.offsets.1, g.a_bs, g.b_bs]
+        .iter()
+        .all(|v| v % 8 == 0);
     let mut config = choose(dev, g.dtype, g.m, g.n, g.k);
     if config == Config::CoopDirect && !aligned {
         config = Config::Coop;
@@ -152,7 +154,11 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
                 ],
                 params: &params,
                 args: &args,
-                groups: [g.n.div_ceil(128) as u32, g.m.div_ceil(128) as u32, g.batch as u32],
+                groups: [
+                    g.n.div_ceil(128) as u32,
+                    g.m.div_ceil(128) as u32,
+                    g.batch as u32,
+                ],
             },
         ),
         Config::Coop => launch(

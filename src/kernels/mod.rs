@@ -18,6 +18,7 @@ pub(crate) mod fill;
 pub(crate) mod loss;
 pub mod matmul;
 pub(crate) mod norm;
+pub(crate) mod optim;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
 
@@ -55,6 +56,8 @@ pub enum Kernel {
     Loss,
     /// Embedding gather and scatter-add.
     Embedding,
+    /// Fused optimizer updates (SGD, Adam, AdamW) and gradient sums of squares.
+    Optim,
 }
 
 impl Kernel {
@@ -72,6 +75,7 @@ impl Kernel {
         Kernel::Norm,
         Kernel::Loss,
         Kernel::Embedding,
+        Kernel::Optim,
     ];
 
     /// The family's WGSL source.
@@ -89,6 +93,7 @@ impl Kernel {
             Kernel::Norm => include_str!("../../shaders/norm.wgsl"),
             Kernel::Loss => include_str!("../../shaders/loss.wgsl"),
             Kernel::Embedding => include_str!("../../shaders/embedding.wgsl"),
+            Kernel::Optim => include_str!("../../shaders/optim.wgsl"),
         }
     }
 
@@ -242,7 +247,9 @@ fn check_signature(l: &Launch<'_>) -> Result<()> {
     if !sig.wgs.contains(&l.wg) {
         return bad(format!("uses workgroup size {} not in {:?}", l.wg, sig.wgs));
     }
-    let same_names = |c: &[(&str, u32)]| c.len() == l.consts.len() && c.iter().zip(l.consts).all(|(a, b)| a.0 == b.0);
+    let same_names = |c: &[(&str, u32)]| {
+        c.len() == l.consts.len() && c.iter().zip(l.consts).all(|(a, b)| a.0 == b.0)
+    };
     let exact = sig.consts.iter().any(|c| *c == l.consts);
     let shape_consts = l.kernel == Kernel::MatmulCoop && sig.consts.iter().any(|c| same_names(c));
     if !exact && !shape_consts {

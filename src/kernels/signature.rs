@@ -175,7 +175,12 @@ pub const TABLE: &[Sig] = &[
     sig!(
         MatmulCoop,
         "direct",
-        [("a", Data, R), ("b", Data, R), ("bias", Data, R), ("c", Data, W)],
+        [
+            ("a", Data, R),
+            ("b", Data, R),
+            ("bias", Data, R),
+            ("c", Data, W)
+        ],
         WG256,
         COOP_DIRECT
     ),
@@ -322,6 +327,28 @@ pub const TABLE: &[Sig] = &[
         "scatter_cols",
         [("idx", U32, R), ("dy", Data, R), ("dw", Data, W)]
     ),
+    sig!(
+        Optim,
+        "sgd",
+        [
+            ("g", Data, R),
+            ("w", Data, W),
+            ("master", F32, W),
+            ("buf", F32, W)
+        ]
+    ),
+    sig!(
+        Optim,
+        "adam",
+        [
+            ("g", Data, R),
+            ("w", Data, W),
+            ("master", F32, W),
+            ("m", F32, W),
+            ("v", F32, W)
+        ]
+    ),
+    sig!(Optim, "sumsq", [("x", Data, R), ("partial", F32, W)]),
 ];
 
 /// The signature of one entry point.

@@ -1,0 +1,140 @@
+//! Multi-head self-attention on the fused attention kernel, and a pre-norm transformer block.
+
+use super::layers::{Activation, Dropout};
+use super::linear::Linear;
+use super::module::{Module, prefixed};
+use super::norm::LayerNorm;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Self-attention over [batch, seq, dim]: one fused QKV projection, the flash-style attention
+/// kernel (scores never stored), an output projection.
+pub struct MultiHeadAttention {
+    /// [3 dim, dim] QKV projection.
+    pub qkv: Linear,
+    /// [dim, dim] output projection.
+    pub out: Linear,
+    /// Number of heads (dim must divide evenly).
+    pub heads: usize,
+    /// Mask future positions.
+    pub causal: bool,
+}
+
+impl MultiHeadAttention {
+    /// `heads` heads over `dim` features.
+    pub fn new(
+        dev: &Device,
+        dim: usize,
+        heads: usize,
+        causal: bool,
+        dtype: DType,
+    ) -> Result<MultiHeadAttention> {
+        if heads == 0 || dim % heads != 0 {
+            return Err(Error::invalid(
+                "MultiHeadAttention",
+                format!("{dim} features do not split into {heads} heads"),
+            ));
+        }
+        Ok(MultiHeadAttention {
+            qkv: Linear::new(dev, dim, 3 * dim, true, dtype)?,
+            out: Linear::new(dev, dim, dim, true, dtype)?,
+            heads,
+            causal,
+        })
+    }
+}
+
+impl Module for MultiHeadAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 3 {
+            return Err(Error::shape(
+                "MultiHeadAttention",
+                format!("input {:?} must be [batch, seq, dim]", x.shape()),
+            ));
+        }
+        let (b, s, e) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let (h, d) = (self.heads, e / self.heads);
+        // [B, S, 3E] -> [3, B, H, S, D]: one permute, then three slices.
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape(&[b, s, 3, h, d])?
+            .permute(&[2, 0, 3, 1, 4])?;
+        let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape(&[b, h, s, d]);
+        let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
+        let o = Tensor::attention(&q, &k, &v, self.causal, None)?;
+        let o = o.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
+        self.out.forward(&o)
+    }
+
+    fn params(&self) -> Vec<(String, Tensor)> {
+        let mut v = prefixed("qkv", self.qkv.params());
+        v.extend(prefixed("out", self.out.params()));
+        v
+    }
+}
+
+/// Pre-norm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))` with a 4x GELU MLP.
+pub struct TransformerBlock {
+    /// First norm.
+    pub ln1: LayerNorm,
+    /// Attention.
+    pub attn: MultiHeadAttention,
+    /// Second norm.
+    pub ln2: LayerNorm,
+    /// MLP expansion.
+    pub fc1: Linear,
+    /// MLP projection.
+    pub fc2: Linear,
+    /// Dropout on both residual branches.
+    pub drop: Dropout,
+}
+
+impl TransformerBlock {
+    /// A block of width `dim` with `heads` heads.
+    pub fn new(
+        dev: &Device,
+        dim: usize,
+        heads: usize,
+        causal: bool,
+        dropout: f32,
+        dtype: DType,
+    ) -> Result<TransformerBlock> {
+        Ok(TransformerBlock {
+            ln1: LayerNorm::new(dev, dim, dtype)?,
+            attn: MultiHeadAttention::new(dev, dim, heads, causal, dtype)?,
+            ln2: LayerNorm::new(dev, dim, dtype)?,
+            fc1: Linear::new(dev, dim, 4 * dim, true, dtype)?,
+            fc2: Linear::new(dev, 4 * dim, dim, true, dtype)?,
+            drop: Dropout::new(dropout),
+        })
+    }
+}
+
+impl Module for TransformerBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let a = self
+            .drop
+            .forward(&self.attn.forward(&self.ln1.forward(x)?)?)?;
+        let x = x.add(&a)?;
+        let m = self
+            .fc2
+            .forward(&Activation::Gelu.forward(&self.fc1.forward(&self.ln2.forward(&x)?)?)?)?;
+        x.add(&self.drop.forward(&m)?)
+    }
+
+    fn params(&self) -> Vec<(String, Tensor)> {
+        let mut v = prefixed("ln1", self.ln1.params());
+        v.extend(prefixed("attn", self.attn.params()));
+        v.extend(prefixed("ln2", self.ln2.params()));
+        v.extend(prefixed("fc1", self.fc1.params()));
+        v.extend(prefixed("fc2", self.fc2.params()));
+        v
+    }
+
+    fn train(&self, on: bool) {
+        self.drop.train(on);
+    }
+}

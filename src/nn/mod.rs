@@ -1,0 +1,22 @@
+//! Layers, composition, initialisation and weight files.
+//!
+//! A layer is a [`Module`]: `forward` plus its named parameters. Parameters are variables
+//! (tensors whose gradients accumulate); an optimizer built from `module.params()` updates
+//! them in place, so the module sees the new weights without any hand-off.
+
+mod attention;
+mod conv;
+pub mod init;
+mod layers;
+mod linear;
+mod module;
+mod norm;
+mod safetensors;
+
+pub use attention::{MultiHeadAttention, TransformerBlock};
+pub use conv::Conv2d;
+pub use layers::{Activation, AvgPool2d, Dropout, Embedding, Flatten, MaxPool2d};
+pub use linear::Linear;
+pub use module::{Module, Sequential};
+pub use norm::{LayerNorm, RmsNorm};
+pub use safetensors::{load, load_into, save};

@@ -1,0 +1,154 @@
+//! Named weights in the safetensors format, so they move to and from PyTorch, candle and Burn.
+
+use super::module::Module;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use std::borrow::Cow;
+use std::path::Path;
+
+struct Host {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &Host {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::U32 => Dtype::U32,
+    }
+}
+
+fn our_dtype(path: &Path, name: &str, d: Dtype) -> Result<DType> {
+    Ok(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::U32 => DType::U32,
+        other => {
+            return Err(Error::format(
+                path.display().to_string(),
+                format!("tensor {name}: dtype {other:?} is not f32, f16 or u32"),
+            ));
+        }
+    })
+}
+
+fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(match t.dtype() {
+        DType::F32 => bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec(),
+        DType::F16 => bytemuck::cast_slice(&t.to_vec::<half::f16>()?).to_vec(),
+        DType::U32 => bytemuck::cast_slice(&t.to_vec::<u32>()?).to_vec(),
+    })
+}
+
+/// Writes named tensors to a safetensors file.
+pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
+    let path = path.as_ref();
+    let host: Vec<(String, Host)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            Ok((
+                n.clone(),
+                Host {
+                    dtype: st_dtype(t.dtype()),
+                    shape: t.shape().to_vec(),
+                    data: host_bytes(t)?,
+                },
+            ))
+        })
+        .collect::<Result<_>>()?;
+    safetensors::serialize_to_file(host.iter().map(|(n, h)| (n.as_str(), h)), None, path)
+        .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
+}
+
+fn open(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the map is read-only and dropped before this function's callers return; a file
+    // truncated underneath us would fault, as with any mapped read (documented in load()).
+    Ok(unsafe { memmap2::Mmap::map(&file)? })
+}
+
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
+}
+
+/// Reads every tensor of a safetensors file onto `dev` (f32, f16 and u32 tensors). The file is
+/// memory-mapped, so it is not copied into a buffer first.
+pub fn load(dev: &Device, path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
+    let path = path.as_ref();
+    let map = open(path)?;
+    let st = parse(path, &map)?;
+    let mut names: Vec<&str> = st.names();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let v = st
+                .tensor(name)
+                .map_err(|e| Error::format(path.display().to_string(), e.to_string()))?;
+            let dt = our_dtype(path, name, v.dtype())?;
+            let t = Tensor::uninit(dev, v.shape(), dt)?;
+            t.write_bytes(v.data())?;
+            Ok((name.to_string(), t))
+        })
+        .collect()
+}
+
+/// Copies weights from a safetensors file into a module's parameters, by name. A tensor the
+/// module has but the file lacks, or one of another shape or dtype, is an error naming it;
+/// nothing is written unless every parameter matches.
+pub fn load_into(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let map = open(path)?;
+    let st = parse(path, &map)?;
+    let params = module.params();
+    let file = path.display().to_string();
+    let mut views = Vec::with_capacity(params.len());
+    for (name, p) in &params {
+        let v = st
+            .tensor(name)
+            .map_err(|_| Error::format(file.clone(), format!("tensor {name} is missing")))?;
+        if v.shape() != p.shape() {
+            return Err(Error::format(
+                file.clone(),
+                format!(
+                    "tensor {name} has shape {:?}, the model expects {:?}",
+                    v.shape(),
+                    p.shape()
+                ),
+            ));
+        }
+        let dt = our_dtype(path, name, v.dtype())?;
+        if dt != p.dtype() {
+            return Err(Error::format(
+                file.clone(),
+                format!("tensor {name} is {dt}, the model expects {}", p.dtype()),
+            ));
+        }
+        views.push(v);
+    }
+    for ((_, p), v) in params.iter().zip(views) {
+        p.write_bytes(v.data())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! Stochastic gradient descent with momentum, Nesterov momentum and weight decay.
+
+use super::{Optimizer, Slotted, named};
+use crate::error::Result;
+use crate::kernels::optim::Rule;
+use crate::tensor::Tensor;
+
+/// SGD: `b = momentum * b + g + wd * w; w -= lr * (nesterov ? g + momentum * b : b)`.
+pub struct Sgd {
+    slots: Vec<Slotted>,
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+    nesterov: bool,
+}
+
+impl Sgd {
+    /// SGD over named parameters (variables).
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        lr: f32,
+        momentum: f32,
+        weight_decay: f32,
+        nesterov: bool,
+    ) -> Result<Sgd> {
+        let n_state = if momentum > 0.0 { 1 } else { 0 };
+        Ok(Sgd {
+            slots: named(params, n_state)?,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov,
+        })
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step_scaled(&mut self, gmul: f32) -> Result<()> {
+        for s in &self.slots {
+            s.update(
+                Rule::Sgd {
+                    momentum: self.momentum,
+                    nesterov: self.nesterov,
+                },
+                self.lr,
+                self.weight_decay,
+                gmul,
+            )?;
+        }
+        Ok(())
+    }
+    fn zero_grad(&self) {
+        self.slots.iter().for_each(|s| s.p.zero_grad());
+    }
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+    fn params(&self) -> Vec<(String, Tensor)> {
+        self.slots
+            .iter()
+            .map(|s| (s.name.clone(), s.p.clone()))
+            .collect()
+    }
+}

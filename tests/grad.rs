@@ -1,0 +1,839 @@
+//! Every differentiable op's gradient against central finite differences of an f64 CPU
+//! version of the op, on small random shapes; optimizer steps against CPU steps; memory
+//! release during backward.
+
+mod common;
+
+use common::*;
+use wgrad::kernels::matmul::Act;
+use wgrad::ops::{Conv2dOpts, MatmulOpts};
+use wgrad::optim::{Adam, Optimizer, Sgd};
+use wgrad::reference as cpu;
+use wgrad::{DType, Device, Tensor};
+
+type Gpu<'a> = &'a dyn Fn(&[Tensor]) -> wgrad::Result<Tensor>;
+type Cpu<'a> = &'a dyn Fn(&[Vec<f64>]) -> Vec<f64>;
+
+/// Checks d(sum(w * f(x)))/dx for random upstream weights w against central differences of
+/// the f64 CPU version (step 1e-5). Inputs flagged false are constants.
+fn check(
+    dev: &Device,
+    name: &str,
+    inputs: &[(Vec<f32>, Vec<usize>, bool)],
+    gpu: Gpu<'_>,
+    cpu_f: Cpu<'_>,
+) {
+    let ts: Vec<Tensor> = inputs
+        .iter()
+        .map(|(v, s, g)| {
+            let t = Tensor::from_slice(dev, v, s).unwrap();
+            if *g { t.variable() } else { t }
+        })
+        .collect();
+    let y = gpu(&ts).unwrap();
+    // Upstream weights from a generator of the check's own, seeded by its name.
+    let mut rng = Rng::new(
+        name.bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)),
+    );
+    let w = rng.vec(y.numel());
+    let loss = y
+        .mul(&Tensor::from_slice(dev, &w, y.shape()).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    loss.backward().unwrap();
+    let xs: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|(v, _, _)| v.iter().map(|&x| x as f64).collect())
+        .collect();
+    let objective =
+        |xs: &[Vec<f64>]| -> f64 { cpu_f(xs).iter().zip(&w).map(|(a, b)| a * *b as f64).sum() };
+    assert!(
+        (objective(&xs) - loss.to_scalar().unwrap() as f64).abs()
+            < 1e-3 * (1.0 + objective(&xs).abs()),
+        "{name}: forward differs from the CPU version"
+    );
+    for (i, (_, _, needs)) in inputs.iter().enumerate() {
+        if !*needs {
+            continue;
+        }
+        let g = ts[i]
+            .grad()
+            .unwrap_or_else(|| panic!("{name}: input {i} got no gradient"))
+            .to_f32_vec()
+            .unwrap();
+        let h = 1e-5;
+        let mut num = Vec::with_capacity(g.len());
+        for j in 0..xs[i].len() {
+            let mut p = xs.to_vec();
+            p[i][j] += h;
+            let up = objective(&p);
+            p[i][j] -= 2.0 * h;
+            let down = objective(&p);
+            num.push((up - down) / (2.0 * h));
+        }
+        assert_close_tol(&g, &num, (2e-3, 1e-2), &format!("{name}: d/d input {i}"));
+    }
+}
+
+fn v(rng: &mut Rng, n: usize) -> Vec<f32> {
+    rng.vec(n)
+}
+
+/// Values in [0.2, 1.2) (positive domain for log, sqrt, recip, pow).
+fn pos(rng: &mut Rng, n: usize) -> Vec<f32> {
+    rng.vec(n).into_iter().map(|x| x.abs() + 0.2).collect()
+}
+
+/// Values at least 0.05 away from zero (non-smooth points of relu, abs).
+fn away(rng: &mut Rng, n: usize) -> Vec<f32> {
+    rng.vec(n)
+        .into_iter()
+        .map(|x| {
+            if x.abs() < 0.05 {
+                x + 0.1_f32.copysign(x)
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+fn sig(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[test]
+fn unary_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(30);
+    type U = (
+        &'static str,
+        fn(&Tensor) -> wgrad::Result<Tensor>,
+        fn(f64) -> f64,
+        u8,
+    );
+    let ops: [U; 19] = [
+        ("neg", |t| t.neg(), |x| -x, 0),
+        ("exp", |t| t.exp(), f64::exp, 0),
+        ("log", |t| t.log(), f64::ln, 1),
+        ("sqrt", |t| t.sqrt(), f64::sqrt, 1),
+        ("relu", |t| t.relu(), |x| x.max(0.0), 2),
+        ("gelu", |t| t.gelu(), cpu::gelu, 0),
+        ("tanh", |t| t.tanh(), f64::tanh, 0),
+        ("sigmoid", |t| t.sigmoid(), sig, 0),
+        ("silu", |t| t.silu(), |x| x * sig(x), 0),
+        ("abs", |t| t.abs(), f64::abs, 2),
+        ("square", |t| t.square(), |x| x * x, 0),
+        ("recip", |t| t.recip(), |x| 1.0 / x, 1),
+        ("add_scalar", |t| t.add_scalar(0.3), |x| x + 0.3, 0),
+        ("mul_scalar", |t| t.mul_scalar(-2.0), |x| -2.0 * x, 0),
+        ("pow_scalar", |t| t.pow_scalar(2.5), |x| x.powf(2.5), 1),
+        ("rsub_scalar", |t| t.rsub_scalar(1.0), |x| 1.0 - x, 0),
+        ("affine", |t| t.affine(0.5, 2.0), |x| 0.5 * x + 2.0, 0),
+        ("clamp", |t| t.clamp(-0.5, 0.5), |x| x.clamp(-0.5, 0.5), 3),
+        (
+            "maximum_scalar",
+            |t| t.maximum_scalar(0.25),
+            |x| x.max(0.25),
+            3,
+        ),
+    ];
+    for (name, g, c, domain) in ops {
+        let n = 17;
+        let x = match domain {
+            1 => pos(&mut rng, n),
+            2 => away(&mut rng, n),
+            // keep clear of the clamp bounds
+            _ => rng
+                .vec(n)
+                .into_iter()
+                .map(|x| {
+                    if (x.abs() - 0.5).abs() < 0.05 || (x - 0.25).abs() < 0.05 {
+                        x * 0.5
+                    } else {
+                        x
+                    }
+                })
+                .collect(),
+        };
+        check(&dev, name, &[(x, vec![n], true)], &|t| g(&t[0]), &|x| {
+            x[0].iter().map(|&v| c(v)).collect()
+        });
+    }
+}
+
+#[test]
+fn binary_gradients_with_broadcast() {
+    let dev = device();
+    let mut rng = Rng::new(31);
+    type B = (
+        &'static str,
+        fn(&Tensor, &Tensor) -> wgrad::Result<Tensor>,
+        fn(f64, f64) -> f64,
+    );
+    let ops: [B; 7] = [
+        ("add", |a, b| a.add(b), |a, b| a + b),
+        ("sub", |a, b| a.sub(b), |a, b| a - b),
+        ("mul", |a, b| a.mul(b), |a, b| a * b),
+        ("div", |a, b| a.div(b), |a, b| a / b),
+        ("maximum", |a, b| a.maximum(b), f64::max),
+        ("minimum", |a, b| a.minimum(b), f64::min),
+        ("pow", |a, b| a.pow(b), f64::powf),
+    ];
+    for (name, g, c) in ops {
+        for (sa, sb) in [
+            (vec![3, 4], vec![3, 4]),
+            (vec![3, 4], vec![4]),
+            (vec![2, 1, 3], vec![4, 1]),
+        ] {
+            let na: usize = sa.iter().product();
+            let nb: usize = sb.iter().product();
+            let a = pos(&mut rng, na);
+            let b = pos(&mut rng, nb);
+            let out = wgrad::ops::elementwise::broadcast_shape("t", &sa, &sb).unwrap();
+            let (sa2, sb2, out2) = (sa.clone(), sb.clone(), out.clone());
+            check(
+                &dev,
+                &format!("{name} {sa:?} {sb:?}"),
+                &[(a, sa.clone(), true), (b, sb.clone(), true)],
+                &|t| g(&t[0], &t[1]),
+                &move |x| bcast(&x[0], &sa2, &x[1], &sb2, &out2, c),
+            );
+        }
+    }
+}
+
+fn bcast(
+    a: &[f64],
+    sa: &[usize],
+    b: &[f64],
+    sb: &[usize],
+    out: &[usize],
+    op: fn(f64, f64) -> f64,
+) -> Vec<f64> {
+    let n: usize = out.iter().product();
+    let idx = |flat: usize, s: &[usize]| -> usize {
+        let mut rem = flat;
+        let mut c = vec![0; out.len()];
+        for k in (0..out.len()).rev() {
+            c[k] = rem % out[k];
+            rem /= out[k];
+        }
+        let off = out.len() - s.len();
+        s.iter().enumerate().fold(0, |acc, (k, &d)| {
+            acc * d + if d == 1 { 0 } else { c[off + k] }
+        })
+    };
+    (0..n).map(|i| op(a[idx(i, sa)], b[idx(i, sb)])).collect()
+}
+
+#[test]
+fn select_reduce_layout_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(32);
+    let c: Vec<f32> = (0..12).map(|i| (i % 3 == 0) as u8 as f32).collect();
+    let c2 = c.clone();
+    check(
+        &dev,
+        "where",
+        &[
+            (c.clone(), vec![3, 4], false),
+            (v(&mut rng, 12), vec![3, 4], true),
+            (v(&mut rng, 4), vec![4], true),
+        ],
+        &|t| Tensor::where_cond(&t[0], &t[1], &t[2]),
+        &move |x| {
+            (0..12)
+                .map(|i| if c2[i] != 0.0 { x[1][i] } else { x[2][i % 4] })
+                .collect()
+        },
+    );
+    let shape = vec![3, 5, 4];
+    for axis in 0..3 {
+        let (o, l, inn) = (
+            shape[..axis].iter().product::<usize>(),
+            shape[axis],
+            shape[axis + 1..].iter().product::<usize>(),
+        );
+        check(
+            &dev,
+            "sum",
+            &[(v(&mut rng, 60), shape.clone(), true)],
+            &|t| t[0].sum(axis as isize, false),
+            &move |x| cpu::reduce(&x[0], o, l, inn, false),
+        );
+        check(
+            &dev,
+            "mean",
+            &[(v(&mut rng, 60), shape.clone(), true)],
+            &|t| t[0].mean(axis as isize, true),
+            &move |x| {
+                cpu::reduce(&x[0], o, l, inn, false)
+                    .into_iter()
+                    .map(|s| s / l as f64)
+                    .collect()
+            },
+        );
+        check(
+            &dev,
+            "max",
+            &[(v(&mut rng, 60), shape.clone(), true)],
+            &|t| t[0].max(axis as isize, false),
+            &move |x| cpu::reduce(&x[0], o, l, inn, true),
+        );
+    }
+    check(
+        &dev,
+        "reshape+sum_all",
+        &[(v(&mut rng, 12), vec![3, 4], true)],
+        &|t| t[0].reshape(&[2, 6])?.square()?.sum_all(),
+        &|x| vec![x[0].iter().map(|v| v * v).sum()],
+    );
+    check(
+        &dev,
+        "permute",
+        &[(v(&mut rng, 24), vec![2, 3, 4], true)],
+        &|t| t[0].permute(&[2, 0, 1]),
+        &|x| {
+            let mut out = Vec::new();
+            for a in 0..4 {
+                for b in 0..2 {
+                    for c in 0..3 {
+                        out.push(x[0][(b * 3 + c) * 4 + a]);
+                    }
+                }
+            }
+            out
+        },
+    );
+    check(
+        &dev,
+        "broadcast_to",
+        &[(v(&mut rng, 3), vec![3, 1], true)],
+        &|t| t[0].broadcast_to(&[2, 3, 4]),
+        &|x| (0..24).map(|i| x[0][(i / 4) % 3]).collect(),
+    );
+    check(
+        &dev,
+        "narrow",
+        &[(v(&mut rng, 20), vec![4, 5], true)],
+        &|t| t[0].narrow(1, 1, 3),
+        &|x| {
+            (0..4)
+                .flat_map(|r| x[0][r * 5 + 1..r * 5 + 4].to_vec())
+                .collect()
+        },
+    );
+    check(
+        &dev,
+        "cat",
+        &[
+            (v(&mut rng, 6), vec![2, 3], true),
+            (v(&mut rng, 4), vec![2, 2], true),
+        ],
+        &|t| Tensor::cat(&[&t[0], &t[1]], 1),
+        &|x| {
+            (0..2)
+                .flat_map(|r| {
+                    x[0][r * 3..r * 3 + 3]
+                        .iter()
+                        .chain(&x[1][r * 2..r * 2 + 2])
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        },
+    );
+}
+
+#[test]
+fn matmul_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(33);
+    let (m, n, k) = (5, 7, 3);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let sa = if ta { vec![k, m] } else { vec![m, k] };
+        let sb = if tb { vec![n, k] } else { vec![k, n] };
+        check(
+            &dev,
+            &format!("matmul ta={ta} tb={tb} +bias relu"),
+            &[
+                (away(&mut rng, m * k), sa, true),
+                (v(&mut rng, k * n), sb, true),
+                (v(&mut rng, n), vec![n], true),
+            ],
+            &move |t| {
+                t[0].matmul_with(
+                    &t[1],
+                    MatmulOpts {
+                        trans_a: ta,
+                        trans_b: tb,
+                        bias: Some(&t[2]),
+                        act: Some(Act::Relu),
+                    },
+                )
+            },
+            &move |x| cpu::matmul(&x[0], &x[1], Some(&x[2]), m, n, k, ta, tb, 1),
+        );
+    }
+    check(
+        &dev,
+        "matmul gelu (unfused when recording)",
+        &[
+            (v(&mut rng, 12), vec![3, 4], true),
+            (v(&mut rng, 8), vec![4, 2], true),
+        ],
+        &|t| {
+            t[0].matmul_with(
+                &t[1],
+                MatmulOpts {
+                    act: Some(Act::Gelu),
+                    ..Default::default()
+                },
+            )
+        },
+        &|x| cpu::matmul(&x[0], &x[1], None, 3, 2, 4, false, false, 2),
+    );
+    // Batched with B broadcast over the batch.
+    check(
+        &dev,
+        "batched matmul",
+        &[
+            (v(&mut rng, 2 * 3 * 4), vec![2, 3, 4], true),
+            (v(&mut rng, 4 * 5), vec![4, 5], true),
+        ],
+        &|t| t[0].matmul(&t[1]),
+        &|x| {
+            (0..2)
+                .flat_map(|b| {
+                    cpu::matmul(
+                        &x[0][b * 12..(b + 1) * 12],
+                        &x[1],
+                        None,
+                        3,
+                        5,
+                        4,
+                        false,
+                        false,
+                        0,
+                    )
+                })
+                .collect()
+        },
+    );
+}
+
+#[test]
+fn conv_and_pool_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(34);
+    for (n, c, h, w, o, k, stride, pad, groups) in [
+        (2, 2, 5, 6, 3, (3, 3), (1, 1), (1, 1), 1),
+        (1, 4, 7, 5, 2, (3, 2), (2, 1), (0, 1), 2),
+    ] {
+        let win = cpu::Window {
+            n,
+            c,
+            h,
+            w,
+            k,
+            stride,
+            pad,
+            dil: (1, 1),
+        };
+        let opts = Conv2dOpts {
+            stride,
+            padding: pad,
+            dilation: (1, 1),
+            groups,
+        };
+        check(
+            &dev,
+            &format!("conv2d groups={groups}"),
+            &[
+                (v(&mut rng, n * c * h * w), vec![n, c, h, w], true),
+                (
+                    v(&mut rng, o * c / groups * k.0 * k.1),
+                    vec![o, c / groups, k.0, k.1],
+                    true,
+                ),
+                (v(&mut rng, o), vec![o], true),
+            ],
+            &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
+            &move |x| cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups),
+        );
+    }
+    let win = cpu::Window {
+        n: 2,
+        c: 2,
+        h: 6,
+        w: 5,
+        k: (2, 2),
+        stride: (2, 1),
+        pad: (0, 1),
+        dil: (1, 1),
+    };
+    // Distinct values so each window has one maximum.
+    let x: Vec<f32> = (0..120)
+        .map(|i| ((i * 37) % 120) as f32 / 120.0 - 0.5)
+        .collect();
+    check(
+        &dev,
+        "max_pool2d",
+        &[(x, vec![2, 2, 6, 5], true)],
+        &|t| t[0].max_pool2d((2, 2), (2, 1), (0, 1)),
+        &move |x| cpu::pool2d(&x[0], &win, true),
+    );
+    check(
+        &dev,
+        "avg_pool2d",
+        &[(v(&mut rng, 120), vec![2, 2, 6, 5], true)],
+        &|t| t[0].avg_pool2d((2, 2), (2, 1), (0, 1)),
+        &move |x| cpu::pool2d(&x[0], &win, false),
+    );
+}
+
+#[test]
+fn softmax_norm_loss_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(35);
+    check(
+        &dev,
+        "softmax",
+        &[(v(&mut rng, 15), vec![3, 5], true)],
+        &|t| t[0].softmax(),
+        &|x| cpu::softmax(&x[0], 3, 5, false),
+    );
+    check(
+        &dev,
+        "log_softmax",
+        &[(v(&mut rng, 15), vec![3, 5], true)],
+        &|t| t[0].log_softmax(),
+        &|x| cpu::softmax(&x[0], 3, 5, true),
+    );
+    check(
+        &dev,
+        "layer_norm",
+        &[
+            (v(&mut rng, 18), vec![3, 6], true),
+            (v(&mut rng, 6), vec![6], true),
+            (v(&mut rng, 6), vec![6], true),
+        ],
+        &|t| t[0].layer_norm(&t[1], &t[2], 1e-5),
+        &|x| cpu::norm(&x[0], &x[1], Some(&x[2]), 3, 6, 1e-5),
+    );
+    check(
+        &dev,
+        "rms_norm",
+        &[
+            (v(&mut rng, 18), vec![3, 6], true),
+            (v(&mut rng, 6), vec![6], true),
+        ],
+        &|t| t[0].rms_norm(&t[1], 1e-5),
+        &|x| cpu::norm(&x[0], &x[1], None, 3, 6, 1e-5),
+    );
+    let labels = [2u32, 0, 4, 1];
+    let l = Tensor::from_slice(&dev, &labels, &[4]).unwrap();
+    check(
+        &dev,
+        "cross_entropy",
+        &[(v(&mut rng, 20), vec![4, 5], true)],
+        &|t| t[0].cross_entropy(&l),
+        &move |x| vec![cpu::cross_entropy(&x[0], &labels, 4, 5).iter().sum::<f64>() / 4.0],
+    );
+    check(
+        &dev,
+        "mse",
+        &[
+            (v(&mut rng, 6), vec![2, 3], true),
+            (v(&mut rng, 6), vec![2, 3], true),
+        ],
+        &|t| t[0].mse_loss(&t[1]),
+        &|x| {
+            vec![
+                x[0].iter()
+                    .zip(&x[1])
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum::<f64>()
+                    / 6.0,
+            ]
+        },
+    );
+}
+
+#[test]
+fn attention_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(36);
+    for (bh, s, d, causal) in [(2, 3, 4, false), (1, 5, 8, true), (2, 17, 4, true)] {
+        let n = bh * s * d;
+        check(
+            &dev,
+            &format!("attention s={s} d={d} causal={causal}"),
+            &[
+                (v(&mut rng, n), vec![bh, s, d], true),
+                (v(&mut rng, n), vec![bh, s, d], true),
+                (v(&mut rng, n), vec![bh, s, d], true),
+            ],
+            &move |t| Tensor::attention(&t[0], &t[1], &t[2], causal, None),
+            &move |x| {
+                cpu::attention(
+                    &x[0],
+                    &x[1],
+                    &x[2],
+                    bh,
+                    s,
+                    s,
+                    d,
+                    causal,
+                    1.0 / (d as f64).sqrt(),
+                )
+            },
+        );
+    }
+}
+
+#[test]
+fn embedding_dropout_cast_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(37);
+    let idx = [3u32, 0, 3, 1, 4];
+    let it = Tensor::from_slice(&dev, &idx, &[5]).unwrap();
+    check(
+        &dev,
+        "embedding (repeated rows accumulate)",
+        &[(v(&mut rng, 15), vec![5, 3], true)],
+        &|t| t[0].embedding(&it),
+        &move |x| {
+            idx.iter()
+                .flat_map(|&i| x[0][i as usize * 3..i as usize * 3 + 3].to_vec())
+                .collect()
+        },
+    );
+    // Dropout: the gradient is the mask times 1/(1-p), the same mask as the forward pass.
+    let x = Tensor::from_slice(&dev, &pos(&mut rng, 1000), &[1000])
+        .unwrap()
+        .variable();
+    let y = x.dropout(0.4).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    let (yv, xv, g) = (
+        y.to_vec::<f32>().unwrap(),
+        x.to_vec::<f32>().unwrap(),
+        x.grad().unwrap().to_vec::<f32>().unwrap(),
+    );
+    for i in 0..1000 {
+        assert!(
+            (g[i] - yv[i] / xv[i]).abs() < 1e-4,
+            "dropout grad at {i}: {} vs {}",
+            g[i],
+            yv[i] / xv[i]
+        );
+    }
+    // Cast to f16 and back: the gradient passes through (rounded to f16 on the way).
+    let x = Tensor::from_slice(&dev, &v(&mut rng, 17), &[17])
+        .unwrap()
+        .variable();
+    let w = v(&mut rng, 17);
+    let y = x
+        .to_dtype(DType::F16)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    y.mul(&Tensor::from_slice(&dev, &w, &[17]).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_close(
+        &x.grad().unwrap().to_vec::<f32>().unwrap(),
+        &rounded(&w, DType::F16),
+        DType::F16,
+        "cast gradient",
+    );
+}
+
+#[test]
+fn gradients_accumulate_and_graph_is_consumed() {
+    let dev = device();
+    let x = Tensor::from_slice(&dev, &[1.0f32, 2.0, 3.0], &[3])
+        .unwrap()
+        .variable();
+    for _ in 0..2 {
+        x.square().unwrap().sum_all().unwrap().backward().unwrap();
+    }
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f32>().unwrap(),
+        vec![4.0, 8.0, 12.0]
+    );
+    let y = x.exp().unwrap().sum_all().unwrap();
+    y.backward().unwrap();
+    assert!(
+        y.backward().is_err(),
+        "a second backward through a consumed graph is an error"
+    );
+    // no_grad records nothing.
+    let z = wgrad::no_grad(|| x.square().unwrap());
+    assert!(!z.requires_grad());
+    assert!(
+        x.detach()
+            .square()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .is_err()
+    );
+}
+
+/// The backward pass releases each activation once its gradient is computed: the peak during
+/// backward stays within the activations already held plus the parameter gradients plus one
+/// layer's worth of temporaries, instead of doubling.
+#[test]
+fn backward_frees_activations() {
+    let dev = device_with(|o| o.no_cache = false);
+    let (batch, width, layers) = (512, 64, 8);
+    let ws: Vec<Tensor> = (0..layers)
+        .map(|_| {
+            Tensor::randn(&dev, &[width, width], 0.0, 0.1, DType::F32)
+                .unwrap()
+                .variable()
+        })
+        .collect();
+    let x = dev.randn(&[batch, width], DType::F32).unwrap();
+    let mut h = x.clone();
+    for w in &ws {
+        h = h.matmul(w).unwrap().relu().unwrap();
+    }
+    let loss = h.mean_all().unwrap();
+    dev.sync().unwrap();
+    let before = dev.memory_stats().allocated;
+    dev.reset_peak();
+    loss.backward().unwrap();
+    drop(loss);
+    drop(h);
+    dev.sync().unwrap();
+    let s = dev.memory_stats();
+    let act = (batch * width * 4) as u64;
+    let param_grads = (layers * width * width * 4) as u64;
+    let rise = s.peak_allocated - before;
+    assert!(
+        rise <= param_grads + 4 * act,
+        "backward peak rose by {rise} B: more than parameter grads ({param_grads}) + 4 activations ({act} each)"
+    );
+    // Everything but the inputs, weights and their gradients is gone afterwards.
+    let kept = (layers * width * width * 4 * 2 + batch * width * 4) as u64;
+    assert!(
+        s.allocated <= kept + 4096,
+        "{} B still allocated after backward (expected about {kept})",
+        s.allocated
+    );
+}
+
+fn sgd_cpu(w: &mut [f64], g: &[f64], buf: &mut [f64], lr: f64, mom: f64, wd: f64, nesterov: bool) {
+    for i in 0..w.len() {
+        let gi = g[i] + wd * w[i];
+        buf[i] = mom * buf[i] + gi;
+        let d = if nesterov { gi + mom * buf[i] } else { buf[i] };
+        w[i] -= lr * d;
+    }
+}
+
+#[test]
+fn optimizers_match_cpu_steps() {
+    let dev = device();
+    let mut rng = Rng::new(38);
+    let n = 37;
+    for (nesterov, wd) in [(false, 0.0), (true, 0.01)] {
+        let w0 = v(&mut rng, n);
+        let p = Tensor::from_slice(&dev, &w0, &[n]).unwrap().variable();
+        let mut opt = Sgd::new(vec![("p".into(), p.clone())], 0.1, 0.9, wd, nesterov).unwrap();
+        let (mut w, mut buf): (Vec<f64>, Vec<f64>) =
+            (w0.iter().map(|&x| x as f64).collect(), vec![0.0; n]);
+        for _ in 0..3 {
+            let g = v(&mut rng, n);
+            p.set_grad(Some(Tensor::from_slice(&dev, &g, &[n]).unwrap()));
+            opt.step().unwrap();
+            sgd_cpu(
+                &mut w,
+                &g.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+                &mut buf,
+                0.1,
+                0.9,
+                wd as f64,
+                nesterov,
+            );
+        }
+        assert_close(
+            &p.to_vec::<f32>().unwrap(),
+            &w,
+            DType::F32,
+            &format!("sgd nesterov={nesterov} wd={wd}"),
+        );
+    }
+    for (decoupled, wd) in [(false, 0.0), (false, 0.05), (true, 0.05)] {
+        let w0 = v(&mut rng, n);
+        let p = Tensor::from_slice(&dev, &w0, &[n]).unwrap().variable();
+        let mut opt = if decoupled {
+            Adam::adamw(vec![("p".into(), p.clone())], 0.01, wd).unwrap()
+        } else {
+            Adam::with(
+                vec![("p".into(), p.clone())],
+                0.01,
+                (0.9, 0.999),
+                1e-8,
+                wd,
+                false,
+            )
+            .unwrap()
+        };
+        let mut w: Vec<f64> = w0.iter().map(|&x| x as f64).collect();
+        let (mut m, mut vv) = (vec![0.0f64; n], vec![0.0f64; n]);
+        for t in 1..=3 {
+            let g = v(&mut rng, n);
+            p.set_grad(Some(Tensor::from_slice(&dev, &g, &[n]).unwrap()));
+            opt.step().unwrap();
+            for i in 0..n {
+                let mut gi = g[i] as f64;
+                if decoupled {
+                    w[i] -= 0.01 * wd as f64 * w[i];
+                } else {
+                    gi += wd as f64 * w[i];
+                }
+                m[i] = 0.9 * m[i] + 0.1 * gi;
+                vv[i] = 0.999 * vv[i] + 0.001 * gi * gi;
+                let mh = m[i] / (1.0 - 0.9f64.powi(t));
+                let vh = vv[i] / (1.0 - 0.999f64.powi(t));
+                w[i] -= 0.01 * mh / (vh.sqrt() + 1e-8);
+            }
+        }
+        assert_close(
+            &p.to_vec::<f32>().unwrap(),
+            &w,
+            DType::F32,
+            &format!("adam decoupled={decoupled} wd={wd}"),
+        );
+    }
+}
+
+#[test]
+fn f16_parameters_keep_f32_master_weights() {
+    let dev = device();
+    let w0 = [1.0f32, -2.0, 0.5];
+    let p = Tensor::from_f32(&dev, &w0, &[3], DType::F16)
+        .unwrap()
+        .variable();
+    let mut opt = Sgd::new(vec![("p".into(), p.clone())], 1e-4, 0.0, 0.0, false).unwrap();
+    // 1e-4 steps are below f16 resolution at 1.0 (about 1e-3): only an f32 master keeps them.
+    for _ in 0..20 {
+        p.set_grad(Some(
+            Tensor::from_f32(&dev, &[1.0, 1.0, 1.0], &[3], DType::F16).unwrap(),
+        ));
+        opt.step().unwrap();
+    }
+    let got = p.to_f32_vec().unwrap();
+    assert!((got[0] - (1.0 - 20.0 * 1e-4)).abs() < 1e-3, "{got:?}");
+    assert!(got[0] < 1.0, "updates were lost to f16 rounding: {got:?}");
+}
