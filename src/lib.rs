@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;

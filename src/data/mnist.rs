@@ -1,0 +1,89 @@
+//! MNIST in its IDX format (optionally gzip'd), as published by LeCun, Cortes and Burges.
+
+use super::dataset::InMemory;
+use crate::error::{Error, Result};
+use std::io::Read;
+use std::path::Path;
+
+/// Reads a whole file, inflating it when it starts with the gzip magic.
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path)?;
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .map_err(|e| Error::format(path.display().to_string(), format!("gzip: {e}")))?;
+        Ok(out)
+    } else {
+        Ok(raw)
+    }
+}
+
+fn be_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Images from an IDX3 file: (pixels, count, rows, cols).
+pub fn read_images(path: &Path) -> Result<(Vec<u8>, usize, usize, usize)> {
+    let b = read_maybe_gz(path)?;
+    let bad = |why: String| Error::format(path.display().to_string(), why);
+    if b.len() < 16 || be_u32(&b, 0) != 2051 {
+        return Err(bad("not an IDX image file (magic 2051)".into()));
+    }
+    let (n, r, c) = (
+        be_u32(&b, 4) as usize,
+        be_u32(&b, 8) as usize,
+        be_u32(&b, 12) as usize,
+    );
+    if b.len() != 16 + n * r * c {
+        return Err(bad(format!("{} bytes for {n} images of {r}x{c}", b.len())));
+    }
+    Ok((b[16..].to_vec(), n, r, c))
+}
+
+/// Labels from an IDX1 file.
+pub fn read_labels(path: &Path) -> Result<Vec<u8>> {
+    let b = read_maybe_gz(path)?;
+    let bad = |why: String| Error::format(path.display().to_string(), why);
+    if b.len() < 8 || be_u32(&b, 0) != 2049 {
+        return Err(bad("not an IDX label file (magic 2049)".into()));
+    }
+    let n = be_u32(&b, 4) as usize;
+    if b.len() != 8 + n {
+        return Err(bad(format!("{} bytes for {n} labels", b.len())));
+    }
+    Ok(b[8..].to_vec())
+}
+
+/// Finds `stem` or `stem.gz` in `dir`.
+fn find(dir: &Path, stem: &str) -> Option<std::path::PathBuf> {
+    [dir.join(format!("{stem}.gz")), dir.join(stem)]
+        .into_iter()
+        .find(|p| p.exists())
+}
+
+/// One split as an in-memory dataset of [1, rows, cols] f32 images scaled to [0, 1].
+pub fn load(dir: &Path, prefix: &str) -> Result<InMemory<f32>> {
+    let img = find(dir, &format!("{prefix}-images-idx3-ubyte")).ok_or_else(|| {
+        Error::format(
+            dir.display().to_string(),
+            format!("no {prefix}-images-idx3-ubyte(.gz) here"),
+        )
+    })?;
+    let lab = find(dir, &format!("{prefix}-labels-idx1-ubyte")).ok_or_else(|| {
+        Error::format(
+            dir.display().to_string(),
+            format!("no {prefix}-labels-idx1-ubyte(.gz) here"),
+        )
+    })?;
+    let (pixels, n, r, c) = read_images(&img)?;
+    let labels = read_labels(&lab)?;
+    if labels.len() != n {
+        return Err(Error::format(
+            lab.display().to_string(),
+            format!("{} labels for {n} images", labels.len()),
+        ));
+    }
+    let x: Vec<f32> = pixels.iter().map(|&p| p as f32 / 255.0).collect();
+    InMemory::new(x, labels.into_iter().map(u32::from).collect(), &[1, r, c])
+}

@@ -1,0 +1,183 @@
+//! Layers, composition and weight files.
+
+mod common;
+
+use common::*;
+use wgrad::nn::{Linear, Module, MultiHeadAttention, Sequential, TransformerBlock};
+use wgrad::{DType, Error, Tensor};
+
+#[test]
+fn linear_matches_reference_over_leading_dims() {
+    let dev = device();
+    let mut rng = Rng::new(50);
+    let lin = Linear::new(&dev, 5, 3, true, DType::F32).unwrap();
+    let x = rng.vec(2 * 4 * 5);
+    let y = lin
+        .forward(&Tensor::from_slice(&dev, &x, &[2, 4, 5]).unwrap())
+        .unwrap();
+    assert_eq!(y.shape(), &[2, 4, 3]);
+    let w: Vec<f64> = lin
+        .weight
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    let b: Vec<f64> = lin
+        .bias
+        .as_ref()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    let want = wgrad::reference::matmul(
+        &rounded(&x, DType::F32),
+        &w,
+        Some(&b),
+        8,
+        3,
+        5,
+        false,
+        true,
+        0,
+    );
+    assert_close(&y.to_vec::<f32>().unwrap(), &want, DType::F32, "linear");
+    let names: Vec<String> = Sequential::new()
+        .add("a", lin)
+        .params()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, vec!["a.weight", "a.bias"]);
+}
+
+#[test]
+fn attention_layer_equals_its_composition() {
+    let dev = device();
+    let mut rng = Rng::new(51);
+    let (b, s, e, h) = (2, 7, 16, 4);
+    let mha = MultiHeadAttention::new(&dev, e, h, true, DType::F32).unwrap();
+    let x = Tensor::from_slice(&dev, &rng.vec(b * s * e), &[b, s, e]).unwrap();
+    let got = mha.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    // The same with explicit per-head scores and a causal mask.
+    let qkv = mha.qkv.forward(&x).unwrap();
+    let d = e / h;
+    let head = |which: usize| {
+        qkv.narrow(2, which * e, e)
+            .unwrap()
+            .reshape(&[b, s, h, d])
+            .unwrap()
+            .permute(&[0, 2, 1, 3])
+            .unwrap()
+    };
+    let (q, k, v) = (head(0), head(1), head(2));
+    let scores = q
+        .matmul(&k.transpose(-1, -2).unwrap())
+        .unwrap()
+        .mul_scalar(1.0 / (d as f32).sqrt())
+        .unwrap();
+    let mask: Vec<f32> = (0..s * s)
+        .map(|i| if i % s > i / s { -1e9 } else { 0.0 })
+        .collect();
+    let p = scores
+        .add(&Tensor::from_slice(&dev, &mask, &[s, s]).unwrap())
+        .unwrap()
+        .softmax()
+        .unwrap();
+    let o = p
+        .matmul(&v)
+        .unwrap()
+        .permute(&[0, 2, 1, 3])
+        .unwrap()
+        .reshape(&[b, s, e])
+        .unwrap();
+    let want: Vec<f64> = mha
+        .out
+        .forward(&o)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    assert_close_tol(&got, &want, (1e-5, 1e-4), "MultiHeadAttention");
+}
+
+#[test]
+fn transformer_block_trains() {
+    let dev = device();
+    dev.manual_seed(3);
+    let block = TransformerBlock::new(&dev, 32, 4, true, 0.0, DType::F32).unwrap();
+    let x = dev.randn(&[2, 9, 32], DType::F32).unwrap();
+    let target = dev.randn(&[2, 9, 32], DType::F32).unwrap();
+    let mut opt = wgrad::optim::Adam::new(block.params(), 1e-2).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        use wgrad::optim::Optimizer;
+        let loss = block.forward(&x).unwrap().mse_loss(&target).unwrap();
+        losses.push(loss.to_scalar().unwrap());
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        opt.zero_grad();
+    }
+    assert!(
+        losses[29] < 0.5 * losses[0],
+        "loss did not fall: {losses:?}"
+    );
+}
+
+#[test]
+fn safetensors_round_trip_and_errors() {
+    let dev = device();
+    let dir = std::env::temp_dir().join(format!("wgrad-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.safetensors");
+    let net = Sequential::new()
+        .add("l1", Linear::new(&dev, 4, 3, true, DType::F32).unwrap())
+        .add("l2", Linear::new(&dev, 3, 2, false, DType::F16).unwrap());
+    wgrad::nn::save(&path, &net.params()).unwrap();
+    let loaded: std::collections::HashMap<String, Tensor> =
+        wgrad::nn::load(&dev, &path).unwrap().into_iter().collect();
+    assert_eq!(loaded.len(), 3);
+    for (name, a) in net.params() {
+        let b = &loaded[&name];
+        assert_eq!((a.shape(), a.dtype()), (b.shape(), b.dtype()));
+        assert_eq!(a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
+    }
+    // Into a fresh network of the same shape: identical weights afterwards.
+    let fresh = Sequential::new()
+        .add("l1", Linear::new(&dev, 4, 3, true, DType::F32).unwrap())
+        .add("l2", Linear::new(&dev, 3, 2, false, DType::F16).unwrap());
+    wgrad::nn::load_into(&fresh, &path).unwrap();
+    for ((_, a), (_, b)) in net.params().iter().zip(fresh.params()) {
+        assert_eq!(a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
+    }
+    // Missing tensor, wrong shape, wrong dtype: errors that name the tensor.
+    let bigger = Sequential::new()
+        .add("l1", Linear::new(&dev, 4, 3, true, DType::F32).unwrap())
+        .add("l3", Linear::new(&dev, 3, 2, false, DType::F16).unwrap());
+    let e = wgrad::nn::load_into(&bigger, &path).unwrap_err();
+    assert!(
+        matches!(e, Error::Format { .. })
+            && e.to_string().contains("l3.weight")
+            && e.to_string().contains("missing"),
+        "{e}"
+    );
+    let wide = Sequential::new().add("l1", Linear::new(&dev, 5, 3, true, DType::F32).unwrap());
+    let e = wgrad::nn::load_into(&wide, &path).unwrap_err();
+    assert!(
+        e.to_string().contains("l1.weight") && e.to_string().contains("[3, 4]"),
+        "{e}"
+    );
+    let half = Sequential::new().add("l1", Linear::new(&dev, 4, 3, true, DType::F16).unwrap());
+    let e = wgrad::nn::load_into(&half, &path).unwrap_err();
+    assert!(
+        e.to_string().contains("l1.weight") && e.to_string().contains("f32"),
+        "{e}"
+    );
+    std::fs::write(dir.join("junk.safetensors"), b"not a safetensors file").unwrap();
+    assert!(wgrad::nn::load(&dev, dir.join("junk.safetensors")).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}
