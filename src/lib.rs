@@ -14,6 +14,7 @@ pub mod optim;
 pub mod reference;
 mod stream;
 pub mod tensor;
+pub mod train;
 
 pub use autograd::no_grad;
 pub use device::{Device, DeviceOptions, MemoryLimit, Readback, ShaderChecks};

@@ -253,9 +253,4 @@ impl Stream {
             .map_err(|e| Error::DeviceLost(e.to_string()))?;
         Ok(Some(idx))
     }
-
-    /// The most recent submission.
-    pub(crate) fn last_submission(&self) -> Option<wgpu::SubmissionIndex> {
-        self.last.clone()
-    }
 }

@@ -179,5 +179,9 @@ pub(super) fn grads(op: &Op, out: &Tensor, g: Tensor) -> Result<Vec<(Tensor, Ten
         }
         Op::Embedding { w, idx } => vec![(w.clone(), embedding::embedding_grad(w, idx, &g)?)],
         Op::Dropout { x, p, seed } => vec![(x.clone(), embedding::dropout_grad(&g, *p, *seed)?)],
+        Op::Checkpoint { x, segment, seed } => vec![(
+            x.clone(),
+            super::checkpoint::checkpoint_grad(x, segment, *seed, &g)?,
+        )],
     })
 }

@@ -10,8 +10,10 @@
 //! Autograd only calls tensor ops; it never touches wgpu.
 
 mod backward;
+mod checkpoint;
 mod op;
 
+pub use checkpoint::{Segment, checkpoint};
 pub use op::Op;
 
 use crate::error::{Error, Result};

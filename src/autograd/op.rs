@@ -104,6 +104,13 @@ pub enum Op {
     Embedding { w: Tensor, idx: Tensor },
     /// Dropout with the seed of its mask.
     Dropout { x: Tensor, p: f32, seed: u64 },
+    /// A checkpointed segment: recomputed from `x` during backward, with the random seed
+    /// counter rewound to `seed`.
+    Checkpoint {
+        x: Tensor,
+        segment: super::Segment,
+        seed: u64,
+    },
 }
 
 impl Op {
@@ -122,7 +129,8 @@ impl Op {
             | Op::AvgPool { x, .. }
             | Op::Softmax { x, .. }
             | Op::CrossEntropy { x, .. }
-            | Op::Dropout { x, .. } => vec![x],
+            | Op::Dropout { x, .. }
+            | Op::Checkpoint { x, .. } => vec![x],
             Op::Embedding { w, .. } => vec![w],
             Op::Binary { x, y, .. } | Op::Select { x, y, .. } => vec![x, y],
             Op::Cat { xs, .. } => xs.iter().collect(),

@@ -18,9 +18,11 @@
 pub mod arena;
 pub(crate) mod staging;
 mod stats;
+mod timeline;
 mod trace;
 
 pub use stats::{MemoryReport, MemoryStats};
+pub use timeline::timeline_svg;
 pub use trace::{Event, EventKind};
 
 use crate::error::{Error, Result, fmt_bytes};
@@ -127,11 +129,6 @@ impl MemoryPool {
 
     fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
-    }
-
-    /// The largest block the pool can hand out.
-    pub(crate) fn max_block(&self) -> u64 {
-        self.lock().arena.config().max_page
     }
 
     /// A block of at least `requested` bytes.

@@ -5,6 +5,7 @@
 //! them in place, so the module sees the new weights without any hand-off.
 
 mod attention;
+mod checkpointed;
 mod conv;
 pub mod init;
 mod layers;
@@ -14,6 +15,7 @@ mod norm;
 mod safetensors;
 
 pub use attention::{MultiHeadAttention, TransformerBlock};
+pub use checkpointed::Checkpointed;
 pub use conv::Conv2d;
 pub use layers::{Activation, AvgPool2d, Dropout, Embedding, Flatten, MaxPool2d};
 pub use linear::Linear;

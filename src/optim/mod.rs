@@ -2,10 +2,12 @@
 //! learning-rate schedules, and gradient-norm utilities.
 
 mod adam;
+mod scaler;
 mod schedule;
 mod sgd;
 
 pub use adam::Adam;
+pub use scaler::{GradScaler, NonFinite, StepReport, guarded_step};
 pub use schedule::LrSchedule;
 pub use sgd::Sgd;
 
