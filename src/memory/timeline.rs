@@ -1,5 +1,10 @@
 //! The memory trace drawn as an SVG timeline: allocated and reserved bytes over time, with
 //! the named scopes (forward, backward, optimizer step...) as coloured bands underneath.
+//!
+//! Time is host time: a tensor is allocated when an op is recorded and returned when its last
+//! handle drops, which is usually before the device has run the queued work (safe, because
+//! the stream orders every later use of the block after it). A scope that syncs at its end
+//! (`Device::track`) stretches to cover the device's work.
 
 use super::trace::{Event, EventKind};
 use crate::error::fmt_bytes;
@@ -8,20 +13,16 @@ use std::fmt::Write;
 const W: f64 = 1000.0;
 const H: f64 = 360.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 20.0;
+const RIGHT: f64 = 40.0;
 const TOP: f64 = 40.0;
 const PLOT_H: f64 = 240.0;
 const BAND_Y: f64 = TOP + PLOT_H + 12.0;
 const BAND_H: f64 = 18.0;
 
-fn colour(name: &str) -> String {
-    // A stable hue per scope name.
-    let h = name
-        .bytes()
-        .fold(2166136261u32, |a, b| (a ^ b as u32).wrapping_mul(16777619))
-        % 360;
-    format!("hsl({h},60%,62%)")
-}
+/// Distinct colours for scope names, in order of first appearance.
+const PALETTE: [&str; 8] = [
+    "#8e6bd6", "#d9c94a", "#4fb37c", "#e07a7a", "#5aa9d6", "#c98a3b", "#9a9a9a", "#d66ba8",
+];
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -117,6 +118,13 @@ pub fn timeline_svg(events: &[Event], title: &str) -> String {
     let mut depth = 0usize;
     let mut open: Option<(u64, String)> = None;
     let mut names: Vec<String> = Vec::new();
+    let colour = |names: &mut Vec<String>, n: &str| -> &'static str {
+        let i = names.iter().position(|m| m == n).unwrap_or_else(|| {
+            names.push(n.to_string());
+            names.len() - 1
+        });
+        PALETTE[i % PALETTE.len()]
+    };
     for e in events {
         match e.kind {
             EventKind::ScopeBegin => {
@@ -130,16 +138,13 @@ pub fn timeline_svg(events: &[Event], title: &str) -> String {
                 if depth == 0 {
                     if let Some((ts, name)) = open.take() {
                         let (x0, x1) = (x(ts), x(e.t_us).max(x(ts) + 0.5));
+                        let c = colour(&mut names, &name);
                         let _ = write!(
                             s,
-                            r#"<rect x="{x0:.1}" y="{BAND_Y}" width="{:.1}" height="{BAND_H}" fill="{}"><title>{}</title></rect>"#,
+                            r#"<rect x="{x0:.1}" y="{BAND_Y}" width="{:.1}" height="{BAND_H}" fill="{c}"><title>{}</title></rect>"#,
                             x1 - x0,
-                            colour(&name),
                             esc(&name)
                         );
-                        if !names.contains(&name) {
-                            names.push(name);
-                        }
                     }
                 }
             }
@@ -158,11 +163,11 @@ pub fn timeline_svg(events: &[Event], title: &str) -> String {
         LEFT + 90.0,
         LEFT + 106.0
     );
-    for n in names.iter().take(8) {
+    for (i, n) in names.iter().enumerate().take(PALETTE.len()) {
         let _ = write!(
             s,
             r#"<rect x="{lx:.1}" y="26" width="12" height="8" fill="{}"/><text x="{:.1}" y="34">{}</text>"#,
-            colour(n),
+            PALETTE[i],
             lx + 16.0,
             esc(n)
         );

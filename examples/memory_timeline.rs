@@ -1,0 +1,108 @@
+//! Draws where the memory goes in MNIST training: allocated and reserved bytes over a few
+//! steps, with the forward, backward and optimizer phases as bands, as an SVG.
+//!
+//! ```text
+//! cargo run --release --example memory_timeline -- [--steps 6] [--batch-size 64] [--out docs/memory_timeline.svg]
+//! ```
+
+use std::path::PathBuf;
+use wgrad::data::{DataLoader, LoaderOptions};
+use wgrad::nn::{Activation, Conv2d, Flatten, Linear, MaxPool2d, Module, Sequential};
+use wgrad::ops::Conv2dOpts;
+use wgrad::optim::{Adam, Optimizer};
+use wgrad::{DType, Device, Result};
+
+fn main() -> Result<()> {
+    let (mut steps, mut batch, mut out) =
+        (6usize, 64usize, PathBuf::from("docs/memory_timeline.svg"));
+    let mut it = std::env::args().skip(1);
+    while let Some(f) = it.next() {
+        let v = it.next().unwrap_or_else(|| panic!("{f} needs a value"));
+        match f.as_str() {
+            "--steps" => steps = v.parse().expect("--steps N"),
+            "--batch-size" => batch = v.parse().expect("--batch-size N"),
+            "--out" => out = PathBuf::from(v),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    let dev = Device::new()?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let train = wgrad::data::mnist::load(&root, "t10k")?.subset(0..8000)?;
+    let same = Conv2dOpts {
+        padding: (1, 1),
+        ..Default::default()
+    };
+    let net = Sequential::new()
+        .add("conv1", Conv2d::new(&dev, 1, 16, 3, same, DType::F32)?)
+        .add("relu1", Activation::Relu)
+        .add(
+            "pool1",
+            MaxPool2d {
+                k: 2,
+                stride: 2,
+                padding: 0,
+            },
+        )
+        .add("conv2", Conv2d::new(&dev, 16, 32, 3, same, DType::F32)?)
+        .add("relu2", Activation::Relu)
+        .add(
+            "pool2",
+            MaxPool2d {
+                k: 2,
+                stride: 2,
+                padding: 0,
+            },
+        )
+        .add("flatten", Flatten)
+        .add("fc", Linear::new(&dev, 32 * 7 * 7, 10, true, DType::F32)?);
+    let mut opt = Adam::new(net.params(), 1e-3)?;
+    let loader = DataLoader::new(
+        &dev,
+        train,
+        LoaderOptions {
+            batch_size: batch,
+            workers: 1,
+            ..Default::default()
+        },
+    )?;
+
+    dev.sync()?;
+    dev.set_memory_trace(true);
+    for (i, b) in loader.epoch(0).take(steps).enumerate() {
+        let b = b?;
+        // Each phase syncs at its end so the bands line up with the device's work.
+        dev.track(&format!("forward {i}"), || {
+            net.forward(&b.x)?.cross_entropy(&b.y)
+        })
+        .and_then(|(loss, _)| dev.track(&format!("backward {i}"), || loss.backward()))?;
+        dev.track(&format!("step {i}"), || {
+            opt.step()?;
+            opt.zero_grad();
+            Ok(())
+        })?;
+    }
+    dev.set_memory_trace(false);
+    let events = dev.memory_events();
+    // One colour per phase, not per step: strip the step numbers from scope names.
+    let events: Vec<_> = events
+        .into_iter()
+        .map(|mut e| {
+            e.scope = e.scope.map(|s| s.split(' ').next().unwrap_or("").into());
+            e
+        })
+        .collect();
+    let svg = wgrad::memory::timeline_svg(
+        &events,
+        &format!(
+            "MNIST CNN, batch {batch}: memory over {steps} training steps on {}",
+            dev.info().name
+        ),
+    );
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&out, svg)?;
+    println!("{} events -> {}", events.len(), out.display());
+    println!("{}", dev.memory_report());
+    Ok(())
+}
