@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs wgrad's GPU-side checks and benchmarks on a machine with a GPU and no Rust toolchain.
+# Build here first (README, "Numbers on a GPU"), put the binaries (optionally gzip'd) in .gpu/,
+# then run:  benches/gpu_run.sh tests|kernels|training   (logs go to $OUT, default gpu-out/)
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$root/gpu-out}
+mkdir -p "$OUT"
+cd "$root/.gpu"
+for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+chmod +x ./* 2>/dev/null
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+case "${1:-all}" in
+  tests|all)
+    for t in test_*; do
+      timeout 150 "./$t" > "$OUT/tests.tmp" 2>&1
+      echo "$t: rc=$? $(grep -h 'test result' "$OUT/tests.tmp")" | tee -a "$OUT/tests.log"
+      grep -h -A4 'panicked' "$OUT/tests.tmp" | head -12 >> "$OUT/tests.log"
+    done
+    rm -f "$OUT/tests.tmp" ;;&
+  kernels|all)
+    timeout 300 ./bench --json > "$OUT/wgrad.json" 2> "$OUT/bench.log"
+    python3 "$root/benches/torch_compare.py" "$OUT/wgrad.json" > "$OUT/compare.txt" 2>&1
+    cat "$OUT/compare.txt" ;;&
+  training|all)
+    timeout 200 ./train_mnist > "$OUT/mnist.log" 2>&1; grep -E "^epoch|accuracy=" "$OUT/mnist.log"
+    timeout 250 ./memory_bench > "$OUT/memory.log" 2>&1; grep -v -E "^(adapter|driver|memory |features|limits|missing)" "$OUT/memory.log" | tail -22
+    timeout 120 ./loader_bench --batch 512 > "$OUT/loader.log" 2>&1; tail -9 "$OUT/loader.log" ;;
+esac
