@@ -40,7 +40,7 @@ def bench(row):
     name, dt = row["name"], DT[row["dtype"]]
     d = dims(row["shape"])
     r = lambda *s: torch.rand(*s, device=dev, dtype=dt) * 2 - 1
-    if name == "copy":
+    if name.startswith("copy"):
         x, y = r(d[0]), torch.empty(d[0], device=dev, dtype=dt)
         return median_ms(lambda: y.copy_(x))
     if name == "add":

@@ -213,6 +213,19 @@ fn main() -> Result<()> {
                     check: "-".into(),
                 },
             );
+            // The same bytes through a compute kernel (wgpu's buffer copy is not always the
+            // fastest way to move memory on a GPU).
+            let kms = time(&dev, a.ms, || x.copy().map(drop))?;
+            let k = Row {
+                name: "copy (kernel)".into(),
+                shape: format!("{n}"),
+                dtype: dt,
+                ms: kms,
+                rate: bytes / kms / 1e6,
+                unit: "GB/s",
+                check: "-".into(),
+            };
+            emit(rows, k);
 
             let xv = data(n, 1);
             let x = Tensor::from_f32(&dev, &xv, &[n], dt)?;

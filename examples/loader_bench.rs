@@ -183,17 +183,20 @@ fn main() -> Result<()> {
         opt.zero_grad();
         Ok(())
     };
-    // Warm up pipelines.
-    for _ in 0..3 {
-        train_step(&fixed.x, &fixed.y, &mut opt)?;
-    }
-    dev.sync()?;
-    let t = Instant::now();
-    for _ in 0..steps {
-        train_step(&fixed.x, &fixed.y, &mut opt)?;
-    }
-    dev.sync()?;
-    let compute = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let compute_ms = |opt: &mut Adam| -> Result<f64> {
+        for _ in 0..5 {
+            train_step(&fixed.x, &fixed.y, opt)?;
+        }
+        dev.sync()?;
+        let t = Instant::now();
+        for _ in 0..steps {
+            train_step(&fixed.x, &fixed.y, opt)?;
+        }
+        dev.sync()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3 / steps as f64)
+    };
+    let compute_before = compute_ms(&mut opt)?;
+    let compute = compute_before;
 
     let data_ms = |work: usize, steps: usize| -> Result<f64> {
         let t = Instant::now();
@@ -219,8 +222,8 @@ fn main() -> Result<()> {
     if work == usize::MAX {
         // Data time is about linear in the passes: fit two points, aim at the compute time.
         // Enough passes that their cost stands well above timing noise.
-        let (d0, d64) = (data_ms(0, 4)?, data_ms(64, 4)?);
-        let per_pass = ((d64 - d0) / 64.0).max(1e-4);
+        let (d0, d256) = (data_ms(0, 8)?, data_ms(256, 8)?);
+        let per_pass = ((d256 - d0) / 256.0).max(1e-5);
         work = (((compute - d0) / per_pass).max(0.0) as usize).min(5_000);
     }
     let aug = || Augmented {
@@ -256,6 +259,8 @@ fn main() -> Result<()> {
         dev.sync()?;
         step_ms.push(t.elapsed().as_secs_f64() * 1e3 / steps as f64);
     }
+    // Measured again after the loops: the average absorbs clock and cache drift.
+    let compute = (compute_before + compute_ms(&mut opt)?) / 2.0;
     println!("\ntraining step, batch {batch}, host work {work} passes per sample ({steps} steps):");
     println!("  compute only (batch on device)  {compute:>8.2} ms");
     println!("  data only (prepare + upload)    {data:>8.2} ms");
