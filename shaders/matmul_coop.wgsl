@@ -19,14 +19,15 @@
 // so a workgroup barrier (uniform) separates the matrix store from the lanes' reads; subgroup
 // barriers would need wgpu's separate SUBGROUP_BARRIER feature.
 //
-// Entry `direct` is the fast path for aligned shapes (M and N multiples of 128, K of 16, no
-// offsets off an 8-element boundary): it skips workgroup memory for the operands and loads
+// Entry `direct` is the fast path for aligned shapes (M, N and K multiples of 16, no offsets
+// off an 8-element boundary): it skips workgroup memory for the operands and loads
 // each 16 x 16 operand tile straight from the buffer with a cooperative load, letting the
 // caches serve the reuse between subgroups. A cooperative load's stride must be a constant
 // for naga's SPIR-V writer, so the operands' row strides are compile-time constants (SAG, SBG)
 // and a pipeline is built per stride. TA / TB select column-major loads for transposed
-// operands. Without bounds checks on those loads, the host only picks `direct` when every
-// tile is inside the matrices.
+// operands. The loads cannot be bounds-checked per element, so tiles that would cross the
+// edge of C are clamped back inside (see the kernel) and the host only picks `direct` when M,
+// N and K are multiples of 16.
 //
 // Bindings: a, b, bias (read), c (write). Constants: none beyond WG for `main`; SAG, SBG, TA,
 // TB for `direct`. The subgroup index is
@@ -115,8 +116,18 @@ fn main(ids: Ids) {
   let bt = ids.wid.z;
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
-  let r0 = ids.wid.y * BM + (sg / 2u) * 32u;
-  let q0 = ids.wid.x * BN + (sg % 2u) * 64u;
+  // Tile origins, clamped inside the matrix (M and N are multiples of 16): a tile past the
+  // edge is moved back onto the last one, recomputes it and stores the same values again,
+  // instead of reading outside the operands. No branch is involved, so control flow stays
+  // uniform for the cooperative ops.
+  let rb = ids.wid.y * BM + (sg / 2u) * 32u;
+  let qb = ids.wid.x * BN + (sg % 2u) * 64u;
+  let r0 = min(rb, p.m - 16u);
+  let r1 = min(rb + 16u, p.m - 16u);
+  let q0 = min(qb, p.n - 16u);
+  let q1 = min(qb + 16u, p.n - 16u);
+  let q2 = min(qb + 32u, p.n - 16u);
+  let q3 = min(qb + 48u, p.n - 16u);
 
   var c00 = coop_mat16x16<f32, C>();
   var c01 = coop_mat16x16<f32, C>();
@@ -128,11 +139,11 @@ fn main(ids: Ids) {
   var c13 = coop_mat16x16<f32, C>();
   for (var k = 0u; k < p.k; k = k + 16u) {
     let a0 = load_a(a_base, r0, k);
-    let a1 = load_a(a_base, r0 + 16u, k);
+    let a1 = load_a(a_base, r1, k);
     let b0 = load_b(b_base, k, q0);
-    let b1 = load_b(b_base, k, q0 + 16u);
-    let b2 = load_b(b_base, k, q0 + 32u);
-    let b3 = load_b(b_base, k, q0 + 48u);
+    let b1 = load_b(b_base, k, q1);
+    let b2 = load_b(b_base, k, q2);
+    let b3 = load_b(b_base, k, q3);
     c00 = coopMultiplyAdd(a0, b0, c00);
     c01 = coopMultiplyAdd(a0, b1, c01);
     c02 = coopMultiplyAdd(a0, b2, c02);
@@ -144,13 +155,13 @@ fn main(ids: Ids) {
   }
   let c_base = p.c_off + bt * p.m * p.n;
   flush_tile(c00, sg, lane, c_base, r0, q0);
-  flush_tile(c01, sg, lane, c_base, r0, q0 + 16u);
-  flush_tile(c02, sg, lane, c_base, r0, q0 + 32u);
-  flush_tile(c03, sg, lane, c_base, r0, q0 + 48u);
-  flush_tile(c10, sg, lane, c_base, r0 + 16u, q0);
-  flush_tile(c11, sg, lane, c_base, r0 + 16u, q0 + 16u);
-  flush_tile(c12, sg, lane, c_base, r0 + 16u, q0 + 32u);
-  flush_tile(c13, sg, lane, c_base, r0 + 16u, q0 + 48u);
+  flush_tile(c01, sg, lane, c_base, r0, q1);
+  flush_tile(c02, sg, lane, c_base, r0, q2);
+  flush_tile(c03, sg, lane, c_base, r0, q3);
+  flush_tile(c10, sg, lane, c_base, r1, q0);
+  flush_tile(c11, sg, lane, c_base, r1, q1);
+  flush_tile(c12, sg, lane, c_base, r1, q2);
+  flush_tile(c13, sg, lane, c_base, r1, q3);
 }
 
 //! entry main

@@ -371,6 +371,8 @@ fn matmul_shapes() {
         (64, 64, 64),
         (129, 257, 17),
         (256, 128, 1024),
+        // Multiples of 16 but not of the 128-wide tile: clamped edge tiles on tensor cores.
+        (80, 208, 32),
     ];
     for dt in DTYPES {
         for s in sizes {
@@ -573,6 +575,10 @@ fn attention_vs_reference_and_composition() {
             (1, 1, 127, 64),
             (1, 2, 40, 128),
             (1, 1, 9, 200),
+            // Multiples of 16 with d 64 or 128: the tensor-core path where the adapter has one.
+            (1, 2, 64, 64),
+            (1, 1, 48, 128),
+            (2, 2, 80, 64),
         ] {
             for causal in [false, true] {
                 let n = b * h * s * d;

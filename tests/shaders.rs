@@ -53,7 +53,7 @@ fn every_entry_point_validates() {
     ];
     let mut count = 0;
     for sig in TABLE {
-        let coop = sig.kernel == Kernel::MatmulCoop;
+        let coop = matches!(sig.kernel, Kernel::MatmulCoop | Kernel::AttentionCoop);
         for t in targets {
             // The tensor-core kernel needs native f16 and subgroups; the host never builds it otherwise.
             if coop && !(t.f16 == F16Mode::Native && t.subgroups) {

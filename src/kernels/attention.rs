@@ -68,19 +68,46 @@ fn check(dev: &Device, a: &Dims) -> Result<()> {
     Ok(())
 }
 
+/// Whether the forward pass runs on cooperative matrices (see attention_coop.wgsl).
+pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: usize) -> bool {
+    let c = dev.caps();
+    dtype == DType::F16
+        && c.coop_matrix_16
+        && c.f16
+        && c.subgroups
+        && c.subgroup_min == 32
+        && c.subgroup_max == 32
+        && (d == 64 || d == 128)
+        && sq % 16 == 0
+        && skv % 16 == 0
+        && sq >= 16
+}
+
 /// o = attention(q, k, v), lse (f32 [bh, sq]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward(
-    dev: &Device,
-    a: &Dims,
-    q: &Block,
-    k: &Block,
-    v: &Block,
-    o: &Block,
-    lse: &Block,
-    dtype: DType,
-) -> Result<()> {
+pub(crate) fn forward(dev: &Device, a: &Dims, q: &Block, k: &Block, v: &Block, o: &Block, lse: &Block, dtype: DType) -> Result<()> {
     check(dev, a)?;
+    let args = [
+        Arg::read("q", q, dtype),
+        Arg::read("k", k, dtype),
+        Arg::read("v", v, dtype),
+        Arg::write("o", o, dtype),
+        Arg::write("lse", lse, DType::F32),
+    ];
+    if uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
+        return launch(
+            dev,
+            &Launch {
+                kernel: Kernel::AttentionCoop,
+                entry: "fwd",
+                wg: 128,
+                consts: &[("DMAX", a.d as u32)],
+                params: &a.params(),
+                args: &args,
+                groups: [a.sq.div_ceil(64) as u32, a.bh as u32, 1],
+            },
+        );
+    }
     let (dmax, br, bc, _, _) = config(a.d)?;
     launch(
         dev,
@@ -90,13 +117,7 @@ pub(crate) fn forward(
             wg: WG,
             consts: &[("BR", br), ("BC", bc), ("DMAX", dmax)],
             params: &a.params(),
-            args: &[
-                Arg::read("q", q, dtype),
-                Arg::read("k", k, dtype),
-                Arg::read("v", v, dtype),
-                Arg::write("o", o, dtype),
-                Arg::write("lse", lse, DType::F32),
-            ],
+            args: &args,
             groups: [a.sq.div_ceil(br as usize) as u32, a.bh as u32, 1],
         },
     )

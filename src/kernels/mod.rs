@@ -9,7 +9,7 @@
 pub mod compose;
 pub mod signature;
 
-pub(crate) mod attention;
+pub mod attention;
 pub mod conv;
 pub(crate) mod copy;
 pub mod elementwise;
@@ -50,6 +50,8 @@ pub enum Kernel {
     Conv,
     /// Fused scaled dot-product attention (flash style), forward and backward.
     Attention,
+    /// The attention forward pass on cooperative matrices (f16, tensor cores).
+    AttentionCoop,
     /// LayerNorm and RMSNorm forward and backward.
     Norm,
     /// Cross-entropy from logits, forward and backward.
@@ -72,6 +74,7 @@ impl Kernel {
         Kernel::MatmulCoop,
         Kernel::Conv,
         Kernel::Attention,
+        Kernel::AttentionCoop,
         Kernel::Norm,
         Kernel::Loss,
         Kernel::Embedding,
@@ -90,6 +93,7 @@ impl Kernel {
             Kernel::MatmulCoop => include_str!("../../shaders/matmul_coop.wgsl"),
             Kernel::Conv => include_str!("../../shaders/conv.wgsl"),
             Kernel::Attention => include_str!("../../shaders/attention.wgsl"),
+            Kernel::AttentionCoop => include_str!("../../shaders/attention_coop.wgsl"),
             Kernel::Norm => include_str!("../../shaders/norm.wgsl"),
             Kernel::Loss => include_str!("../../shaders/loss.wgsl"),
             Kernel::Embedding => include_str!("../../shaders/embedding.wgsl"),
@@ -100,7 +104,7 @@ impl Kernel {
     /// Extra `enable` directives the family needs.
     pub fn enables(self) -> &'static [&'static str] {
         match self {
-            Kernel::MatmulCoop => &["wgpu_cooperative_matrix"],
+            Kernel::MatmulCoop | Kernel::AttentionCoop => &["wgpu_cooperative_matrix"],
             _ => &[],
         }
     }

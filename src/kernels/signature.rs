@@ -212,6 +212,13 @@ pub const TABLE: &[Sig] = &[
         ATTN_FWD
     ),
     sig!(
+        AttentionCoop,
+        "fwd",
+        [("q", Data, R), ("k", Data, R), ("v", Data, R), ("o", Data, W), ("lse", F32, W)],
+        &[128],
+        &[&[("DMAX", 64)], &[("DMAX", 128)]]
+    ),
+    sig!(
         Attention,
         "bwd_delta",
         [("o", Data, R), ("dout", Data, R), ("delta", F32, W)],

@@ -1,0 +1,169 @@
+// attention_coop.wgsl: the attention forward pass of attention.wgsl on cooperative matrices
+// (tensor cores): f16 Q, K, V, f32 accumulation. Same result, same saved log-sum-exp.
+//
+// Requirements (checked by the host, which otherwise uses attention.wgsl): f16 storage with
+// SHADER_F16, 16x16x16 f16 -> f32 cooperative matrices, subgroups of 32, head dimension D equal
+// to the constant DMAX (64 or 128), and SQ, SKV multiples of 16 (so every 16-row tile is either
+// wholly inside or wholly outside a sequence).
+//
+// Layout: a workgroup of 128 threads (4 subgroups) takes 64 query rows of one head; subgroup s
+// owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
+// registers. Keys go by blocks of 64 (four 16-key tiles), each score tile Q K^T computed with
+// cooperative loads straight from memory (K^T is a column-major view of K, stride D).
+//
+// Two passes instead of the online rescaling of attention.wgsl, because a cooperative matrix
+// cannot be scaled row by row: pass 1 computes each row's max and sum of exp (scores go
+// through workgroup memory, where the subgroup's lanes read them, two lanes per row, combining
+// halves with a subgroup shuffle); pass 2 recomputes the scores, writes P = exp(s - max) as f16
+// to workgroup memory and accumulates P V on cooperative matrices. The extra Q K^T costs half
+// again the minimum arithmetic and removes every rescale of the output.
+//
+// Masks combine with `|` and `&`, not `||` and `&&`: the short-circuit forms are branches,
+// which would make the control flow around the cooperative-matrix ops non-uniform.
+//
+// Bounds: query tiles past SQ are computed and never stored; key tiles past SKV are skipped
+// (uniformly: the loop bound depends only on the block). Causal rows mask keys
+// j + SQ > i + SKV. Every barrier is in control flow uniform across the workgroup.
+//
+// Bindings: reads q, k, v; writes o, lse (f32). Params as attention.wgsl. Constants: DMAX.
+
+struct Params {
+  bh: u32,
+  sq: u32,
+  skv: u32,
+  d: u32,
+  scale: f32,
+  causal: u32,
+  ninf: f32,
+  _pad: u32,
+}
+
+const BR: u32 = 64u;
+const BC: u32 = 64u;
+const ND: u32 = DMAX / 16u;
+
+// Per subgroup: a 16 x 64 f32 score tile and a 16 x 64 f16 probability tile; per row the max
+// and the sum of exp.
+var<workgroup> Ss: array<f32, 4u * 1024u>;
+var<workgroup> Ps: array<f16, 4u * 1024u>;
+var<workgroup> Ms: array<f32, 64u>;
+var<workgroup> Ls: array<f32, 64u>;
+
+// The 16-key tiles of the block at k0 that lie inside SKV. Used as a loop bound, not in an
+// `if`: naga counts local variables in an `if` condition as non-uniform (which cooperative
+// ops forbid) but accepts them in loop conditions.
+fn tiles(k0: u32) -> u32 {
+  return min(4u, (p.skv - k0) / 16u);
+}
+
+fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
+  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * DMAX + dd * 16u], DMAX);
+}
+
+//! entry fwd
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let sg = ids.lid / 32u;
+  let lane = ids.lid % 32u;
+  let r0 = q0 + sg * 16u;
+  let qb = bh * p.sq * DMAX;
+  let kb = bh * p.skv * DMAX;
+  // Rows past SQ load the (bounds-checked) tile anyway; their results are never stored.
+  let qr = min(r0, p.sq - 16u);
+  var qt: array<coop_mat16x16<f16, A>, ND>;
+  for (var dd = 0u; dd < ND; dd = dd + 1u) {
+    qt[dd] = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + dd * 16u], DMAX);
+  }
+  // Every workgroup walks all key blocks, causal or not: naga's uniformity analysis treats
+  // the workgroup id as non-uniform, so a loop bound derived from it (stopping causal rows at
+  // the diagonal) would make the cooperative-matrix ops below invalid. Masking does the rest.
+  let kend = p.skv;
+  let row = lane / 2u;
+  let half = lane % 2u;
+  let qi = r0 + row;
+  let sbase = sg * 1024u + row * 64u + half * 32u;
+
+  // Pass 1: row max and sum of exp.
+  var m = p.ninf;
+  var l = 0.0;
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
+      var acc = coop_mat16x16<f32, C>();
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        acc = coopMultiplyAdd(qt[dd], k_tile(kb, k0 + kc * 16u, dd), acc);
+      }
+      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+    }
+    workgroupBarrier();
+    var bm = p.ninf;
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let key = k0 + half * 32u + c;
+      let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
+      bm = max(bm, select(Ss[sbase + c] * p.scale, p.ninf, masked));
+    }
+    bm = max(bm, subgroupShuffleXor(bm, 1u));
+    let mn = max(m, bm);
+    // Selects, not branches: control flow must stay uniform for the cooperative-matrix ops
+    // later in the loop. A row with no visible key yet keeps m = -inf and l = 0.
+    let live = mn != p.ninf;
+    var s = 0.0;
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let key = k0 + half * 32u + c;
+      let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv)) | !live;
+      s = s + select(exp(Ss[sbase + c] * p.scale - mn), 0.0, masked);
+    }
+    s = s + subgroupShuffleXor(s, 1u);
+    l = select(l, l * exp(m - mn) + s, live);
+    m = select(m, mn, live);
+    workgroupBarrier();
+  }
+  if (half == 0u) {
+    Ms[sg * 16u + row] = m;
+    Ls[sg * 16u + row] = l;
+    if (qi < p.sq) { st_lse(bh * p.sq + qi, m + log(l)); }
+  }
+
+  // Pass 2: O = sum over keys of exp(s - max) V, divided by the sum at the end.
+  var ot: array<coop_mat16x16<f32, C>, ND>;
+  for (var dd = 0u; dd < ND; dd = dd + 1u) { ot[dd] = coop_mat16x16<f32, C>(); }
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
+      var acc = coop_mat16x16<f32, C>();
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        acc = coopMultiplyAdd(qt[dd], k_tile(kb, k0 + kc * 16u, dd), acc);
+      }
+      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let key = k0 + half * 32u + c;
+      let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv)) | (m == p.ninf);
+      Ps[sbase + c] = f16(select(exp(Ss[sbase + c] * p.scale - m), 0.0, masked));
+    }
+    workgroupBarrier();
+    for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
+      let pt = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + kc * 16u], 64u);
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        let vt = coopLoadT<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + dd * 16u], DMAX);
+        ot[dd] = coopMultiplyAdd(pt, vt, ot[dd]);
+      }
+    }
+    workgroupBarrier();
+  }
+
+  // Out: each 16 x 16 output tile through the subgroup's score region, divided by the row sum.
+  for (var dd = 0u; dd < ND; dd = dd + 1u) {
+    coopStoreT(ot[dd], &Ss[sg * 1024u], 16u);
+    workgroupBarrier();
+    for (var e = lane; e < 256u; e = e + 32u) {
+      let rr = e / 16u;
+      let qo = r0 + rr;
+      if (qo < p.sq) {
+        st_o(qb + qo * DMAX + dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
+      }
+    }
+    workgroupBarrier();
+  }
+}
