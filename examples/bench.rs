@@ -465,10 +465,15 @@ fn main() -> Result<()> {
                         rows,
                         Row {
                             name: format!(
-                        "attention fwd{}{}",
-                        if causal { " causal" } else { "" },
-                        if wgrad::kernels::attention::uses_tensor_cores(&dev, dt, sl, sl, d) { " (tc)" } else { "" }
-                    ),
+                                "attention fwd{}{}",
+                                if causal { " causal" } else { "" },
+                                if wgrad::kernels::attention::uses_tensor_cores(&dev, dt, sl, sl, d)
+                                {
+                                    " (tc)"
+                                } else {
+                                    ""
+                                }
+                            ),
                             shape: format!("{b}x{h}x{sl}x{d}"),
                             dtype: dt,
                             ms,

@@ -85,7 +85,16 @@ pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: u
 
 /// o = attention(q, k, v), lse (f32 [bh, sq]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward(dev: &Device, a: &Dims, q: &Block, k: &Block, v: &Block, o: &Block, lse: &Block, dtype: DType) -> Result<()> {
+pub(crate) fn forward(
+    dev: &Device,
+    a: &Dims,
+    q: &Block,
+    k: &Block,
+    v: &Block,
+    o: &Block,
+    lse: &Block,
+    dtype: DType,
+) -> Result<()> {
     check(dev, a)?;
     let args = [
         Arg::read("q", q, dtype),

@@ -64,7 +64,15 @@ pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Confi
         && c.subgroups
         && c.subgroup_min == 32
         && c.subgroup_max == 32;
-    if coop_ok && m % 16 == 0 && n % 16 == 0 && k % 16 == 0 && m > 0 && n > 0 && k > 0 && m.min(n) >= 64 {
+    if coop_ok
+        && m % 16 == 0
+        && n % 16 == 0
+        && k % 16 == 0
+        && m > 0
+        && n > 0
+        && k > 0
+        && m.min(n) >= 64
+    {
         return Config::CoopDirect;
     }
     if coop_ok && m >= 64 && n >= 64 && k >= 32 {

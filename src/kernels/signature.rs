@@ -214,7 +214,13 @@ pub const TABLE: &[Sig] = &[
     sig!(
         AttentionCoop,
         "fwd",
-        [("q", Data, R), ("k", Data, R), ("v", Data, R), ("o", Data, W), ("lse", F32, W)],
+        [
+            ("q", Data, R),
+            ("k", Data, R),
+            ("v", Data, R),
+            ("o", Data, W),
+            ("lse", F32, W)
+        ],
         &[128],
         &[&[("DMAX", 64)], &[("DMAX", 128)]]
     ),
