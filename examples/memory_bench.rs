@@ -12,7 +12,8 @@
 //! transformer blocks (LayerNorm, causal multi-head attention, 4x GELU MLP). A step is
 //! forward, MSE loss against a random target, backward and an AdamW update. "peak" is the
 //! most memory allocated during the step; "act" is that peak minus what is held between
-//! steps (parameters, their optimizer state), i.e. activations plus gradients. Times are
+//! steps (parameters, their optimizer state), i.e. activations plus gradients; "fwd" is what
+//! the forward pass leaves allocated for backward: the activations alone. Times are
 //! medians of 5 steps after 2 warm-up steps, synchronised.
 
 use std::time::Instant;
@@ -145,6 +146,7 @@ struct Row {
     batch: usize,
     peak: u64,
     act: u64,
+    fwd: u64,
     ms: f64,
 }
 
@@ -155,7 +157,7 @@ fn measure(
     dt: DType,
     ckpt: bool,
     batch: usize,
-) -> Result<(u64, u64, f64)> {
+) -> Result<(u64, u64, u64, f64)> {
     dev.empty_cache();
     let net = build(dev, m, c, dt, ckpt)?;
     let mut opt = Adam::adamw(net.params(), 1e-4, 0.01)?;
@@ -177,7 +179,13 @@ fn measure(
     }
     times.sort_by(|a, b| a.total_cmp(b));
     let peak = dev.memory_stats().peak_allocated;
-    Ok((peak, peak.saturating_sub(held), times[2]))
+    // Activations alone: what the forward pass leaves allocated for the backward pass.
+    let loss = net.forward(&x)?.mse_loss(&y)?;
+    dev.sync()?;
+    let fwd = dev.memory_stats().allocated.saturating_sub(held);
+    loss.backward()?;
+    opt.zero_grad();
+    Ok((peak, peak.saturating_sub(held), fwd, times[2]))
 }
 
 fn largest_batch(c: &Cfg, m: Model, dt: DType, ckpt: bool) -> Result<usize> {
@@ -215,11 +223,12 @@ fn main() -> Result<()> {
         (Model::Transformer, "transformer", c.tf.3),
     ] {
         for (v, dt, ck) in variants {
-            let (peak, act, ms) = measure(&dev, m, &c, dt, ck, batch)?;
+            let (peak, act, fwd, ms) = measure(&dev, m, &c, dt, ck, batch)?;
             eprintln!(
-                "{name:<12} {v:<9} batch {batch:<5} peak {:>9.1} MiB  act {:>9.1} MiB  {ms:>8.2} ms",
+                "{name:<12} {v:<9} batch {batch:<5} peak {:>9.1} MiB  act {:>9.1} MiB  fwd {:>9.1} MiB  {ms:>8.2} ms",
                 peak as f64 / 1048576.0,
-                act as f64 / 1048576.0
+                act as f64 / 1048576.0,
+                fwd as f64 / 1048576.0
             );
             rows.push(Row {
                 model: name,
@@ -227,6 +236,7 @@ fn main() -> Result<()> {
                 batch,
                 peak,
                 act,
+                fwd,
                 ms,
             });
         }
@@ -246,7 +256,7 @@ fn main() -> Result<()> {
     if c.json {
         let r: Vec<String> = rows
             .iter()
-            .map(|r| format!("{{\"model\":\"{}\",\"variant\":\"{}\",\"batch\":{},\"peak\":{},\"act\":{},\"ms\":{:.3}}}", r.model, r.variant, r.batch, r.peak, r.act, r.ms))
+            .map(|r| format!("{{\"model\":\"{}\",\"variant\":\"{}\",\"batch\":{},\"peak\":{},\"act\":{},\"fwd\":{},\"ms\":{:.3}}}", r.model, r.variant, r.batch, r.peak, r.act, r.fwd, r.ms))
             .collect();
         let f: Vec<String> = fits
             .iter()
@@ -262,8 +272,8 @@ fn main() -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<12} {:<9} {:>6} {:>11} {:>9} {:>11} {:>9} {:>10} {:>9}",
-        "model", "variant", "batch", "peak MiB", "vs f32", "act MiB", "vs f32", "step ms", "vs f32"
+        "{:<12} {:<9} {:>6} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7} {:>9} {:>7}",
+        "model", "variant", "batch", "peak MiB", "vs f32", "act MiB", "vs f32", "fwd MiB", "vs f32", "step ms", "vs f32"
     );
     for r in &rows {
         let base = rows
@@ -271,7 +281,7 @@ fn main() -> Result<()> {
             .find(|b| b.model == r.model && b.variant == "f32")
             .unwrap_or(r);
         println!(
-            "{:<12} {:<9} {:>6} {:>11.1} {:>9.2} {:>11.1} {:>9.2} {:>10.2} {:>9.2}",
+            "{:<12} {:<9} {:>6} {:>10.1} {:>7.2} {:>10.1} {:>7.2} {:>10.1} {:>7.2} {:>9.2} {:>7.2}",
             r.model,
             r.variant,
             r.batch,
@@ -279,6 +289,8 @@ fn main() -> Result<()> {
             r.peak as f64 / base.peak as f64,
             r.act as f64 / 1048576.0,
             r.act as f64 / base.act as f64,
+            r.fwd as f64 / 1048576.0,
+            r.fwd as f64 / base.fwd.max(1) as f64,
             r.ms,
             r.ms / base.ms
         );
