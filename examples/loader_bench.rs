@@ -15,11 +15,13 @@
 //!    training thread versus prefetching on workers. Prefetching should bring the step from
 //!    about compute + data down to about max(compute, data).
 
+#[path = "common/mnist_cnn.rs"]
+mod mnist_cnn;
+
 use std::path::PathBuf;
 use std::time::Instant;
 use wgrad::data::{DataLoader, Dataset, InMemory, LoaderOptions, MmapDataset, write_records};
-use wgrad::nn::{Activation, Conv2d, Flatten, Linear, MaxPool2d, Module, Sequential};
-use wgrad::ops::Conv2dOpts;
+use wgrad::nn::Module;
 use wgrad::optim::{Adam, Optimizer};
 use wgrad::{DType, Device, Result};
 
@@ -68,36 +70,6 @@ impl Dataset for Augmented {
         }
         Ok(())
     }
-}
-
-fn net(dev: &Device) -> Result<Sequential> {
-    let same = Conv2dOpts {
-        padding: (1, 1),
-        ..Default::default()
-    };
-    Ok(Sequential::new()
-        .add("conv1", Conv2d::new(dev, 1, 16, 3, same, DType::F32)?)
-        .add("relu1", Activation::Relu)
-        .add(
-            "pool1",
-            MaxPool2d {
-                k: 2,
-                stride: 2,
-                padding: 0,
-            },
-        )
-        .add("conv2", Conv2d::new(dev, 16, 32, 3, same, DType::F32)?)
-        .add("relu2", Activation::Relu)
-        .add(
-            "pool2",
-            MaxPool2d {
-                k: 2,
-                stride: 2,
-                padding: 0,
-            },
-        )
-        .add("flatten", Flatten)
-        .add("fc", Linear::new(dev, 32 * 7 * 7, 10, true, DType::F32)?))
 }
 
 fn throughput<D: Dataset>(dev: &Device, ds: D, batch: usize, workers: usize) -> Result<f64> {
@@ -161,7 +133,7 @@ fn main() -> Result<()> {
     }
     std::fs::remove_file(&rec).ok();
 
-    let model = net(&dev)?;
+    let model = mnist_cnn::cnn(&dev, DType::F32)?;
     let mut opt = Adam::new(model.params(), 1e-3)?;
     // The batch for the compute-only timing (its contents do not matter).
     let plain = Augmented {

@@ -273,7 +273,17 @@ fn main() -> Result<()> {
     }
     println!(
         "{:<12} {:<9} {:>6} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7} {:>9} {:>7}",
-        "model", "variant", "batch", "peak MiB", "vs f32", "act MiB", "vs f32", "fwd MiB", "vs f32", "step ms", "vs f32"
+        "model",
+        "variant",
+        "batch",
+        "peak MiB",
+        "vs f32",
+        "act MiB",
+        "vs f32",
+        "fwd MiB",
+        "vs f32",
+        "step ms",
+        "vs f32"
     );
     for r in &rows {
         let base = rows

@@ -5,10 +5,12 @@
 //! cargo run --release --example memory_timeline -- [--steps 6] [--batch-size 64] [--out docs/memory_timeline.svg]
 //! ```
 
+#[path = "common/mnist_cnn.rs"]
+mod mnist_cnn;
+
 use std::path::PathBuf;
 use wgrad::data::{DataLoader, LoaderOptions};
-use wgrad::nn::{Activation, Conv2d, Flatten, Linear, MaxPool2d, Module, Sequential};
-use wgrad::ops::Conv2dOpts;
+use wgrad::nn::Module;
 use wgrad::optim::{Adam, Optimizer};
 use wgrad::{DType, Device, Result};
 
@@ -28,33 +30,7 @@ fn main() -> Result<()> {
     let dev = Device::new()?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
     let train = wgrad::data::mnist::load(&root, "t10k")?.subset(0..8000)?;
-    let same = Conv2dOpts {
-        padding: (1, 1),
-        ..Default::default()
-    };
-    let net = Sequential::new()
-        .add("conv1", Conv2d::new(&dev, 1, 16, 3, same, DType::F32)?)
-        .add("relu1", Activation::Relu)
-        .add(
-            "pool1",
-            MaxPool2d {
-                k: 2,
-                stride: 2,
-                padding: 0,
-            },
-        )
-        .add("conv2", Conv2d::new(&dev, 16, 32, 3, same, DType::F32)?)
-        .add("relu2", Activation::Relu)
-        .add(
-            "pool2",
-            MaxPool2d {
-                k: 2,
-                stride: 2,
-                padding: 0,
-            },
-        )
-        .add("flatten", Flatten)
-        .add("fc", Linear::new(&dev, 32 * 7 * 7, 10, true, DType::F32)?);
+    let net = mnist_cnn::cnn(&dev, DType::F32)?;
     let mut opt = Adam::new(net.params(), 1e-3)?;
     let loader = DataLoader::new(
         &dev,

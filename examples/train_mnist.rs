@@ -10,12 +10,14 @@
 //! With `--data DIR` it reads the full MNIST files from DIR (train-* for training, t10k-* held
 //! out). The last line is for scripts: `accuracy=... images_per_s=... peak_mem_mb=...`.
 
+#[path = "common/mnist_cnn.rs"]
+mod mnist_cnn;
+
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Instant;
 use wgrad::data::{DataLoader, Dataset, InMemory, LoaderOptions};
-use wgrad::nn::{Activation, Conv2d, Flatten, Linear, MaxPool2d, Module, Sequential};
-use wgrad::ops::Conv2dOpts;
+use wgrad::nn::{Activation, Flatten, Linear, Module, Sequential};
 use wgrad::optim::{Adam, LrSchedule, Optimizer};
 use wgrad::{DType, Device, Result, Tensor};
 
@@ -58,39 +60,13 @@ fn args() -> Args {
 
 fn model(dev: &Device, kind: &str) -> Result<Sequential> {
     let dt = DType::F32;
-    let same = Conv2dOpts {
-        padding: (1, 1),
-        ..Default::default()
-    };
     Ok(match kind {
         "mlp" => Sequential::new()
             .add("flatten", Flatten)
             .add("fc1", Linear::new(dev, 784, 256, true, dt)?)
             .add("relu", Activation::Relu)
             .add("fc2", Linear::new(dev, 256, 10, true, dt)?),
-        _ => Sequential::new()
-            .add("conv1", Conv2d::new(dev, 1, 16, 3, same, dt)?)
-            .add("relu1", Activation::Relu)
-            .add(
-                "pool1",
-                MaxPool2d {
-                    k: 2,
-                    stride: 2,
-                    padding: 0,
-                },
-            )
-            .add("conv2", Conv2d::new(dev, 16, 32, 3, same, dt)?)
-            .add("relu2", Activation::Relu)
-            .add(
-                "pool2",
-                MaxPool2d {
-                    k: 2,
-                    stride: 2,
-                    padding: 0,
-                },
-            )
-            .add("flatten", Flatten)
-            .add("fc", Linear::new(dev, 32 * 7 * 7, 10, true, dt)?),
+        _ => mnist_cnn::cnn(dev, dt)?,
     })
 }
 

@@ -34,25 +34,6 @@ struct Params {
   s2: array<vec4<u32>, 2>,
 }
 
-// erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): WGSL has no erf.
-fn erf_(x: f32) -> f32 {
-  let a = abs(x);
-  let t = 1.0 / (1.0 + 0.3275911 * a);
-  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
-  return sign(x) * (1.0 - poly * exp(-a * a));
-}
-
-// tanh through exp with the argument clamped: some drivers return NaN for large |x|.
-fn tanh_(x: f32) -> f32 {
-  let c = clamp(x, -15.0, 15.0);
-  let e = exp(2.0 * c);
-  return (e - 1.0) / (e + 1.0);
-}
-
-fn sigmoid_(x: f32) -> f32 {
-  return 1.0 / (1.0 + exp(-x));
-}
-
 fn unary_op(op: u32, x: f32, a: f32, b: f32) -> f32 {
   switch op {
     case 0u: { return -x; }

@@ -3,7 +3,7 @@
 // Logits x are [rows, classes]; labels are u32 [rows].
 //
 //   fwd  One workgroup per row (folded over a 2-D grid). lse = max + log(sum exp(x - max))
-//        with the same online (max, sum) pass as softmax.wgsl; loss[r] = lse - x[label].
+//        from row_max_sumexp (common.wgsl), as softmax.wgsl; loss[r] = lse - x[label].
 //        A label >= classes gives a NaN loss (the host cannot see labels without a
 //        read-back; NaN makes the mistake visible instead of silently training on garbage).
 //        Saves lse[r] (f32).
@@ -20,27 +20,15 @@ struct Params {
   classes: u32,
 }
 
-const LOWEST: f32 = -3.4028234663852886e38;
-
 //! entry fwd
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
   if (r >= p.rows) { return; }
   let base = r * p.classes;
-  var m = LOWEST;
-  var s = 0.0;
-  for (var i = ids.lid; i < p.classes; i = i + WG) {
-    let v = ld_x(base + i);
-    if (v > m) {
-      s = s * exp(m - v) + 1.0;
-      m = v;
-    } else {
-      s = s + exp(v - m);
-    }
-  }
-  let mx = block_max(m, ids);
-  let sum = block_sum(s * exp(m - mx), ids);
+  let st = row_max_sumexp(base, p.classes, ids);
+  let mx = st.x;
+  let sum = st.y;
   if (ids.lid == 0u) {
     let lse = mx + log(sum);
     let label = ld_labels(r);

@@ -66,13 +66,6 @@ var<workgroup> As: array<f16, BM * SA>;
 var<workgroup> Bs: array<f16, BK * SB>;
 var<workgroup> Cs: array<f32, 8u * 256u>;
 
-fn erf_(x: f32) -> f32 {
-  let a = abs(x);
-  let t = 1.0 / (1.0 + 0.3275911 * a);
-  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
-  return sign(x) * (1.0 - poly * exp(-a * a));
-}
-
 fn epilogue(v: f32, n: u32) -> f32 {
   var r = v;
   if (p.has_bias != 0u) { r = r + ld_bias(n); }

@@ -4,10 +4,9 @@
 // 2-D grid); its WG threads stride over the row's `len` elements, so rows of any length work
 // (1 to millions), with WG picked by the host from 32 to 256 to fit short rows.
 //
-//   fwd  Each thread keeps an online (max, sum of exp) pair over its elements, so the row is
-//        read once for statistics: when a new maximum m' arrives the sum is rescaled by
-//        exp(m - m'). The workgroup combines pairs with block_max then block_sum, and a
-//        second read writes exp(x - max) / sum, or x - (max + log sum) for log-softmax.
+//   fwd  The row's max and sum of exp in one read (row_max_sumexp in common.wgsl: online
+//        pairs per thread, combined with block_max then block_sum); a second read writes
+//        exp(x - max) / sum, or x - (max + log sum) for log-softmax.
 //        Subtracting the row maximum keeps every exp() in [0, 1] (no overflow).
 //   bwd  softmax:      dx = y * (dy - sum(dy * y))
 //        log-softmax:  dx = dy - exp(y) * sum(dy)
@@ -24,27 +23,15 @@ struct Params {
   _pad: u32,
 }
 
-const LOWEST: f32 = -3.4028234663852886e38;
-
 //! entry fwd
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
   if (r >= p.rows) { return; }
   let base = r * p.len;
-  var m = LOWEST;
-  var s = 0.0;
-  for (var i = ids.lid; i < p.len; i = i + WG) {
-    let v = ld_x(base + i);
-    if (v > m) {
-      s = s * exp(m - v) + 1.0;
-      m = v;
-    } else {
-      s = s + exp(v - m);
-    }
-  }
-  let mx = block_max(m, ids);
-  let sum = block_sum(s * exp(m - mx), ids);
+  let st = row_max_sumexp(base, p.len, ids);
+  let mx = st.x;
+  let sum = st.y;
   let inv = 1.0 / sum;
   let lse = mx + log(sum);
   for (var i = ids.lid; i < p.len; i = i + WG) {

@@ -199,34 +199,10 @@ fn binary_gradients_with_broadcast() {
                 &format!("{name} {sa:?} {sb:?}"),
                 &[(a, sa.clone(), true), (b, sb.clone(), true)],
                 &|t| g(&t[0], &t[1]),
-                &move |x| bcast(&x[0], &sa2, &x[1], &sb2, &out2, c),
+                &move |x| broadcast_apply(&x[0], &sa2, &x[1], &sb2, &out2, c),
             );
         }
     }
-}
-
-fn bcast(
-    a: &[f64],
-    sa: &[usize],
-    b: &[f64],
-    sb: &[usize],
-    out: &[usize],
-    op: fn(f64, f64) -> f64,
-) -> Vec<f64> {
-    let n: usize = out.iter().product();
-    let idx = |flat: usize, s: &[usize]| -> usize {
-        let mut rem = flat;
-        let mut c = vec![0; out.len()];
-        for k in (0..out.len()).rev() {
-            c[k] = rem % out[k];
-            rem /= out[k];
-        }
-        let off = out.len() - s.len();
-        s.iter().enumerate().fold(0, |acc, (k, &d)| {
-            acc * d + if d == 1 { 0 } else { c[off + k] }
-        })
-    };
-    (0..n).map(|i| op(a[idx(i, sa)], b[idx(i, sb)])).collect()
 }
 
 #[test]

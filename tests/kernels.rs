@@ -136,33 +136,6 @@ fn binary_ops_broadcast() {
     }
 }
 
-fn broadcast_apply(
-    a: &[f64],
-    sa: &[usize],
-    b: &[f64],
-    sb: &[usize],
-    out: &[usize],
-    op: fn(f64, f64) -> f64,
-) -> Vec<f64> {
-    let n: usize = out.iter().product();
-    let idx = |flat: usize, s: &[usize]| -> usize {
-        let mut rem = flat;
-        let mut coords = vec![0; out.len()];
-        for k in (0..out.len()).rev() {
-            coords[k] = rem % out[k];
-            rem /= out[k];
-        }
-        let off = out.len() - s.len();
-        let mut i = 0;
-        for k in 0..s.len() {
-            let c = if s[k] == 1 { 0 } else { coords[off + k] };
-            i = i * s[k] + c;
-        }
-        i
-    };
-    (0..n).map(|i| op(a[idx(i, sa)], b[idx(i, sb)])).collect()
-}
-
 #[test]
 fn select_where() {
     let dev = poisoned();

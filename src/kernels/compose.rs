@@ -19,7 +19,8 @@
 //! The prelude also defines the launch's constants (`const WG: u32 = 256u;` and any others),
 //! `struct Ids` (the builtins, subgroup ones included only when the adapter has subgroups),
 //! `flat_id(ids)` for 1-D kernels laid out on a 2-D grid, and, when the kernel calls them,
-//! workgroup reductions `block_sum` / `block_max` built on subgroup operations where available.
+//! workgroup reductions `block_sum` / `block_max` built on subgroup operations where available
+//! and the helpers of `shaders/common.wgsl` (erf, tanh, sigmoid, a row's max and sum of exp).
 
 use crate::dtype::DType;
 use std::fmt::Write;
@@ -117,7 +118,23 @@ pub fn compose(
     for (i, d) in decls.iter().enumerate() {
         declare(&mut s, target, i as u32 + 1, d);
     }
-    let body = format!("{common}{section}");
+    let mut body = format!("{common}{section}");
+    // Shared helpers (shaders/common.wgsl) the kernel calls but does not define, and the
+    // helpers they call in turn.
+    loop {
+        let missing: Vec<&str> = library()
+            .filter(|(name, _)| {
+                body.contains(&format!("{name}(")) && !body.contains(&format!("fn {name}("))
+            })
+            .map(|(_, code)| code)
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        for code in missing {
+            body.push_str(code);
+        }
+    }
     if body.contains("block_sum(") || body.contains("block_max(") {
         s.push_str(if target.subgroups {
             REDUCE_SUBGROUP
@@ -127,6 +144,15 @@ pub fn compose(
     }
     s.push_str(&body);
     Some(s)
+}
+
+/// The helper functions of shaders/common.wgsl as (name, code), one per `//! fn NAME` section.
+fn library() -> impl Iterator<Item = (&'static str, &'static str)> {
+    const LIB: &str = include_str!("../../shaders/common.wgsl");
+    LIB.split("//! fn ").skip(1).filter_map(|sec| {
+        let nl = sec.find('\n')?;
+        Some((sec[..nl].trim(), &sec[nl + 1..]))
+    })
 }
 
 fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {

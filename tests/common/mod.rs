@@ -101,3 +101,32 @@ pub fn poisoned() -> wgrad::Device {
 
 pub const SIZES: [usize; 5] = [1, 3, 17, 127, 1000];
 pub const DTYPES: [DType; 2] = [DType::F32, DType::F16];
+
+/// `op` applied elementwise to `a` (shape `sa`) and `b` (shape `sb`) broadcast to `out`,
+/// in f64: the reference for broadcasting ops and their gradients.
+pub fn broadcast_apply(
+    a: &[f64],
+    sa: &[usize],
+    b: &[f64],
+    sb: &[usize],
+    out: &[usize],
+    op: fn(f64, f64) -> f64,
+) -> Vec<f64> {
+    let n: usize = out.iter().product();
+    let idx = |flat: usize, s: &[usize]| -> usize {
+        let mut rem = flat;
+        let mut coords = vec![0; out.len()];
+        for k in (0..out.len()).rev() {
+            coords[k] = rem % out[k];
+            rem /= out[k];
+        }
+        let off = out.len() - s.len();
+        let mut i = 0;
+        for k in 0..s.len() {
+            let c = if s[k] == 1 { 0 } else { coords[off + k] };
+            i = i * s[k] + c;
+        }
+        i
+    };
+    (0..n).map(|i| op(a[idx(i, sa)], b[idx(i, sb)])).collect()
+}

@@ -1,0 +1,47 @@
+// common.wgsl: helper functions shared by kernel families. Not a kernel: the composer copies a
+// function into a kernel's source when the kernel calls it (and does not define it itself).
+// Each function is a section opened by `//! fn NAME`.
+
+//! fn erf_
+// erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): WGSL has no erf.
+fn erf_(x: f32) -> f32 {
+  let a = abs(x);
+  let t = 1.0 / (1.0 + 0.3275911 * a);
+  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
+  return sign(x) * (1.0 - poly * exp(-a * a));
+}
+
+//! fn tanh_
+// tanh through exp with the argument clamped: some drivers return NaN for large |x|.
+fn tanh_(x: f32) -> f32 {
+  let c = clamp(x, -15.0, 15.0);
+  let e = exp(2.0 * c);
+  return (e - 1.0) / (e + 1.0);
+}
+
+//! fn sigmoid_
+fn sigmoid_(x: f32) -> f32 {
+  return 1.0 / (1.0 + exp(-x));
+}
+
+//! fn row_max_sumexp
+// The maximum of row `x[base .. base + len]` and the sum of exp(x - max), for a workgroup that
+// owns the row (all threads call it, in uniform control flow). Each thread keeps an online
+// (max, sum) pair over its elements, rescaling its sum by exp(m - m') when a new maximum m'
+// arrives, so the row is read once; the workgroup then combines the pairs. Starting from the
+// lowest finite value keeps exp(m - v) defined for a thread that saw no element.
+fn row_max_sumexp(base: u32, len: u32, ids: Ids) -> vec2<f32> {
+  var m = -3.4028234663852886e38;
+  var s = 0.0;
+  for (var i = ids.lid; i < len; i = i + WG) {
+    let v = ld_x(base + i);
+    if (v > m) {
+      s = s * exp(m - v) + 1.0;
+      m = v;
+    } else {
+      s = s + exp(v - m);
+    }
+  }
+  let mx = block_max(m, ids);
+  return vec2<f32>(mx, block_sum(s * exp(m - mx), ids));
+}
