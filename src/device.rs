@@ -966,6 +966,16 @@ impl<T: bytemuck::Pod> Readback<T> {
                 }
             }
         }
+        // Another thread's poll may have collected the map callback and be about to run it:
+        // the submission is done, the callback not yet. Poll until it has run (briefly).
+        let t0 = Instant::now();
+        while lock(&self.state).done.is_none() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(Error::DeviceLost("a read-back buffer was never mapped".into()));
+            }
+            self.dev.inner.device.poll(wgpu::PollType::Poll).map_err(|e| Error::DeviceLost(e.to_string()))?;
+            std::thread::yield_now();
+        }
         self.take()
     }
 
