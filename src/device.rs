@@ -273,6 +273,8 @@ pub(crate) struct DeviceInner {
     lost: Arc<Mutex<Option<String>>>,
     pub(crate) poison: bool,
     shader_checks: ShaderChecks,
+    /// The GL instance this device came from (Vulkan, Metal and DX12 share a static one).
+    _gl_instance: Option<wgpu::Instance>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -297,19 +299,48 @@ fn backend_rank(b: wgpu::Backend) -> u8 {
     }
 }
 
-fn instance() -> wgpu::Instance {
-    // Honour WGPU_BACKEND (and wgpu's other variables).
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+/// wgpu's instance options from the environment (WGPU_BACKEND and wgpu's other variables),
+/// limited to `backends`.
+fn instance_for(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends &= backends;
+    wgpu::Instance::new(desc)
 }
 
-/// Every adapter, best first: discrete > integrated > virtual > CPU, Vulkan/Metal/DX12 before GL.
-fn ranked_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    let mut v = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+/// The process's one instance for Vulkan, Metal and DX12, created on first use and never
+/// dropped. Creating and tearing down an instance per device made NVIDIA's Vulkan driver
+/// stall when many threads did it at once (seen with 16 test threads on an H200: threads stuck
+/// in vkDestroyInstance and vkDestroyDevice).
+fn primary_instance() -> &'static wgpu::Instance {
+    static INSTANCE: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| instance_for(wgpu::Backends::PRIMARY))
+}
+
+/// Adapters and devices are opened one at a time: drivers do not take kindly to concurrent
+/// context creation.
+static OPENING: Mutex<()> = Mutex::new(());
+
+fn rank(v: &mut [wgpu::Adapter]) {
     v.sort_by_key(|a| {
         let i = a.get_info();
         (type_rank(i.device_type), backend_rank(i.backend))
     });
-    v
+}
+
+/// Every adapter, best first, with the instance that owns them. GL adapters come from a
+/// fresh instance, and only when no Vulkan, Metal or DX12 adapter exists (or WGPU_BACKEND
+/// asks for GL): wgpu's GL backend gives all devices of one instance a single EGL context,
+/// which cannot be current on two threads, so each GL device gets an instance of its own.
+fn ranked_adapters() -> (Vec<wgpu::Adapter>, Option<wgpu::Instance>) {
+    let mut v = pollster::block_on(primary_instance().enumerate_adapters(wgpu::Backends::PRIMARY));
+    if !v.is_empty() {
+        rank(&mut v);
+        return (v, None);
+    }
+    let gl = instance_for(wgpu::Backends::SECONDARY);
+    let mut v = pollster::block_on(gl.enumerate_adapters(wgpu::Backends::SECONDARY));
+    rank(&mut v);
+    (v, Some(gl))
 }
 
 /// Device-local memory from the Vulkan driver's heaps; `None` on other backends.
@@ -349,8 +380,9 @@ impl Device {
 
     /// Lists every adapter wgpu can see, best first.
     pub fn all() -> Vec<AdapterSummary> {
-        ranked_adapters(&instance())
-            .iter()
+        let _opening = lock(&OPENING);
+        let (v, _gl) = ranked_adapters();
+        v.iter()
             .map(|a| {
                 let i = a.get_info();
                 AdapterSummary {
@@ -365,8 +397,8 @@ impl Device {
 
     /// Opens a device with explicit options.
     pub fn with_options(opts: DeviceOptions) -> Result<Self> {
-        let inst = instance();
-        let adapters = ranked_adapters(&inst);
+        let _opening = lock(&OPENING);
+        let (adapters, gl_instance) = ranked_adapters();
         if adapters.is_empty() {
             return Err(Error::NoAdapter(
                 "wgpu found no adapter (on Linux without a GPU, install Mesa's lavapipe: apt-get install mesa-vulkan-drivers)".into(),
@@ -525,6 +557,7 @@ impl Device {
                 lost,
                 poison: opts.poison,
                 shader_checks: opts.shader_checks,
+                _gl_instance: gl_instance,
             }),
         })
     }
