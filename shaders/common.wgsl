@@ -1,6 +1,6 @@
-// common.wgsl: helper functions shared by kernel families. Not a kernel: the composer copies a
-// function into a kernel's source when the kernel calls it (and does not define it itself).
-// Each function is a section opened by `//! fn NAME`.
+// common.wgsl: helpers shared by kernel families. Not a kernel: the composer copies a helper
+// into a kernel's source when the kernel uses it (and does not define it itself). Each helper
+// is a section opened by `//! fn NAME` (used as `NAME(`) or `//! struct NAME` (used as `NAME`).
 
 //! fn erf_
 // erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): WGSL has no erf.
@@ -44,4 +44,40 @@ fn row_max_sumexp(base: u32, len: u32, ids: Ids) -> vec2<f32> {
   }
   let mx = block_max(m, ids);
   return vec2<f32>(mx, block_sum(s * exp(m - mx), ids));
+}
+
+//! struct MatmulParams
+// Parameters of matmul.wgsl and matmul_coop.wgsl (one layout, filled by kernels/matmul.rs).
+struct MatmulParams {
+  m: u32,
+  n: u32,
+  k: u32,
+  batch: u32,
+  sam: u32,
+  sak: u32,
+  sbk: u32,
+  sbn: u32,
+  a_bs: u32,
+  b_bs: u32,
+  a_mod: u32,
+  b_mod: u32,
+  a_kfast: u32,
+  b_nfast: u32,
+  act: u32,
+  has_bias: u32,
+  a_off: u32,
+  b_off: u32,
+  c_off: u32,
+  _pad: u32,
+}
+
+//! fn matmul_epilogue
+// A matmul output element: + bias[n] when there is one, then the activation (0 none, 1 relu,
+// 2 gelu).
+fn matmul_epilogue(v: f32, n: u32) -> f32 {
+  var r = v;
+  if (p.has_bias != 0u) { r = r + ld_bias(n); }
+  if (p.act == 1u) { r = max(r, 0.0); }
+  if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
+  return r;
 }

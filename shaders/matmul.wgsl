@@ -27,28 +27,8 @@
 // Bindings: a, b, bias (read; a dummy when has_bias is 0), c (write).
 // Constants: BM, BN, BK, TM, TN.
 
-struct Params {
-  m: u32,
-  n: u32,
-  k: u32,
-  batch: u32,
-  sam: u32,
-  sak: u32,
-  sbk: u32,
-  sbn: u32,
-  a_bs: u32,
-  b_bs: u32,
-  a_mod: u32,
-  b_mod: u32,
-  a_kfast: u32,
-  b_nfast: u32,
-  act: u32,
-  has_bias: u32,
-  a_off: u32,
-  b_off: u32,
-  c_off: u32,
-  _pad: u32,
-}
+// The parameter block shared with the other matmul kernel (common.wgsl).
+alias Params = MatmulParams;
 
 const TX: u32 = BN / TN;
 const TY: u32 = BM / TM;
@@ -56,13 +36,6 @@ const TY: u32 = BM / TM;
 var<workgroup> As: array<f32, BK * BM>;
 var<workgroup> Bs: array<f32, BK * BN>;
 
-fn epilogue(v: f32, n: u32) -> f32 {
-  var r = v;
-  if (p.has_bias != 0u) { r = r + ld_bias(n); }
-  if (p.act == 1u) { r = max(r, 0.0); }
-  if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
-  return r;
-}
 
 //! entry main
 @compute @workgroup_size(WG)
@@ -121,7 +94,7 @@ fn main(ids: Ids) {
     for (var j = 0u; j < TN; j = j + 1u) {
       let gn = n0 + tx + j * TX;
       if (gm < p.m && gn < p.n) {
-        st_c(c_base + gm * p.n + gn, epilogue(acc[i * TN + j], gn));
+        st_c(c_base + gm * p.n + gn, matmul_epilogue(acc[i * TN + j], gn));
       }
     }
   }

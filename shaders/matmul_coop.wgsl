@@ -33,28 +33,8 @@
 // TB for `direct`. The subgroup index is
 // lid / 32: subgroups of a 1-D workgroup are consecutive runs of local_invocation_index.
 
-struct Params {
-  m: u32,
-  n: u32,
-  k: u32,
-  batch: u32,
-  sam: u32,
-  sak: u32,
-  sbk: u32,
-  sbn: u32,
-  a_bs: u32,
-  b_bs: u32,
-  a_mod: u32,
-  b_mod: u32,
-  a_kfast: u32,
-  b_nfast: u32,
-  act: u32,
-  has_bias: u32,
-  a_off: u32,
-  b_off: u32,
-  c_off: u32,
-  _pad: u32,
-}
+// The parameter block shared with the other matmul kernel (common.wgsl).
+alias Params = MatmulParams;
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
@@ -66,13 +46,6 @@ var<workgroup> As: array<f16, BM * SA>;
 var<workgroup> Bs: array<f16, BK * SB>;
 var<workgroup> Cs: array<f32, 8u * 256u>;
 
-fn epilogue(v: f32, n: u32) -> f32 {
-  var r = v;
-  if (p.has_bias != 0u) { r = r + ld_bias(n); }
-  if (p.act == 1u) { r = max(r, 0.0); }
-  if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
-  return r;
-}
 
 // Writes one 16 x 16 accumulator of subgroup `sg` whose top-left is (gm0, gn0) in C.
 fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32) {
@@ -82,7 +55,7 @@ fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: 
     let gm = gm0 + e / 16u;
     let gn = gn0 + e % 16u;
     if (gm < p.m && gn < p.n) {
-      st_c(c_base + gm * p.n + gn, epilogue(Cs[sg * 256u + e], gn));
+      st_c(c_base + gm * p.n + gn, matmul_epilogue(Cs[sg * 256u + e], gn));
     }
   }
   workgroupBarrier();

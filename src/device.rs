@@ -1004,9 +1004,15 @@ impl<T: bytemuck::Pod> Readback<T> {
         let t0 = Instant::now();
         while lock(&self.state).done.is_none() {
             if t0.elapsed() > Duration::from_secs(30) {
-                return Err(Error::DeviceLost("a read-back buffer was never mapped".into()));
+                return Err(Error::DeviceLost(
+                    "a read-back buffer was never mapped".into(),
+                ));
             }
-            self.dev.inner.device.poll(wgpu::PollType::Poll).map_err(|e| Error::DeviceLost(e.to_string()))?;
+            self.dev
+                .inner
+                .device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| Error::DeviceLost(e.to_string()))?;
             std::thread::yield_now();
         }
         self.take()
@@ -1096,20 +1102,20 @@ mod tests {
     #[test]
     fn parse_limits() {
         assert_eq!(
-            MemoryLimit::parse("2GiB").unwrap(),
-            MemoryLimit::Bytes(2 << 30)
+            MemoryLimit::parse("2GiB").ok(),
+            Some(MemoryLimit::Bytes(2 << 30))
         );
         assert_eq!(
-            MemoryLimit::parse("512 MiB").unwrap(),
-            MemoryLimit::Bytes(512 << 20)
+            MemoryLimit::parse("512 MiB").ok(),
+            Some(MemoryLimit::Bytes(512 << 20))
         );
         assert_eq!(
-            MemoryLimit::parse("1000").unwrap(),
-            MemoryLimit::Bytes(1000)
+            MemoryLimit::parse("1000").ok(),
+            Some(MemoryLimit::Bytes(1000))
         );
         assert_eq!(
-            MemoryLimit::parse("50%").unwrap(),
-            MemoryLimit::Fraction(0.5)
+            MemoryLimit::parse("50%").ok(),
+            Some(MemoryLimit::Fraction(0.5))
         );
         assert!(MemoryLimit::parse("lots").is_err());
         assert!(MemoryLimit::parse("150%").is_err());

@@ -123,10 +123,15 @@ pub fn compose(
     // helpers they call in turn.
     loop {
         let missing: Vec<&str> = library()
-            .filter(|(name, _)| {
-                body.contains(&format!("{name}(")) && !body.contains(&format!("fn {name}("))
+            .filter(|(kind, name, _)| {
+                let (used, defined) = if *kind == "fn" {
+                    (format!("{name}("), format!("fn {name}("))
+                } else {
+                    (name.to_string(), format!("struct {name}"))
+                };
+                body.contains(&used) && !body.contains(&defined)
             })
-            .map(|(_, code)| code)
+            .map(|(_, _, code)| code)
             .collect();
         if missing.is_empty() {
             break;
@@ -146,12 +151,14 @@ pub fn compose(
     Some(s)
 }
 
-/// The helper functions of shaders/common.wgsl as (name, code), one per `//! fn NAME` section.
-fn library() -> impl Iterator<Item = (&'static str, &'static str)> {
+/// The helpers of shaders/common.wgsl as (kind, name, code), one per `//! fn NAME` or
+/// `//! struct NAME` section.
+fn library() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
     const LIB: &str = include_str!("../../shaders/common.wgsl");
-    LIB.split("//! fn ").skip(1).filter_map(|sec| {
+    LIB.split("\n//! ").skip(1).filter_map(|sec| {
         let nl = sec.find('\n')?;
-        Some((sec[..nl].trim(), &sec[nl + 1..]))
+        let (kind, name) = sec[..nl].trim().split_once(' ')?;
+        Some((kind, name.trim(), &sec[nl + 1..]))
     })
 }
 
@@ -281,10 +288,11 @@ mod tests {
     fn sections() {
         let src =
             "// head\nfn shared() {}\n//! entry a\nfn main() { A }\n//! entry b\nfn main() { B }\n";
-        let (c, a) = select_entry(src, "a").unwrap();
-        assert!(c.contains("shared") && a.contains('A') && !a.contains('B'));
-        let (_, b) = select_entry(src, "b").unwrap();
-        assert!(b.contains('B') && !b.contains('A'));
+        assert!(
+            select_entry(src, "a")
+                .is_some_and(|(c, a)| c.contains("shared") && a.contains('A') && !a.contains('B'))
+        );
+        assert!(select_entry(src, "b").is_some_and(|(_, b)| b.contains('B') && !b.contains('A')));
         assert!(select_entry(src, "c").is_none());
         assert_eq!(entries(src), vec!["a", "b"]);
     }

@@ -323,12 +323,12 @@ mod tests {
 
     #[test]
     fn broadcasting_rules() {
-        assert_eq!(broadcast_shape("t", &[2, 3], &[3]).unwrap(), vec![2, 3]);
+        assert_eq!(broadcast_shape("t", &[2, 3], &[3]).ok(), Some(vec![2, 3]));
         assert_eq!(
-            broadcast_shape("t", &[2, 1, 4], &[3, 1]).unwrap(),
-            vec![2, 3, 4]
+            broadcast_shape("t", &[2, 1, 4], &[3, 1]).ok(),
+            Some(vec![2, 3, 4])
         );
-        assert_eq!(broadcast_shape("t", &[], &[5]).unwrap(), vec![5]);
+        assert_eq!(broadcast_shape("t", &[], &[5]).ok(), Some(vec![5]));
         let e = broadcast_shape("add", &[2, 3], &[4])
             .unwrap_err()
             .to_string();

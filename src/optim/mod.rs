@@ -1,6 +1,27 @@
 //! Optimizers with fused update kernels (one dispatch per parameter, state on the device),
 //! learning-rate schedules, and gradient-norm utilities.
 
+/// The `Optimizer` methods every optimizer shares, for a type with `slots` and `lr` fields.
+macro_rules! slot_methods {
+    () => {
+        fn zero_grad(&self) {
+            self.slots.iter().for_each(|s| s.p.zero_grad());
+        }
+        fn lr(&self) -> f32 {
+            self.lr
+        }
+        fn set_lr(&mut self, lr: f32) {
+            self.lr = lr;
+        }
+        fn params(&self) -> Vec<(String, Tensor)> {
+            self.slots
+                .iter()
+                .map(|s| (s.name.clone(), s.p.clone()))
+                .collect()
+        }
+    };
+}
+
 mod adam;
 mod scaler;
 mod schedule;

@@ -49,19 +49,5 @@ impl Optimizer for Sgd {
         }
         Ok(())
     }
-    fn zero_grad(&self) {
-        self.slots.iter().for_each(|s| s.p.zero_grad());
-    }
-    fn lr(&self) -> f32 {
-        self.lr
-    }
-    fn set_lr(&mut self, lr: f32) {
-        self.lr = lr;
-    }
-    fn params(&self) -> Vec<(String, Tensor)> {
-        self.slots
-            .iter()
-            .map(|s| (s.name.clone(), s.p.clone()))
-            .collect()
-    }
+    slot_methods!();
 }
