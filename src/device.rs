@@ -58,7 +58,8 @@ impl MemoryLimit {
             "gib" => 1024.0 * 1024.0 * 1024.0,
             _ => return Err(bad()),
         };
-        if !(v >= 0.0) {
+        // NaN fails too.
+        if v.is_nan() || v < 0.0 {
             return Err(bad());
         }
         Ok(MemoryLimit::Bytes((v * mul) as u64))

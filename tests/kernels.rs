@@ -276,6 +276,7 @@ fn softmax_rows() {
     );
 }
 
+#[allow(clippy::too_many_arguments)]
 fn matmul_case(
     dev: &wgrad::Device,
     rng: &mut Rng,

@@ -54,7 +54,7 @@ impl MmapDataset {
         let f32_features = kind == 1;
         let rec = features * if f32_features { 4 } else { 1 } + 4;
         let body = map.len() - HEADER;
-        if body % rec != 0 {
+        if !body.is_multiple_of(rec) {
             return Err(Error::format(
                 name,
                 format!("{body} bytes of records is not a whole number of {rec}-byte records"),

@@ -78,8 +78,8 @@ pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: u
         && c.subgroup_min == 32
         && c.subgroup_max == 32
         && (d == 64 || d == 128)
-        && sq % 16 == 0
-        && skv % 16 == 0
+        && sq.is_multiple_of(16)
+        && skv.is_multiple_of(16)
         && sq >= 16
 }
 

@@ -194,7 +194,6 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
                     "fn st_{n}(i_: u32, v_: u32) {{ {n}[i_] = v_; }}\nfn stf_{n}(i_: u32, v_: f32) {{ {n}[i_] = u32(max(v_, 0.0)); }}"
                 );
             }
-            return;
         }
         (DType::F16, F16Mode::Native) => {
             let _ = writeln!(

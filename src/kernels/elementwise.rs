@@ -84,6 +84,7 @@ fn params(n: u32, op: u32, a: f32, b: f32, dims: &[usize], strides: [&[usize]; 3
 }
 
 /// `y = op(x; a, b)` over `n` elements.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn unary(
     dev: &Device,
     op: Unary,

@@ -65,9 +65,9 @@ pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Confi
         && c.subgroup_min == 32
         && c.subgroup_max == 32;
     if coop_ok
-        && m % 16 == 0
-        && n % 16 == 0
-        && k % 16 == 0
+        && m.is_multiple_of(16)
+        && n.is_multiple_of(16)
+        && k.is_multiple_of(16)
         && m > 0
         && n > 0
         && k > 0

@@ -254,7 +254,7 @@ fn check_signature(l: &Launch<'_>) -> Result<()> {
     let same_names = |c: &[(&str, u32)]| {
         c.len() == l.consts.len() && c.iter().zip(l.consts).all(|(a, b)| a.0 == b.0)
     };
-    let exact = sig.consts.iter().any(|c| *c == l.consts);
+    let exact = sig.consts.contains(&l.consts);
     let shape_consts = l.kernel == Kernel::MatmulCoop && sig.consts.iter().any(|c| same_names(c));
     if !exact && !shape_consts {
         return bad(format!(

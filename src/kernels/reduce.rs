@@ -45,7 +45,7 @@ fn params(
 
 /// Grid of `rows`: chunks on x, rows on y, rows past 65535 on z.
 fn rows_grid(nchunks: usize, outer: usize) -> [u32; 3] {
-    let y = outer.min(65535).max(1);
+    let y = outer.clamp(1, 65535);
     [
         nchunks as u32,
         y as u32,

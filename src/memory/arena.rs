@@ -149,7 +149,7 @@ impl Arena {
 
     /// Best fit for a rounded `size` among cached free blocks; `None` when nothing fits.
     pub fn try_alloc(&mut self, size: u64) -> Option<Placement> {
-        debug_assert!(size % self.cfg.align == 0 && size > 0);
+        debug_assert!(size.is_multiple_of(self.cfg.align) && size > 0);
         if self.cfg.no_cache {
             return None;
         }
@@ -245,21 +245,23 @@ impl Arena {
         };
         let mut merged_away = Vec::new();
         // Merge with the following span.
-        if let Some((&off, &next)) = page.spans.range(start + size..).next() {
-            if next.free && off == start + size {
-                page.spans.remove(&off);
-                merged_away.push((next.size, off));
-                size += next.size;
-            }
+        if let Some((&off, &next)) = page.spans.range(start + size..).next()
+            && next.free
+            && off == start + size
+        {
+            page.spans.remove(&off);
+            merged_away.push((next.size, off));
+            size += next.size;
         }
         // Merge with the preceding span.
-        if let Some((&off, &prev)) = page.spans.range(..start).next_back() {
-            if prev.free && off + prev.size == start {
-                page.spans.remove(&start);
-                merged_away.push((prev.size, off));
-                start = off;
-                size += prev.size;
-            }
+        if let Some((&off, &prev)) = page.spans.range(..start).next_back()
+            && prev.free
+            && off + prev.size == start
+        {
+            page.spans.remove(&start);
+            merged_away.push((prev.size, off));
+            start = off;
+            size += prev.size;
         }
         page.spans.insert(start, Span { size, free: true });
         let whole = size == page.size;

@@ -135,17 +135,17 @@ pub fn timeline_svg(events: &[Event], title: &str) -> String {
             }
             EventKind::ScopeEnd => {
                 depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    if let Some((ts, name)) = open.take() {
-                        let (x0, x1) = (x(ts), x(e.t_us).max(x(ts) + 0.5));
-                        let c = colour(&mut names, &name);
-                        let _ = write!(
-                            s,
-                            r#"<rect x="{x0:.1}" y="{BAND_Y}" width="{:.1}" height="{BAND_H}" fill="{c}"><title>{}</title></rect>"#,
-                            x1 - x0,
-                            esc(&name)
-                        );
-                    }
+                if depth == 0
+                    && let Some((ts, name)) = open.take()
+                {
+                    let (x0, x1) = (x(ts), x(e.t_us).max(x(ts) + 0.5));
+                    let c = colour(&mut names, &name);
+                    let _ = write!(
+                        s,
+                        r#"<rect x="{x0:.1}" y="{BAND_Y}" width="{:.1}" height="{BAND_H}" fill="{c}"><title>{}</title></rect>"#,
+                        x1 - x0,
+                        esc(&name)
+                    );
                 }
             }
             _ => {}

@@ -31,7 +31,7 @@ impl MultiHeadAttention {
         causal: bool,
         dtype: DType,
     ) -> Result<MultiHeadAttention> {
-        if heads == 0 || dim % heads != 0 {
+        if heads == 0 || !dim.is_multiple_of(heads) {
             return Err(Error::invalid(
                 "MultiHeadAttention",
                 format!("{dim} features do not split into {heads} heads"),

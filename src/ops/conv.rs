@@ -132,13 +132,13 @@ impl Tensor {
         same_dtype("conv2d", self, weight)?;
         same_device("conv2d", self, weight)?;
         let d = conv_dims(self, weight, &opts)?;
-        if let Some(b) = bias {
-            if b.shape() != [d.o] {
-                return Err(Error::shape(
-                    "conv2d",
-                    format!("bias {:?} for {} output channels", b.shape(), d.o),
-                ));
-            }
+        if let Some(b) = bias
+            && b.shape() != [d.o]
+        {
+            return Err(Error::shape(
+                "conv2d",
+                format!("bias {:?} for {} output channels", b.shape(), d.o),
+            ));
         }
         let out = conv_forward(self, weight, &d)?;
         let out = match bias {
@@ -370,14 +370,14 @@ pub(crate) fn conv_grads(
     if let Some(dw) = dw {
         v.push((w.clone(), dw.reshape(w.shape())?));
     }
-    if let Some(b) = bias {
-        if b.requires_grad() {
-            let s = dy
-                .reshape(&[d.geom.n, d.o, d.hw()])?
-                .sum(2, false)?
-                .sum(0, false)?;
-            v.push((b.clone(), s));
-        }
+    if let Some(b) = bias
+        && b.requires_grad()
+    {
+        let s = dy
+            .reshape(&[d.geom.n, d.o, d.hw()])?
+            .sum(2, false)?
+            .sum(0, false)?;
+        v.push((b.clone(), s));
     }
     Ok(v)
 }

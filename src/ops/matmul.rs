@@ -216,11 +216,11 @@ pub(crate) fn matmul_grads(
         };
         v.push((b.clone(), gb.sum_to(b.shape())?));
     }
-    if let Some(bias) = bias {
-        if bias.requires_grad() {
-            let n = bias.numel();
-            v.push((bias.clone(), g.reshape(&[g.numel() / n, n])?.sum(0, false)?));
-        }
+    if let Some(bias) = bias
+        && bias.requires_grad()
+    {
+        let n = bias.numel();
+        v.push((bias.clone(), g.reshape(&[g.numel() / n, n])?.sum(0, false)?));
     }
     Ok(v)
 }
