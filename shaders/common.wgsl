@@ -81,3 +81,17 @@ fn matmul_epilogue(v: f32, n: u32) -> f32 {
   if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
   return r;
 }
+
+//! fn matmul_a
+// op(A)[gm, gk] of batch matrix `base`, or 0 past M or K (zero-padded tiles add nothing).
+fn matmul_a(base: u32, gm: u32, gk: u32) -> f32 {
+  if (gm < p.m && gk < p.k) { return ld_a(base + gm * p.sam + gk * p.sak); }
+  return 0.0;
+}
+
+//! fn matmul_b
+// op(B)[gk, gn] of batch matrix `base`, or 0 past K or N.
+fn matmul_b(base: u32, gk: u32, gn: u32) -> f32 {
+  if (gn < p.n && gk < p.k) { return ld_b(base + gk * p.sbk + gn * p.sbn); }
+  return 0.0;
+}

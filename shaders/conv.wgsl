@@ -51,6 +51,12 @@ fn out_pos(i: u32, k: u32, pad: u32, stride: u32, dil: u32, size: u32) -> i32 {
   return o;
 }
 
+// The input position that tap `k` of output position `o` reads along one axis (may be
+// negative or past the input: padding).
+fn in_pos(o: u32, k: u32, pad: u32, stride: u32, dil: u32) -> i32 {
+  return i32(o * stride + k * dil) - i32(pad);
+}
+
 //! entry im2col
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
@@ -64,8 +70,8 @@ fn main(ids: Ids) {
   let nn = t / (p.c * kk);
   let ch = ck / kk;
   let r = ck % kk;
-  let ih = i32((s / p.wo) * p.sh + (r / p.kw) * p.dh) - i32(p.ph);
-  let iw = i32((s % p.wo) * p.sw + (r % p.kw) * p.dw) - i32(p.pw);
+  let ih = in_pos(s / p.wo, r / p.kw, p.ph, p.sh, p.dh);
+  let iw = in_pos(s % p.wo, r % p.kw, p.pw, p.sw, p.dw);
   var v = 0.0;
   if (ih >= 0 && ih < i32(p.h) && iw >= 0 && iw < i32(p.w)) {
     v = ld_x((((p.n0 + nn) * p.c + ch) * p.h + u32(ih)) * p.w + u32(iw));
@@ -109,10 +115,10 @@ fn main(ids: Ids) {
   var best = -3.4028234663852886e38;
   var at = 0xffffffffu;
   for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
-    let ih = i32(oh * p.sh + ki * p.dh) - i32(p.ph);
+    let ih = in_pos(oh, ki, p.ph, p.sh, p.dh);
     if (ih < 0 || ih >= i32(p.h)) { continue; }
     for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
-      let iw = i32(ow * p.sw + kj * p.dw) - i32(p.pw);
+      let iw = in_pos(ow, kj, p.pw, p.sw, p.dw);
       if (iw < 0 || iw >= i32(p.w)) { continue; }
       let pos = u32(ih) * p.w + u32(iw);
       let v = ld_x(plane * p.h * p.w + pos);
@@ -156,10 +162,10 @@ fn main(ids: Ids) {
   let plane = i / (p.wo * p.ho);
   var acc = 0.0;
   for (var ki = 0u; ki < p.kh; ki = ki + 1u) {
-    let ih = i32(oh * p.sh + ki * p.dh) - i32(p.ph);
+    let ih = in_pos(oh, ki, p.ph, p.sh, p.dh);
     if (ih < 0 || ih >= i32(p.h)) { continue; }
     for (var kj = 0u; kj < p.kw; kj = kj + 1u) {
-      let iw = i32(ow * p.sw + kj * p.dw) - i32(p.pw);
+      let iw = in_pos(ow, kj, p.pw, p.sw, p.dw);
       if (iw < 0 || iw >= i32(p.w)) { continue; }
       acc = acc + ld_x((plane * p.h + u32(ih)) * p.w + u32(iw));
     }

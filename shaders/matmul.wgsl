@@ -57,20 +57,14 @@ fn main(ids: Ids) {
       var mm: u32;
       var kk: u32;
       if (p.a_kfast != 0u) { mm = e / BK; kk = e % BK; } else { kk = e / BM; mm = e % BM; }
-      let gm = m0 + mm;
-      let gk = k0 + kk;
-      var v = 0.0;
-      if (gm < p.m && gk < p.k) { v = ld_a(a_base + gm * p.sam + gk * p.sak); }
+      let v = matmul_a(a_base, m0 + mm, k0 + kk);
       As[kk * BM + mm] = v;
     }
     for (var e = lid; e < BN * BK; e = e + WG) {
       var nn: u32;
       var kk: u32;
       if (p.b_nfast != 0u) { kk = e / BN; nn = e % BN; } else { nn = e / BK; kk = e % BK; }
-      let gn = n0 + nn;
-      let gk = k0 + kk;
-      var v = 0.0;
-      if (gn < p.n && gk < p.k) { v = ld_b(b_base + gk * p.sbk + gn * p.sbn); }
+      let v = matmul_b(b_base, k0 + kk, n0 + nn);
       Bs[kk * BN + nn] = v;
     }
     workgroupBarrier();
