@@ -6,11 +6,19 @@
 // scores in workgroup memory at a time, so memory is O(SQ) per head (the output and one f32
 // log-sum-exp per query row), not O(SQ * SKV).
 // The causal mask lets query i see key j when j <= i + (SKV - SQ) (bottom-right aligned, so
-// SQ == SKV is the usual lower triangle); masked scores are -inf.
+// SQ == SKV is the usual lower triangle, and with more keys than queries the queries are the
+// last SQ positions of the sequence); masked scores are -inf.
 //
 // Constants: BR query rows and BC keys per block, DMAX >= D (the head dimension, padded for
-// register arrays; workgroup-memory rows are DMAX + 1 floats so threads reading different
-// rows at the same column hit different banks). WG = 128 threads.
+// register arrays; tiles are zero past D, so loops over DMAX add nothing for the padding;
+// workgroup-memory rows are DMAX + 1 floats so threads reading different rows at the same
+// column hit different banks). WG = 128 threads.
+//
+// Chunks: one dispatch covers the key range [c0, c1) (fwd, bwd_q) or the query range [c0, c1)
+// (bwd_kv); the host runs the chunks of a long sequence as consecutive dispatches, each
+// starting from the running state the one before left in `state` (f32) unless p.first, and
+// writing the result instead of the state when p.last. That keeps every invocation's loops
+// inside the loop budget (kernels/mod.rs) for any sequence length.
 //
 //   fwd        Workgroup (x, y) = (query block, head). Thread t owns query row r = t / TPR and
 //              columns l, l + TPR, ... of its output (TPR = WG / BR threads per row). For each
@@ -19,23 +27,31 @@
 //              m' = max(m, max_c s), rescale l and the output accumulators by exp(m - m'),
 //              add p_c = exp(s_c - m') and p_c * V[c]. At the end O = acc / l and, for the
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
+//              State per row: acc[DMAX], m, l.
 //   bwd_delta  One thread per query row: delta = sum_d dO * O (the softmax backward's dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
 //              of dK and dV in registers. For each query block (starting at the first that can
 //              see these keys): recompute P = exp(scale * Q K^T - lse), dP = dO V^T and
 //              dS = P * (dP - delta) for the BR x BC block, then dV += P^T dO and
 //              dK += scale * dS^T Q. No atomics: each workgroup owns its keys' gradients.
+//              State per key: dK[DMAX], dV[DMAX].
 //   bwd_q      Workgroup (x, y) = (query block, head); thread owns a query row's dQ columns;
-//              for each key block recompute dS as above and add scale * dS K.
+//              for each key block recompute dS as above and add scale * dS K. State per row:
+//              dQ[DMAX].
 //
 // Bounds: tiles are loaded with zero past SQ, SKV or D; scores of keys past SKV (and masked
 // ones) are -inf, so they get probability 0; rows past SQ are computed but never stored.
 // Barriers sit in loops whose bounds depend only on workgroup ids and uniform parameters.
 //
-// Bindings: fwd reads q, k, v, writes o, lse; bwd_delta reads o, dout, writes delta; bwd_kv
-// reads q, k, v, dout, lse, delta, writes dk, dv; bwd_q reads q, k, v, dout, lse, delta,
-// writes dq. lse and delta are f32.
-// Params: bh, sq, skv, d, scale, causal, -inf (passed in: WGSL rejects an infinite constant).
+// Bindings: signature lines; lse and delta are f32; `state` is a dummy when a call has one
+// chunk.
+// Params: bh, sq, skv, d, scale, causal, -inf (passed in: WGSL rejects an infinite constant),
+// first, last, c0, c1.
+// Loops (per invocation, counting constant loops as if not unrolled): per block of the chunk,
+// fwd (BC DMAX / WG + 1) + (BC / TPR + 1) + (BC / TPR)(DMAX + 1) + (BC + 1) + (BC + 1) +
+// BC (OPT + 1); bwd_kv (BR DMAX / WG + 1) + 2 + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
+// (BR + 1) + BR (KPT + 1); bwd_q (BC DMAX / WG + 1) + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
+// (BC + 1) + BC (OPT + 1). The host (kernels::attention) sizes chunks from these.
 
 struct Params {
   bh: u32,
@@ -45,6 +61,10 @@ struct Params {
   scale: f32,
   causal: u32,
   ninf: f32,
+  first: u32,
+  last: u32,
+  c0: u32,
+  c1: u32,
   _pad: u32,
 }
 
@@ -62,7 +82,11 @@ fn key_end(q0: u32) -> u32 {
   return min(p.skv, q0 + BR + p.skv - p.sq);
 }
 
-//! entry fwd
+//! entry fwd(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
+//! check WG=128 BR=32 BC=32 DMAX=32
+//! check WG=128 BR=32 BC=32 DMAX=64
+//! check WG=128 BR=16 BC=16 DMAX=128
+//! check WG=128 BR=8 BC=8 DMAX=256
 var<workgroup> Qs: array<f32, BR * RS>;
 var<workgroup> Ks: array<f32, BC * RS>;
 var<workgroup> Vs: array<f32, BC * DMAX>;
@@ -79,8 +103,10 @@ fn main(ids: Ids) {
   let r = t / TPR;
   let l = t % TPR;
   let qi = q0 + r;
+  let row_ok = qi < p.sq;
   let qb = bh * p.sq * p.d;
   let kb = bh * p.skv * p.d;
+  let sb = (bh * p.sq + qi) * (DMAX + 2u);
   for (var e = t; e < BR * DMAX; e = e + WG) {
     let rr = e / DMAX;
     let dd = e % DMAX;
@@ -89,11 +115,16 @@ fn main(ids: Ids) {
     Qs[rr * RS + dd] = v;
   }
   var acc: array<f32, OPT>;
-  for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = 0.0; }
   var m = p.ninf;
   var lsum = 0.0;
-  let kend = key_end(q0);
-  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+  for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = 0.0; }
+  if (p.first == 0u && row_ok) {
+    for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = ld_state(sb + l + j * TPR); }
+    m = ld_state(sb + DMAX);
+    lsum = ld_state(sb + DMAX + 1u);
+  }
+  let kend = min(p.c1, key_end(q0));
+  for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
     for (var e = t; e < BC * DMAX; e = e + WG) {
       let c = e / DMAX;
@@ -110,7 +141,7 @@ fn main(ids: Ids) {
     workgroupBarrier();
     for (var c = l; c < BC; c = c + TPR) {
       var s = 0.0;
-      for (var dd = 0u; dd < p.d; dd = dd + 1u) { s = fma(Qs[r * RS + dd], Ks[c * RS + dd], s); }
+      for (var dd = 0u; dd < DMAX; dd = dd + 1u) { s = fma(Qs[r * RS + dd], Ks[c * RS + dd], s); }
       Ss[r * BC + c] = select(s * p.scale, p.ninf, masked(qi, k0 + c));
     }
     workgroupBarrier();
@@ -128,17 +159,26 @@ fn main(ids: Ids) {
       m = mb;
     }
   }
-  if (qi < p.sq) {
-    let inv = 1.0 / lsum;
-    for (var j = 0u; j < OPT; j = j + 1u) {
-      let dd = l + j * TPR;
-      if (dd < p.d) { st_o(qb + qi * p.d + dd, acc[j] * inv); }
+  if (row_ok) {
+    if (p.last != 0u) {
+      let inv = 1.0 / lsum;
+      for (var j = 0u; j < OPT; j = j + 1u) {
+        let dd = l + j * TPR;
+        if (dd < p.d) { st_o(qb + qi * p.d + dd, acc[j] * inv); }
+      }
+      if (l == 0u) { st_lse(bh * p.sq + qi, m + log(lsum)); }
+    } else {
+      for (var j = 0u; j < OPT; j = j + 1u) { st_state(sb + l + j * TPR, acc[j]); }
+      if (l == 0u) {
+        st_state(sb + DMAX, m);
+        st_state(sb + DMAX + 1u, lsum);
+      }
     }
-    if (l == 0u) { st_lse(bh * p.sq + qi, m + log(lsum)); }
   }
 }
 
-//! entry bwd_delta
+//! entry bwd_delta(o: data, dout: data, delta: f32 mut)
+//! check WG=256 BR=16 BC=32 DMAX=64
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -148,7 +188,11 @@ fn main(ids: Ids) {
   st_delta(i, s);
 }
 
-//! entry bwd_kv
+//! entry bwd_kv(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dk: data mut, dv: data mut, state: f32 mut)
+//! check WG=128 BR=16 BC=32 DMAX=32
+//! check WG=128 BR=16 BC=32 DMAX=64
+//! check WG=128 BR=8 BC=16 DMAX=128
+//! check WG=128 BR=4 BC=8 DMAX=256
 var<workgroup> Kt: array<f32, BC * RS>;
 var<workgroup> Vt: array<f32, BC * RS>;
 var<workgroup> Qt: array<f32, BR * RS>;
@@ -168,8 +212,10 @@ fn main(ids: Ids) {
   let t = ids.lid;
   let c = t / TPC;
   let l = t % TPC;
+  let key_ok = k0 + c < p.skv;
   let qb = bh * p.sq * p.d;
   let kb = bh * p.skv * p.d;
+  let sb = (bh * p.skv + k0 + c) * (2u * DMAX);
   for (var e = t; e < BC * DMAX; e = e + WG) {
     let cc = e / DMAX;
     let dd = e % DMAX;
@@ -185,10 +231,17 @@ fn main(ids: Ids) {
   var dk: array<f32, KPT>;
   var dv: array<f32, KPT>;
   for (var j = 0u; j < KPT; j = j + 1u) { dk[j] = 0.0; dv[j] = 0.0; }
+  if (p.first == 0u && key_ok) {
+    for (var j = 0u; j < KPT; j = j + 1u) {
+      dk[j] = ld_state(sb + l + j * TPC);
+      dv[j] = ld_state(sb + DMAX + l + j * TPC);
+    }
+  }
   // The first query that can see key k0 is k0 - (SKV - SQ).
-  var qstart = 0u;
-  if (p.causal != 0u && k0 + p.sq > p.skv) { qstart = ((k0 + p.sq - p.skv) / BR) * BR; }
-  for (var q0 = qstart; q0 < p.sq; q0 = q0 + BR) {
+  var qstart = p.c0;
+  if (p.causal != 0u && k0 + p.sq > p.skv) { qstart = max(qstart, ((k0 + p.sq - p.skv) / BR) * BR); }
+  let qend = min(p.c1, p.sq);
+  for (var q0 = qstart; q0 < qend; q0 = q0 + BR) {
     workgroupBarrier();
     for (var e = t; e < BR * DMAX; e = e + WG) {
       let rr = e / DMAX;
@@ -222,7 +275,7 @@ fn main(ids: Ids) {
       if (qi < p.sq && !masked(qi, k0 + cc)) {
         var s = 0.0;
         var dp = 0.0;
-        for (var dd = 0u; dd < p.d; dd = dd + 1u) {
+        for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
           s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
           dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
         }
@@ -243,18 +296,29 @@ fn main(ids: Ids) {
       }
     }
   }
-  if (k0 + c < p.skv) {
-    for (var j = 0u; j < KPT; j = j + 1u) {
-      let dd = l + j * TPC;
-      if (dd < p.d) {
-        st_dk(kb + (k0 + c) * p.d + dd, dk[j] * p.scale);
-        st_dv(kb + (k0 + c) * p.d + dd, dv[j]);
+  if (key_ok) {
+    if (p.last != 0u) {
+      for (var j = 0u; j < KPT; j = j + 1u) {
+        let dd = l + j * TPC;
+        if (dd < p.d) {
+          st_dk(kb + (k0 + c) * p.d + dd, dk[j] * p.scale);
+          st_dv(kb + (k0 + c) * p.d + dd, dv[j]);
+        }
+      }
+    } else {
+      for (var j = 0u; j < KPT; j = j + 1u) {
+        st_state(sb + l + j * TPC, dk[j]);
+        st_state(sb + DMAX + l + j * TPC, dv[j]);
       }
     }
   }
 }
 
-//! entry bwd_q
+//! entry bwd_q(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dq: data mut, state: f32 mut)
+//! check WG=128 BR=16 BC=32 DMAX=32
+//! check WG=128 BR=16 BC=32 DMAX=64
+//! check WG=128 BR=8 BC=16 DMAX=128
+//! check WG=128 BR=4 BC=8 DMAX=256
 var<workgroup> Kt: array<f32, BC * RS>;
 var<workgroup> Vt: array<f32, BC * RS>;
 var<workgroup> Qt: array<f32, BR * RS>;
@@ -273,8 +337,11 @@ fn main(ids: Ids) {
   let t = ids.lid;
   let r = t / TPR;
   let l = t % TPR;
+  let qi = q0 + r;
+  let row_ok = qi < p.sq;
   let qb = bh * p.sq * p.d;
   let kb = bh * p.skv * p.d;
+  let sb = (bh * p.sq + qi) * DMAX;
   for (var e = t; e < BR * DMAX; e = e + WG) {
     let rr = e / DMAX;
     let dd = e % DMAX;
@@ -299,8 +366,11 @@ fn main(ids: Ids) {
   }
   var dq: array<f32, OPT>;
   for (var j = 0u; j < OPT; j = j + 1u) { dq[j] = 0.0; }
-  let kend = key_end(q0);
-  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+  if (p.first == 0u && row_ok) {
+    for (var j = 0u; j < OPT; j = j + 1u) { dq[j] = ld_state(sb + l + j * TPR); }
+  }
+  let kend = min(p.c1, key_end(q0));
+  for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
     for (var e = t; e < BC * DMAX; e = e + WG) {
       let cc = e / DMAX;
@@ -318,12 +388,12 @@ fn main(ids: Ids) {
     for (var e = t; e < BR * BC; e = e + WG) {
       let rr = e / BC;
       let cc = e % BC;
-      let qi = q0 + rr;
+      let qr = q0 + rr;
       var ds = 0.0;
-      if (qi < p.sq && !masked(qi, k0 + cc)) {
+      if (qr < p.sq && !masked(qr, k0 + cc)) {
         var s = 0.0;
         var dp = 0.0;
-        for (var dd = 0u; dd < p.d; dd = dd + 1u) {
+        for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
           s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
           dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
         }
@@ -339,11 +409,14 @@ fn main(ids: Ids) {
       }
     }
   }
-  let qi = q0 + r;
-  if (qi < p.sq) {
-    for (var j = 0u; j < OPT; j = j + 1u) {
-      let dd = l + j * TPR;
-      if (dd < p.d) { st_dq(qb + qi * p.d + dd, dq[j] * p.scale); }
+  if (row_ok) {
+    if (p.last != 0u) {
+      for (var j = 0u; j < OPT; j = j + 1u) {
+        let dd = l + j * TPR;
+        if (dd < p.d) { st_dq(qb + qi * p.d + dd, dq[j] * p.scale); }
+      }
+    } else {
+      for (var j = 0u; j < OPT; j = j + 1u) { st_state(sb + l + j * TPR, dq[j]); }
     }
   }
 }

@@ -25,8 +25,12 @@
 // (uniformly: the loop bound depends only on the block). Causal rows mask keys
 // j + SQ > i + SKV. Every barrier is in control flow uniform across the workgroup.
 //
-// Bindings: reads q, k, v; writes o, lse (f32). Params as attention.wgsl. Constants: DMAX.
+// Bindings: signature line. Params as attention.wgsl. Constants: DMAX.
+// Loops (per invocation): two passes over the key blocks, each about 5 (ND + 1) + 70 counted
+// iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
+// budget), longer sequences take attention.wgsl's chunked path.
 
+// The layout of attention.wgsl's Params (one host twin); the chunk fields are unused here.
 struct Params {
   bh: u32,
   sq: u32,
@@ -35,6 +39,10 @@ struct Params {
   scale: f32,
   causal: u32,
   ninf: f32,
+  first: u32,
+  last: u32,
+  c0: u32,
+  c1: u32,
   _pad: u32,
 }
 
@@ -60,7 +68,9 @@ fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
   return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * DMAX + dd * 16u], DMAX);
 }
 
-//! entry fwd
+//! entry fwd(q: f16, k: f16, v: f16, o: data mut, lse: f32 mut)
+//! check WG=128 DMAX=64
+//! check WG=128 DMAX=128
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;

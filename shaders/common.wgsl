@@ -19,6 +19,24 @@ fn tanh_(x: f32) -> f32 {
   return (e - 1.0) / (e + 1.0);
 }
 
+//! fn pow_
+// x^y with C's pow rules where WGSL's pow is undefined (it is only defined for x > 0): a negative
+// base with an integral exponent gives the signed power ((-2)^3 = -8), with any other
+// exponent NaN; 0^y is 0 for y > 0, 1 for y == 0 and +inf for y < 0; x^0 is 1 even for NaN.
+fn pow_(x: f32, y: f32) -> f32 {
+  if (y == 0.0) { return 1.0; }
+  let ax = abs(x);
+  // Infinity and NaN built from run-time bits: WGSL rejects them as constant expressions.
+  let zero_bits = bitcast<u32>(y) & 0u;
+  if (ax == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u + zero_bits), y < 0.0); }
+  let r = pow(ax, y);
+  if (x >= 0.0 || x != x) { return r; }
+  if (floor(y) != y) { return bitcast<f32>(0x7fc00000u + zero_bits); }
+  // An odd integral exponent keeps the sign (exact for |y| < 2^24, beyond that y is even).
+  let odd = abs(y) < 16777216.0 && (abs(y) - 2.0 * floor(abs(y) * 0.5)) == 1.0;
+  return select(r, -r, odd);
+}
+
 //! fn sigmoid_
 fn sigmoid_(x: f32) -> f32 {
   return 1.0 / (1.0 + exp(-x));
@@ -47,7 +65,10 @@ fn row_max_sumexp(base: u32, len: u32, ids: Ids) -> vec2<f32> {
 }
 
 //! struct MatmulParams
-// Parameters of matmul.wgsl and matmul_coop.wgsl (one layout, filled by kernels/matmul.rs).
+// Parameters of matmul.wgsl and matmul_coop.wgsl (one layout; host twin: kernels::matmul).
+// Split-K: workgroup z = s * batch + b runs K range [s * kchunk, min((s + 1) * kchunk, k)) of
+// batch matrix b; with splits > 1 the pass writes raw f32 partial products (raw = 1, no
+// epilogue) to c at (s * batch + b) * m * n, and `splitk` sums them and applies the epilogue.
 struct MatmulParams {
   m: u32,
   n: u32,
@@ -68,30 +89,45 @@ struct MatmulParams {
   a_off: u32,
   b_off: u32,
   c_off: u32,
-  _pad: u32,
+  kchunk: u32,
+  splits: u32,
+  raw: u32,
+  _pad0: u32,
+  _pad1: u32,
 }
 
 //! fn matmul_epilogue
-// A matmul output element: + bias[n] when there is one, then the activation (0 none, 1 relu,
-// 2 gelu).
+// A matmul output element: + bias[n] when there is one, then the activation; a raw partial
+// product (split-K) is stored as is.
 fn matmul_epilogue(v: f32, n: u32) -> f32 {
+  if (p.raw != 0u) { return v; }
   var r = v;
   if (p.has_bias != 0u) { r = r + ld_bias(n); }
-  if (p.act == 1u) { r = max(r, 0.0); }
-  if (p.act == 2u) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
+  if (p.act == ACT_NONE) { return r; }
+  if (p.act == ACT_RELU) { r = max(r, 0.0); }
+  if (p.act == ACT_GELU) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
   return r;
 }
 
+//! fn matmul_krange
+// The K range [x, y) of split s = wid.z / batch.
+fn matmul_krange(z: u32) -> vec2<u32> {
+  let s = z / p.batch;
+  let k0 = s * p.kchunk;
+  return vec2<u32>(k0, min(k0 + p.kchunk, p.k));
+}
+
 //! fn matmul_a
-// op(A)[gm, gk] of batch matrix `base`, or 0 past M or K (zero-padded tiles add nothing).
-fn matmul_a(base: u32, gm: u32, gk: u32) -> f32 {
-  if (gm < p.m && gk < p.k) { return ld_a(base + gm * p.sam + gk * p.sak); }
+// op(A)[gm, gk] of batch matrix `base`, or 0 past M or the end of the K range (zero-padded
+// tiles add nothing).
+fn matmul_a(base: u32, gm: u32, gk: u32, kend: u32) -> f32 {
+  if (gm < p.m && gk < kend) { return ld_a(base + gm * p.sam + gk * p.sak); }
   return 0.0;
 }
 
 //! fn matmul_b
-// op(B)[gk, gn] of batch matrix `base`, or 0 past K or N.
-fn matmul_b(base: u32, gk: u32, gn: u32) -> f32 {
-  if (gn < p.n && gk < p.k) { return ld_b(base + gk * p.sbk + gn * p.sbn); }
+// op(B)[gk, gn] of batch matrix `base`, or 0 past N or the end of the K range.
+fn matmul_b(base: u32, gk: u32, gn: u32, kend: u32) -> f32 {
+  if (gn < p.n && gk < kend) { return ld_b(base + gk * p.sbk + gn * p.sbn); }
   return 0.0;
 }

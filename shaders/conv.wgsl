@@ -20,7 +20,10 @@
 //   avgpool      y = sum over the window / (KH*KW) (zero padding counts).
 //   avgpool_bwd  dx = sum of dy / (KH*KW) over the windows covering the position.
 //
+// Bindings: signature lines.
 // Params: n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, n0 (im2col / col2im only).
+// Loops (per invocation): im2col none; the others walk the window, kh (kw + 1) + 1, which the
+// host keeps within the loop budget (windows up to about 127 x 127).
 
 struct Params {
   n: u32,
@@ -40,6 +43,7 @@ struct Params {
   // First image of this call: im2col reads x from image n0, col2im writes dx from image n0
   // (convolution runs in chunks of the batch to bound the column buffer).
   n0: u32,
+  _pad: u32,
 }
 
 // The output index along one axis whose window puts tap `k` on input position `i`, or -1.
@@ -57,7 +61,7 @@ fn in_pos(o: u32, k: u32, pad: u32, stride: u32, dil: u32) -> i32 {
   return i32(o * stride + k * dil) - i32(pad);
 }
 
-//! entry im2col
+//! entry im2col(x: data, col: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -79,7 +83,7 @@ fn main(ids: Ids) {
   st_col(i, v);
 }
 
-//! entry col2im
+//! entry col2im(dcol: data, dx: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -104,7 +108,7 @@ fn main(ids: Ids) {
   st_dx(p.n0 * p.c * p.h * p.w + i, acc);
 }
 
-//! entry maxpool
+//! entry maxpool(x: data, y: data mut, idx: u32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -129,7 +133,7 @@ fn main(ids: Ids) {
   st_idx(i, at);
 }
 
-//! entry maxpool_bwd
+//! entry maxpool_bwd(idx: u32, dy: data, dx: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -152,7 +156,7 @@ fn main(ids: Ids) {
   st_dx(i, acc);
 }
 
-//! entry avgpool
+//! entry avgpool(x: data, y: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -173,7 +177,7 @@ fn main(ids: Ids) {
   st_y(i, acc / f32(p.kh * p.kw));
 }
 
-//! entry avgpool_bwd
+//! entry avgpool_bwd(dy: data, dx: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);

@@ -11,9 +11,10 @@
 //   strided_u32  the same for u32 tensors (exact for every value; the float view is not).
 //   words    y[i] = x[i] on raw 32-bit words: a same-dtype copy of any tensor, bit for bit.
 //
-// Bindings: reads `x`, writes `y`.
+// Bindings: reads `x`, writes `y` (signature lines).
 // Params: n, rank, xoff, yoff, then dims, x strides and y strides as two vec4<u32> each
 // (uniform arrays need 16-byte elements).
+// Loops: strided_offsets runs `rank` (<= 6) iterations; nothing else loops.
 
 struct Params {
   n: u32,
@@ -41,7 +42,7 @@ fn strided_offsets(i: u32) -> vec2<u32> {
   return vec2<u32>(xi, yi);
 }
 
-//! entry cast
+//! entry cast(x: any, y: any mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -49,7 +50,7 @@ fn main(ids: Ids) {
   stf_y(i, ldf_x(i));
 }
 
-//! entry strided
+//! entry strided(x: data, y: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -58,7 +59,7 @@ fn main(ids: Ids) {
   stf_y(o.y, ldf_x(o.x));
 }
 
-//! entry strided_u32
+//! entry strided_u32(x: u32, y: u32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -67,7 +68,7 @@ fn main(ids: Ids) {
   st_y(o.y, ld_x(o.x));
 }
 
-//! entry words
+//! entry words(x: u32, y: u32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);

@@ -5,8 +5,9 @@
 // reads inputs at indices derived from its own output index, which are in range by
 // construction of the strides (the host validates shapes).
 //
-// The op is a runtime switch on `p.op`: it is uniform across the dispatch, so the branch costs
-// next to nothing in these memory-bound kernels, and one pipeline serves every op.
+// The op is a runtime switch on `p.op` over the named codes the prelude declares (UN_*, BIN_*,
+// from the host's `Unary` and `Binary` enums): it is uniform across the dispatch, so the branch
+// costs next to nothing in these memory-bound kernels, and one pipeline serves every op.
 //
 //   unary        y[i] = f(x[i]; a, b)
 //   unary_bwd    dx[i] = g[i] * f'(x[i] or y[i]; a, b)   (which one: see each op)
@@ -14,10 +15,10 @@
 //   binary_bcast z[i] = f(x[ix(i)], y[iy(i)])            broadcasting through strides (0 = repeat)
 //   select       z[i] = c[ic(i)] != 0 ? x[ix(i)] : y[iy(i)]
 //
-// Bindings: unary reads x, writes y; unary_bwd reads x (the saved input or output) and g,
-// writes dx; binary reads x, y, writes z; select reads c, x, y, writes z.
+// Bindings: on the signature lines; unary_bwd's x is the op's saved input or output.
 // Params: n, op, a, b, rank, then the output shape and up to three stride vectors (rank <= 6,
 // each packed in two vec4<u32>).
+// Loops: bcast_offsets runs `rank` (<= 6) iterations; nothing else loops.
 
 struct Params {
   n: u32,
@@ -36,27 +37,27 @@ struct Params {
 
 fn unary_op(op: u32, x: f32, a: f32, b: f32) -> f32 {
   switch op {
-    case 0u: { return -x; }
-    case 1u: { return exp(x); }
-    case 2u: { return log(x); }
-    case 3u: { return sqrt(x); }
-    case 4u: { return max(x, 0.0); }
-    case 5u: { return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)); }   // gelu (exact)
-    case 6u: { return tanh_(x); }
-    case 7u: { return sigmoid_(x); }
-    case 8u: { return abs(x); }
-    case 9u: { return x * x; }
-    case 10u: { return 1.0 / x; }
-    case 11u: { return x + a; }
-    case 12u: { return x * a; }
-    case 13u: { return pow(x, a); }
-    case 14u: { return a - x; }
-    case 15u: { return max(x, a); }
-    case 16u: { return min(x, a); }
-    case 17u: { return a * x + b; }
-    case 18u: { return x * sigmoid_(x); }                                   // silu
-    case 19u: { return clamp(x, a, b); }
-    case 20u: { return select(0.0, 1.0, x > a); }                          // step: x > a
+    case UN_NEG: { return -x; }
+    case UN_EXP: { return exp(x); }
+    case UN_LOG: { return log(x); }
+    case UN_SQRT: { return sqrt(x); }
+    case UN_RELU: { return max(x, 0.0); }
+    case UN_GELU: { return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)); }   // exact (erf)
+    case UN_TANH: { return tanh_(x); }
+    case UN_SIGMOID: { return sigmoid_(x); }
+    case UN_ABS: { return abs(x); }
+    case UN_SQUARE: { return x * x; }
+    case UN_RECIP: { return 1.0 / x; }
+    case UN_ADD_SCALAR: { return x + a; }
+    case UN_MUL_SCALAR: { return x * a; }
+    case UN_POW_SCALAR: { return pow_(x, a); }
+    case UN_RSUB_SCALAR: { return a - x; }
+    case UN_MAX_SCALAR: { return max(x, a); }
+    case UN_MIN_SCALAR: { return min(x, a); }
+    case UN_AFFINE: { return a * x + b; }
+    case UN_SILU: { return x * sigmoid_(x); }
+    case UN_CLAMP: { return clamp(x, a, b); }
+    case UN_STEP: { return select(0.0, 1.0, x > a); }
     default: { return x; }
   }
 }
@@ -65,52 +66,53 @@ fn unary_op(op: u32, x: f32, a: f32, b: f32) -> f32 {
 // the saved output y (cheaper and as exact).
 fn unary_grad(op: u32, v: f32, a: f32, b: f32) -> f32 {
   switch op {
-    case 0u: { return -1.0; }                                              // neg
-    case 1u: { return v; }                                                 // exp (y)
-    case 2u: { return 1.0 / v; }                                           // log (x)
-    case 3u: { return 0.5 / v; }                                           // sqrt (y)
-    case 4u: { return select(0.0, 1.0, v > 0.0); }                         // relu (x)
-    case 5u: {                                                             // gelu (x)
+    case UN_NEG: { return -1.0; }
+    case UN_EXP: { return v; }                                             // y
+    case UN_LOG: { return 1.0 / v; }                                       // x
+    case UN_SQRT: { return 0.5 / v; }                                      // y
+    case UN_RELU: { return select(0.0, 1.0, v > 0.0); }                    // x
+    case UN_GELU: {                                                        // x
       let cdf = 0.5 * (1.0 + erf_(v * 0.7071067811865476));
       let pdf = 0.3989422804014327 * exp(-0.5 * v * v);
       return cdf + v * pdf;
     }
-    case 6u: { return 1.0 - v * v; }                                       // tanh (y)
-    case 7u: { return v * (1.0 - v); }                                     // sigmoid (y)
-    case 8u: { return sign(v); }                                           // abs (x)
-    case 9u: { return 2.0 * v; }                                           // square (x)
-    case 10u: { return -v * v; }                                           // recip (y)
-    case 11u: { return 1.0; }                                              // add scalar
-    case 12u: { return a; }                                                // mul scalar
-    case 13u: { return a * pow(v, a - 1.0); }                              // pow scalar (x)
-    case 14u: { return -1.0; }                                             // a - x
-    case 15u: { return select(0.0, 1.0, v > a); }                          // max scalar (x)
-    case 16u: { return select(0.0, 1.0, v < a); }                          // min scalar (x)
-    case 17u: { return a; }                                                // affine
-    case 18u: {                                                            // silu (x)
+    case UN_TANH: { return 1.0 - v * v; }                                  // y
+    case UN_SIGMOID: { return v * (1.0 - v); }                             // y
+    case UN_ABS: { return sign(v); }                                       // x
+    case UN_SQUARE: { return 2.0 * v; }                                    // x
+    case UN_RECIP: { return -v * v; }                                      // y
+    case UN_ADD_SCALAR: { return 1.0; }
+    case UN_MUL_SCALAR: { return a; }
+    // d/dx x^a = a x^(a-1); 0 when a == 0 (x^0 is constant), as PyTorch.
+    case UN_POW_SCALAR: { return select(a * pow_(v, a - 1.0), 0.0, a == 0.0); }
+    case UN_RSUB_SCALAR: { return -1.0; }
+    case UN_MAX_SCALAR: { return select(0.0, 1.0, v > a); }                // x
+    case UN_MIN_SCALAR: { return select(0.0, 1.0, v < a); }                // x
+    case UN_AFFINE: { return a; }
+    case UN_SILU: {                                                        // x
       let s = sigmoid_(v);
       return s * (1.0 + v * (1.0 - s));
     }
-    case 19u: { return select(0.0, 1.0, v >= a && v <= b); }               // clamp (x)
+    case UN_CLAMP: { return select(0.0, 1.0, v >= a && v <= b); }         // x
     default: { return 0.0; }
   }
 }
 
 fn binary_op(op: u32, x: f32, y: f32) -> f32 {
   switch op {
-    case 0u: { return x + y; }
-    case 1u: { return x - y; }
-    case 2u: { return x * y; }
-    case 3u: { return x / y; }
-    case 4u: { return max(x, y); }
-    case 5u: { return min(x, y); }
-    case 6u: { return pow(x, y); }
-    case 7u: { return select(0.0, 1.0, x == y); }
-    case 8u: { return select(0.0, 1.0, x != y); }
-    case 9u: { return select(0.0, 1.0, x < y); }
-    case 10u: { return select(0.0, 1.0, x <= y); }
-    case 11u: { return select(0.0, 1.0, x > y); }
-    case 12u: { return select(0.0, 1.0, x >= y); }
+    case BIN_ADD: { return x + y; }
+    case BIN_SUB: { return x - y; }
+    case BIN_MUL: { return x * y; }
+    case BIN_DIV: { return x / y; }
+    case BIN_MAX: { return max(x, y); }
+    case BIN_MIN: { return min(x, y); }
+    case BIN_POW: { return pow_(x, y); }
+    case BIN_EQ: { return select(0.0, 1.0, x == y); }
+    case BIN_NE: { return select(0.0, 1.0, x != y); }
+    case BIN_LT: { return select(0.0, 1.0, x < y); }
+    case BIN_LE: { return select(0.0, 1.0, x <= y); }
+    case BIN_GT: { return select(0.0, 1.0, x > y); }
+    case BIN_GE: { return select(0.0, 1.0, x >= y); }
     default: { return x; }
   }
 }
@@ -128,7 +130,7 @@ fn bcast_offsets(i: u32) -> vec3<u32> {
   return o;
 }
 
-//! entry unary
+//! entry unary(x: data, y: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -136,7 +138,7 @@ fn main(ids: Ids) {
   st_y(i, unary_op(p.op, ld_x(i), p.a, p.b));
 }
 
-//! entry unary_bwd
+//! entry unary_bwd(x: data, g: data, dx: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -144,7 +146,7 @@ fn main(ids: Ids) {
   st_dx(i, ld_g(i) * unary_grad(p.op, ld_x(i), p.a, p.b));
 }
 
-//! entry binary
+//! entry binary(x: data, y: data, z: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -152,7 +154,7 @@ fn main(ids: Ids) {
   st_z(i, binary_op(p.op, ld_x(i), ld_y(i)));
 }
 
-//! entry binary_bcast
+//! entry binary_bcast(x: data, y: data, z: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -161,7 +163,7 @@ fn main(ids: Ids) {
   st_z(i, binary_op(p.op, ld_x(o.x), ld_y(o.y)));
 }
 
-//! entry select
+//! entry select(c: any, x: data, y: data, z: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);

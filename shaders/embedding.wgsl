@@ -3,26 +3,36 @@
 // Table w is [vocab, dim]; idx is u32 [n].
 //
 //   gather        One thread per output element (n * dim): y[t, d] = w[idx[t], d]; an index
-//                 past the vocabulary gives NaN (see loss.wgsl for why not a silent 0).
-//   scatter_rows  One thread per (row v, column d) of dw, looping over all n indices and
-//                 summing dy[t, d] where idx[t] == v. No atomics, so the result is the same on
-//                 every run; v * d threads, n reads of idx each (broadcast, cached). Suits small
-//                 vocabularies (characters, classes).
-//   scatter_cols  One thread per column d, looping over t: dw[idx[t], d] += dy[t, d]. Only
-//                 that thread writes column d, so again no races. Suits large vocabularies
-//                 (dw must be zeroed first).
+//                 past the vocabulary gives NaN (see loss.wgsl for why not a silent 0; a
+//                 checked device refuses such indices before the launch).
+//   scatter_rows  One thread per (chunk k of positions, row v, column d): the sum of dy[t, d]
+//                 over the chunk's positions t with idx[t] == v, written to part[k, v, d]
+//                 (f32); the host sums the chunks (a reduce pass). No atomics, so the result
+//                 is the same on every run. Every thread reads its chunk's indices (broadcast,
+//                 cached): suits small vocabularies (characters, classes).
+//   scatter_cols  One thread per column d, walking positions t0 .. t1:
+//                 acc[idx[t], d] += dy[t, d] (f32). Only that thread writes column d, so again
+//                 no races; the host runs one dispatch per chunk of positions, in order, on
+//                 the same accumulator. Suits large vocabularies (acc starts at zero).
 //
-// Bindings: gather reads w, idx, writes y; scatter_* read idx, dy, write dw (scatter_cols
-// also reads it). Params: n, dim, vocab.
+// Bindings: signature lines. Params: n, dim, vocab, t0, t1 (scatter_cols' positions),
+// pchunk, nchunks (scatter_rows' chunks of positions).
+// Loops (per invocation): gather none; scatter_rows pchunk + 1; scatter_cols t1 - t0 + 1. The
+// host keeps both at 8192.
 // Bounds: threads past their range return; indices are range-checked before use.
 
 struct Params {
   n: u32,
   dim: u32,
   vocab: u32,
+  t0: u32,
+  t1: u32,
+  pchunk: u32,
+  nchunks: u32,
+  _pad: u32,
 }
 
-//! entry gather
+//! entry gather(w: data, idx: u32, y: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -37,30 +47,35 @@ fn main(ids: Ids) {
   }
 }
 
-//! entry scatter_rows
+//! entry scatter_rows(idx: u32, dy: data, part: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
-  if (i >= p.vocab * p.dim) { return; }
-  let v = i / p.dim;
-  let d = i % p.dim;
+  let per_chunk = p.vocab * p.dim;
+  if (i >= per_chunk * p.nchunks) { return; }
+  let k = i / per_chunk;
+  let j = i % per_chunk;
+  let v = j / p.dim;
+  let d = j % p.dim;
+  let t0 = k * p.pchunk;
+  let t1 = min(t0 + p.pchunk, p.n);
   var acc = 0.0;
-  for (var t = 0u; t < p.n; t = t + 1u) {
+  for (var t = t0; t < t1; t = t + 1u) {
     if (ld_idx(t) == v) { acc = acc + ld_dy(t * p.dim + d); }
   }
-  st_dw(i, acc);
+  st_part(i, acc);
 }
 
-//! entry scatter_cols
+//! entry scatter_cols(idx: u32, dy: data, acc: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let d = flat_id(ids);
   if (d >= p.dim) { return; }
-  for (var t = 0u; t < p.n; t = t + 1u) {
+  for (var t = p.t0; t < p.t1; t = t + 1u) {
     let v = ld_idx(t);
     if (v < p.vocab) {
       let j = v * p.dim + d;
-      st_dw(j, ld_dw(j) + ld_dy(t * p.dim + d));
+      st_acc(j, ld_acc(j) + ld_dy(t * p.dim + d));
     }
   }
 }

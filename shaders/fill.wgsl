@@ -12,8 +12,8 @@
 //            The mask depends only on (seed, i), so the backward pass is the same kernel
 //            applied to dy with the same seed, and a replay (checkpointing) draws the same mask.
 //
-// Bindings (declared by the prelude): fill/uniform/normal write `out`; dropout reads `x`,
-// writes `y`. Params: n, a, b (f32 bit patterns), and the 64-bit seed as two words.
+// Bindings: on each entry's signature line. Params: n, a, b, and the 64-bit seed as two words.
+// Loops: none.
 //
 // Random numbers: u(i) hashes (i, seed, stream) with two rounds of a 32-bit avalanche hash
 // (xor-shift-multiply, Wellons' lowbias32); the seed enters both rounds, so different seeds give
@@ -25,6 +25,8 @@ struct Params {
   b: f32,
   seed_lo: u32,
   seed_hi: u32,
+  // The word `words` stores.
+  bits: u32,
 }
 
 fn hash32(x: u32) -> u32 {
@@ -48,7 +50,7 @@ fn uniform01(i: u32, stream: u32) -> f32 {
   return f32(rand_bits(i, stream) >> 8u) * (1.0 / 16777216.0);
 }
 
-//! entry fill
+//! entry fill(out: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -56,15 +58,15 @@ fn main(ids: Ids) {
   st_out(i, p.a);
 }
 
-//! entry words
+//! entry words(out: u32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n) { return; }
-  st_out(i, bitcast<u32>(p.a));
+  st_out(i, p.bits);
 }
 
-//! entry uniform
+//! entry uniform(out: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -72,7 +74,7 @@ fn main(ids: Ids) {
   st_out(i, p.a + (p.b - p.a) * uniform01(i, 0u));
 }
 
-//! entry normal
+//! entry normal(out: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -84,7 +86,7 @@ fn main(ids: Ids) {
   st_out(i, p.a + p.b * z);
 }
 
-//! entry dropout
+//! entry dropout(x: data, y: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);

@@ -2,16 +2,20 @@
 //
 // Logits x are [rows, classes]; labels are u32 [rows].
 //
-//   fwd  One workgroup per row (folded over a 2-D grid). lse = max + log(sum exp(x - max))
-//        from row_max_sumexp (common.wgsl), as softmax.wgsl; loss[r] = lse - x[label].
+//   fwd  One workgroup per row (folded over a 2-D grid). The row's max m and s = sum exp(x - m)
+//        from row_max_sumexp (common.wgsl), as softmax.wgsl; loss[r] = log s + (m - x[label]),
+//        in that order so nothing rounds at the size of the logits (m - x[label] is exact
+//        for close values; m + log s - x[label] lost digits for logits near -30000).
 //        A label >= classes gives a NaN loss (the host cannot see labels without a
-//        read-back; NaN makes the mistake visible instead of silently training on garbage).
-//        Saves lse[r] (f32).
-//   bwd  One thread per logit: dx = g[r] * (exp(x - lse[r]) - (c == label[r])), where g is
-//        the gradient of the per-row loss.
+//        read-back; NaN makes the mistake visible instead of silently training on garbage;
+//        a checked device refuses such labels before the launch). Saves (m, log s) per row
+//        as f32 pairs.
+//   bwd  One thread per logit: dx = g[r] * (exp((x - m) - log s) - (c == label[r])), where g
+//        is the gradient of the per-row loss.
 //
-// Bindings: fwd reads x, labels, writes loss, lse; bwd reads x, labels, lse, g, writes dx.
-// Params: rows, classes.
+// Bindings: signature lines. Params: rows, classes.
+// Loops (per invocation): fwd one stride over the row (classes / WG + 1) plus two block
+// reductions; the host caps classes at 2^20. bwd none.
 // Bounds: fwd's early return is per workgroup (uniform for the reductions); bwd threads past
 // rows * classes return; the label is only used to index x after the range check.
 
@@ -20,7 +24,8 @@ struct Params {
   classes: u32,
 }
 
-//! entry fwd
+//! entry fwd(x: data, labels: u32, loss: data mut, stats: f32 mut)
+//! check WG=32,64,128,256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
@@ -30,20 +35,21 @@ fn main(ids: Ids) {
   let mx = st.x;
   let sum = st.y;
   if (ids.lid == 0u) {
-    let lse = mx + log(sum);
+    let lsum = log(sum);
     let label = ld_labels(r);
-    var loss = lse;
+    var loss: f32;
     if (label < p.classes) {
-      loss = lse - ld_x(base + label);
+      loss = lsum + (mx - ld_x(base + label));
     } else {
       loss = bitcast<f32>(0x7fc00000u + label * 0u);
     }
     st_loss(r, loss);
-    st_lse(r, lse);
+    st_stats(2u * r, mx);
+    st_stats(2u * r + 1u, lsum);
   }
 }
 
-//! entry bwd
+//! entry bwd(x: data, labels: u32, stats: f32, g: data, dx: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
@@ -51,5 +57,6 @@ fn main(ids: Ids) {
   let r = i / p.classes;
   let c = i % p.classes;
   let onehot = select(0.0, 1.0, ld_labels(r) == c);
-  st_dx(i, ld_g(r) * (exp(ld_x(i) - ld_lse(r)) - onehot));
+  let pr = exp((ld_x(i) - ld_stats(2u * r)) - ld_stats(2u * r + 1u));
+  st_dx(i, ld_g(r) * (pr - onehot));
 }

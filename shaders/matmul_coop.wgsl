@@ -29,9 +29,14 @@
 // edge of C are clamped back inside (see the kernel) and the host only picks `direct` when M,
 // N and K are multiples of 16.
 //
-// Bindings: a, b, bias (read), c (write). Constants: none beyond WG for `main`; SAG, SBG, TA,
-// TB for `direct`. The subgroup index is
-// lid / 32: subgroups of a 1-D workgroup are consecutive runs of local_invocation_index.
+// Split-K as in matmul.wgsl: workgroup z = s * batch + b covers one K range; with splits > 1
+// the partials are raw f32 and matmul.wgsl's `splitk` finishes them.
+//
+// Bindings: signature lines. Constants: none beyond WG for `main`; SAG, SBG, TA, TB for
+// `direct`. The subgroup index is lid / 32: subgroups of a 1-D workgroup are consecutive
+// runs of local_invocation_index.
+// Loops (per invocation): main 2 (BM BK / WG + 1) + 1 = 35 per 32 of K plus 72 in the
+// epilogue; direct 1 per 16 of K plus the epilogue. The host sizes kchunk to the budget.
 
 // The parameter block shared with the other matmul kernel (common.wgsl).
 alias Params = MatmulParams;
@@ -61,7 +66,9 @@ fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: 
   workgroupBarrier();
 }
 
-//! entry direct
+//! entry direct(a: f16, b: f16, bias: data, c: data mut)
+//! check WG=256 SAG=64 SBG=128 TA=0 TB=0
+//! check WG=256 SAG=256 SBG=64 TA=1 TB=1
 // op(A) tile at rows m, columns k (k a multiple of 16).
 fn load_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
   if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }
@@ -79,7 +86,8 @@ fn main(ids: Ids) {
   let lid = ids.lid;
   let sg = lid / 32u;
   let lane = lid % 32u;
-  let bt = ids.wid.z;
+  let bt = ids.wid.z % p.batch;
+  let kr = matmul_krange(ids.wid.z);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
   // Tile origins, clamped inside the matrix (M and N are multiples of 16): a tile past the
@@ -103,7 +111,7 @@ fn main(ids: Ids) {
   var c11 = coop_mat16x16<f32, C>();
   var c12 = coop_mat16x16<f32, C>();
   var c13 = coop_mat16x16<f32, C>();
-  for (var k = 0u; k < p.k; k = k + 16u) {
+  for (var k = kr.x; k < kr.y; k = k + 16u) {
     let a0 = load_a(a_base, r0, k);
     let a1 = load_a(a_base, r1, k);
     let b0 = load_b(b_base, k, q0);
@@ -119,7 +127,7 @@ fn main(ids: Ids) {
     c12 = coopMultiplyAdd(a1, b2, c12);
     c13 = coopMultiplyAdd(a1, b3, c13);
   }
-  let c_base = p.c_off + bt * p.m * p.n;
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
   flush_tile(c00, sg, lane, c_base, r0, q0);
   flush_tile(c01, sg, lane, c_base, r0, q1);
   flush_tile(c02, sg, lane, c_base, r0, q2);
@@ -130,13 +138,14 @@ fn main(ids: Ids) {
   flush_tile(c13, sg, lane, c_base, r1, q3);
 }
 
-//! entry main
+//! entry main(a: data, b: data, bias: data, c: data mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let lid = ids.lid;
   let sg = lid / 32u;
   let lane = lid % 32u;
-  let bt = ids.wid.z;
+  let bt = ids.wid.z % p.batch;
+  let kr = matmul_krange(ids.wid.z);
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
@@ -153,19 +162,19 @@ fn main(ids: Ids) {
   var c12 = coop_mat16x16<f32, C>();
   var c13 = coop_mat16x16<f32, C>();
 
-  for (var k0 = 0u; k0 < p.k; k0 = k0 + BK) {
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
     for (var e = lid; e < BM * BK; e = e + WG) {
       var mm: u32;
       var kk: u32;
       if (p.a_kfast != 0u) { mm = e / BK; kk = e % BK; } else { kk = e / BM; mm = e % BM; }
-      let v = matmul_a(a_base, m0 + mm, k0 + kk);
+      let v = matmul_a(a_base, m0 + mm, k0 + kk, kr.y);
       As[mm * SA + kk] = f16(v);
     }
     for (var e = lid; e < BN * BK; e = e + WG) {
       var nn: u32;
       var kk: u32;
       if (p.b_nfast != 0u) { kk = e / BN; nn = e % BN; } else { nn = e / BK; kk = e % BK; }
-      let v = matmul_b(b_base, k0 + kk, n0 + nn);
+      let v = matmul_b(b_base, k0 + kk, n0 + nn, kr.y);
       Bs[kk * SB + nn] = f16(v);
     }
     workgroupBarrier();
@@ -188,7 +197,7 @@ fn main(ids: Ids) {
     workgroupBarrier();
   }
 
-  let c_base = p.c_off + bt * p.m * p.n;
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
   let r0 = m0 + wr;
   let q0 = n0 + wc;
   flush_tile(c00, sg, lane, c_base, r0, q0);

@@ -3,72 +3,95 @@
 // Rows of length `len` (the normalised axis); gamma and beta have `len` elements.
 //
 //   fwd        One workgroup per row (row folded over a 2-D grid as in softmax.wgsl).
-//              LayerNorm: mean, then the variance as the mean of (x - mean)^2 (two reads of
-//              the row: numerically safer than E[x^2] - E[x]^2), rstd = 1/sqrt(var + eps),
-//              y = (x - mean) * rstd * gamma + beta. RMSNorm (rms = 1): mean is 0, var is the
-//              mean of x^2, no beta. Saves mean and rstd per row (f32) for the backward pass.
-//   bwd_x      One workgroup per row: with xhat = (x - mean) * rstd and g = dy * gamma,
+//              LayerNorm, by the corrected two-pass algorithm: m0 = mean(x); then with
+//              d = x - m0, corr = mean(d) and var = mean(d^2) - corr^2. The first pass's
+//              rounding error is what corr removes, and d is exact-ish (x and m0 are close),
+//              so the variance does not cancel even for rows like -1000 +- 1, where
+//              E[x^2] - E[x]^2 is all noise and a plain two-pass mean is off by its rounding.
+//              rstd = 1/sqrt(var + eps), y = ((x - m0) - corr) * rstd * gamma + beta.
+//              RMSNorm (rms = 1): m0 = corr = 0, var = mean(x^2), no beta.
+//              Saves (m0, corr, rstd) per row (f32) for the backward pass, which recomputes
+//              xhat = ((x - m0) - corr) * rstd the same way: a single f32 mean would round at
+//              the size of the mean and put that error into every xhat.
+//   bwd_x      One workgroup per row: with xhat and g = dy * gamma,
 //              dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); for RMSNorm the mean(g)
 //              term is absent.
-//   bwd_params One thread per column c, looping over the rows (neighbouring threads read
-//              neighbouring columns): dgamma[c] = sum_r dy * xhat, dbeta[c] = sum_r dy.
+//   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
+//              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
+//              the host sums the chunks (a reduce pass) into dgamma and dbeta. Chunks bound
+//              each thread's loop and give the device rows x len / rchunk threads instead of
+//              len.
 //
-// Bindings: fwd reads x, gamma, beta (a dummy for RMSNorm), writes y, mean, rstd;
-// bwd_x reads x, dy, gamma, mean, rstd, writes dx; bwd_params reads x, dy, mean, rstd, writes
-// dgamma, dbeta. Params: rows, len, eps, rms (0/1).
+// Bindings: signature lines (beta is a dummy for RMSNorm). Params: rows, len, eps, rms (0/1),
+// rchunk, nchunks.
+// Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
+// block reductions; the host caps len at 2^20. bwd_params rchunk + 1 (256).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
-// the reductions); element loops test i < len; bwd_params threads past len return.
+// the reductions); element loops test i < len; bwd_params threads past the last return.
 
 struct Params {
   rows: u32,
   len: u32,
   eps: f32,
   rms: u32,
+  rchunk: u32,
+  nchunks: u32,
+  _pad0: u32,
+  _pad1: u32,
 }
 
-//! entry fwd
+//! entry fwd(x: data, gamma: data, beta: data, y: data mut, stats: f32 mut)
+//! check WG=32,64,128,256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
   if (r >= p.rows) { return; }
   let base = r * p.len;
   let inv_len = 1.0 / f32(p.len);
-  var mean = 0.0;
+  var m0 = 0.0;
   if (p.rms == 0u) {
     var s = 0.0;
     for (var i = ids.lid; i < p.len; i = i + WG) { s = s + ld_x(base + i); }
-    mean = block_sum(s, ids) * inv_len;
+    m0 = block_sum(s, ids) * inv_len;
   }
+  var sd = 0.0;
   var q = 0.0;
   for (var i = ids.lid; i < p.len; i = i + WG) {
-    let d = ld_x(base + i) - mean;
+    let d = ld_x(base + i) - m0;
+    sd = sd + d;
     q = q + d * d;
   }
-  let rstd = inverseSqrt(block_sum(q, ids) * inv_len + p.eps);
+  var corr = 0.0;
+  if (p.rms == 0u) { corr = block_sum(sd, ids) * inv_len; }
+  let var_ = max(block_sum(q, ids) * inv_len - corr * corr, 0.0);
+  let rstd = inverseSqrt(var_ + p.eps);
   for (var i = ids.lid; i < p.len; i = i + WG) {
-    var v = (ld_x(base + i) - mean) * rstd * ld_gamma(i);
+    var v = ((ld_x(base + i) - m0) - corr) * rstd * ld_gamma(i);
     if (p.rms == 0u) { v = v + ld_beta(i); }
     st_y(base + i, v);
   }
   if (ids.lid == 0u) {
-    st_mean(r, mean);
-    st_rstd(r, rstd);
+    st_stats(3u * r, m0);
+    st_stats(3u * r + 1u, corr);
+    st_stats(3u * r + 2u, rstd);
   }
 }
 
-//! entry bwd_x
+//! entry bwd_x(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
+//! check WG=32,64,128,256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
   if (r >= p.rows) { return; }
   let base = r * p.len;
-  let mean = ld_mean(r);
-  let rstd = ld_rstd(r);
+  let m0 = ld_stats(3u * r);
+  let corr = ld_stats(3u * r + 1u);
+  let rstd = ld_stats(3u * r + 2u);
   var sg = 0.0;
   var sgx = 0.0;
   for (var i = ids.lid; i < p.len; i = i + WG) {
     let g = ld_dy(base + i) * ld_gamma(i);
-    let xh = (ld_x(base + i) - mean) * rstd;
+    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
     sg = sg + g;
     sgx = sgx + g * xh;
   }
@@ -78,24 +101,28 @@ fn main(ids: Ids) {
   if (p.rms != 0u) { mg = 0.0; }
   for (var i = ids.lid; i < p.len; i = i + WG) {
     let g = ld_dy(base + i) * ld_gamma(i);
-    let xh = (ld_x(base + i) - mean) * rstd;
+    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
     st_dx(base + i, rstd * (g - mg - xh * mgx));
   }
 }
 
-//! entry bwd_params
+//! entry bwd_params(x: data, dy: data, stats: f32, part: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let c = flat_id(ids);
-  if (c >= p.len) { return; }
+  let t = flat_id(ids);
+  if (t >= p.len * p.nchunks) { return; }
+  let c = t % p.len;
+  let k = t / p.len;
+  let r0 = k * p.rchunk;
+  let r1 = min(r0 + p.rchunk, p.rows);
   var dg = 0.0;
   var db = 0.0;
-  for (var r = 0u; r < p.rows; r = r + 1u) {
+  for (var r = r0; r < r1; r = r + 1u) {
     let dy = ld_dy(r * p.len + c);
-    let xh = (ld_x(r * p.len + c) - ld_mean(r)) * ld_rstd(r);
+    let xh = ((ld_x(r * p.len + c) - ld_stats(3u * r)) - ld_stats(3u * r + 1u)) * ld_stats(3u * r + 2u);
     dg = dg + dy * xh;
     db = db + dy;
   }
-  st_dgamma(c, dg);
-  st_dbeta(c, db);
+  st_part(k * p.len + c, dg);
+  st_part((p.nchunks + k) * p.len + c, db);
 }

@@ -16,58 +16,60 @@
 //          f16 gradient's squares from overflowing; an inf or NaN anywhere makes the sum inf
 //          or NaN, which is how the loss scaler detects overflow.
 //
-// Bindings: sgd reads g, writes w, master, buf; adam reads g, writes w, master, m, v; sumsq
-// reads x, writes partial. (When there is no master weight or no momentum, a dummy block is
-// bound and never touched.)
+// Bindings: signature lines. (When there is no master weight or no momentum, a dummy block
+// is bound and never touched.)
+// Loops: sumsq 8 (a constant trip count); the updates none.
 
 struct Params {
   n: u32,
   lr: f32,
   gmul: f32,
   wd: f32,
-  a: f32,          // sgd: momentum; adam: beta1
-  b: f32,          // sgd: nesterov (0/1); adam: beta2
+  beta1: f32,      // adam; sgd's momentum
+  beta2: f32,      // adam
   eps: f32,
   c1: f32,
   c2: f32,
-  flags: u32,      // bit 0: has_master, bit 1: decoupled weight decay (adam)
+  has_master: u32,
+  decoupled: u32,  // adam: AdamW's decoupled weight decay
+  nesterov: u32,   // sgd
 }
 
-//! entry sgd
+//! entry sgd(g: data, w: data mut, master: f32 mut, buf: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n) { return; }
   // With a master copy, the dummy-or-master binding is read either way (it is valid memory).
-  let has_master = (p.flags & 1u) != 0u;
+  let has_master = p.has_master != 0u;
   var w = select(ld_w(i), ld_master(i), has_master);
   var g = ld_g(i) * p.gmul + p.wd * w;
-  if (p.a > 0.0) {
-    let b = p.a * ld_buf(i) + g;
+  if (p.beta1 > 0.0) {
+    let b = p.beta1 * ld_buf(i) + g;
     st_buf(i, b);
-    if (p.b != 0.0) { g = g + p.a * b; } else { g = b; }
+    if (p.nesterov != 0u) { g = g + p.beta1 * b; } else { g = b; }
   }
   w = w - p.lr * g;
   if (has_master) { st_master(i, w); }
   st_w(i, w);
 }
 
-//! entry adam
+//! entry adam(g: data, w: data mut, master: f32 mut, m: f32 mut, v: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n) { return; }
   // With a master copy, the dummy-or-master binding is read either way (it is valid memory).
-  let has_master = (p.flags & 1u) != 0u;
+  let has_master = p.has_master != 0u;
   var w = select(ld_w(i), ld_master(i), has_master);
   var g = ld_g(i) * p.gmul;
-  if ((p.flags & 2u) != 0u) {
+  if (p.decoupled != 0u) {
     w = w - p.lr * p.wd * w;
   } else {
     g = g + p.wd * w;
   }
-  let m = p.a * ld_m(i) + (1.0 - p.a) * g;
-  let v = p.b * ld_v(i) + (1.0 - p.b) * g * g;
+  let m = p.beta1 * ld_m(i) + (1.0 - p.beta1) * g;
+  let v = p.beta2 * ld_v(i) + (1.0 - p.beta2) * g * g;
   st_m(i, m);
   st_v(i, v);
   w = w - p.lr * (m * p.c1) / (sqrt(v * p.c2) + p.eps);
@@ -75,7 +77,7 @@ fn main(ids: Ids) {
   st_w(i, w);
 }
 
-//! entry sumsq
+//! entry sumsq(x: data, partial: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let wg = ids.wid.y * ids.nwg.x + ids.wid.x;

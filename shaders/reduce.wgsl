@@ -1,23 +1,34 @@
-// reduce.wgsl: sum and max (scaled, so mean is sum * 1/len) and argmax along one axis.
+// reduce.wgsl: sum, max and min along one axis (mean is a scaled sum), and the index of the
+// maximum or minimum.
 //
-// The input is viewed as [outer, len, inner] (the reduced axis in the middle); the output is
-// [outer, inner] (or [outer, nchunks] partials, see `rows`). All accumulation is in f32.
+// The input is viewed as [outer, len, inner] (the reduced axis in the middle). Long axes are
+// cut into chunks of `chunk` elements so that no invocation loops more than the loop budget
+// allows (see kernels/mod.rs): one pass writes a partial result per chunk, [outer, nchunks,
+// inner] (f32), and the host reduces the partials again until one chunk remains. With one
+// chunk the pass writes the final [outer, inner] in the output's dtype. All accumulation is in
+// f32.
 //
-//   rows         inner == 1 (contiguous rows). One workgroup per (row o = wid.y + 65535 wid.z,
-//                chunk c = wid.x); its WG threads stride over elements [c*chunk, min((c+1)*chunk, len))
-//                and combine with a workgroup reduction. Output index o*nchunks + c. Large
-//                rows are split into chunks so many workgroups share one row; the host runs a
-//                second `rows` pass over the partials.
-//   cols         inner > 1. One thread per output (o, i), flat over outer*inner; it loops over
-//                the len elements at stride inner. Neighbouring threads read neighbouring
-//                addresses (coalesced).
-//   argmax_rows  inner == 1; one workgroup per row; u32 index of the first maximum.
-//   argmax_cols  inner > 1; one thread per output.
+//   rows      inner == 1 (contiguous rows). One workgroup per (chunk c = wid.x, row
+//             o = wid.y + 65535 wid.z); its WG threads stride over the chunk and combine with a
+//             workgroup reduction. Output index o * nchunks + c.
+//   cols      inner > 1. One thread per (o, c, i), flat over outer * nchunks * inner; it loops
+//             over its chunk at stride inner (neighbouring threads read neighbouring addresses).
+//   arg_rows  As rows, keeping (value, index) pairs: the first index of the maximum (or minimum)
+//             wins ties. A merge pass (p.merge == 1) reads pairs written by an earlier pass:
+//             values from x, indices from pidx.
+//   arg_cols  As cols, with pairs.
 //
-// Bindings: reads x, writes y. Params: outer, len, inner, op (0 sum, 1 max), scale (f32
-// applied to sums), chunk, nchunks.
-// Bounds: rows threads test each index against the chunk end and len; cols threads past
-// outer*inner return (after no barrier, since cols has none).
+// NaN propagates as in PyTorch: a NaN anywhere in the reduced range makes max and min NaN,
+// and argmax / argmin point at the first NaN.
+//
+// Bindings: signature lines. Params: outer, len, inner, op (RED_SUM, RED_MAX, RED_MIN),
+// scale (applied to sums in the final pass; 1 in partial passes), chunk, nchunks, init (the
+// starting value: -inf for max, +inf for min, passed in because WGSL rejects an infinite
+// constant), merge.
+// Loops (per invocation): rows <= chunk / WG + 1 plus the block reduction (<= 2 log2 WG);
+// cols <= chunk + 1. The host keeps chunk at 8192 with WG = 256 for rows and at 8192 for cols.
+// Bounds: rows test each index against the chunk end; cols threads past the last output
+// return (no barriers there).
 
 struct Params {
   outer: u32,
@@ -27,11 +38,36 @@ struct Params {
   scale: f32,
   chunk: u32,
   nchunks: u32,
-  // -inf, passed in because WGSL rejects an infinite constant expression.
-  ninf: f32,
+  init: f32,
+  merge: u32,
+  _pad0: u32,
+  _pad1: u32,
+  _pad2: u32,
 }
 
-//! entry rows
+// Folds v into acc for op; a NaN, once in, stays.
+fn fold(acc: f32, v: f32) -> f32 {
+  if (p.op == RED_SUM) { return acc + v; }
+  if (acc != acc || v != v) { return bitcast<f32>(0x7fc00000u + (bitcast<u32>(v) & 0u)); }
+  if (p.op == RED_MAX) { return max(acc, v); }
+  return min(acc, v);
+}
+
+// Whether candidate (v, i) beats the current best (bv, bi): NaN first, then the larger (max) or
+// smaller (min) value, then the smaller index.
+fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+  if (bi == 0xffffffffu) { return i != 0xffffffffu; }
+  if (i == 0xffffffffu) { return false; }
+  let vn = v != v;
+  let bn = bv != bv;
+  if (vn || bn) { return vn && (!bn || i < bi); }
+  if (v == bv) { return i < bi; }
+  if (p.op == RED_MAX) { return v > bv; }
+  return v < bv;
+}
+
+//! entry rows(x: data, y: data mut)
+//! check WG=256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   // Rows past 65535 continue on the z axis of the grid. The early return depends only on the
@@ -42,52 +78,62 @@ fn main(ids: Ids) {
   let start = c * p.chunk;
   let end = min(start + p.chunk, p.len);
   let base = o * p.len;
-  var acc = 0.0;
-  if (p.op == 1u) { acc = p.ninf; }
+  var acc = select(p.init, 0.0, p.op == RED_SUM);
+  var nan = 0.0;
   for (var l = start + ids.lid; l < end; l = l + WG) {
-    let v = ld_x(base + l);
-    if (p.op == 1u) { acc = max(acc, v); } else { acc = acc + v; }
+    acc = fold(acc, ld_x(base + l));
   }
   var r: f32;
-  if (p.op == 1u) { r = block_max(acc, ids); } else { r = block_sum(acc, ids) * p.scale; }
+  if (p.op == RED_SUM) {
+    r = block_sum(acc, ids) * p.scale;
+  } else {
+    // Subgroup and workgroup max/min do not promise to keep NaN: count NaNs separately.
+    nan = block_sum(select(0.0, 1.0, acc != acc), ids);
+    if (p.op == RED_MAX) { r = block_max(acc, ids); } else { r = -block_max(-acc, ids); }
+    if (nan > 0.0) { r = bitcast<f32>(0x7fc00000u + (bitcast<u32>(r) & 0u)); }
+  }
   if (ids.lid == 0u) { st_y(o * p.nchunks + c, r); }
 }
 
-//! entry cols
+//! entry cols(x: data, y: data mut)
+//! check WG=256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let t = flat_id(ids);
-  if (t >= p.outer * p.inner) { return; }
-  let o = t / p.inner;
+  if (t >= p.outer * p.nchunks * p.inner) { return; }
   let i = t % p.inner;
-  var idx = o * p.len * p.inner + i;
-  var acc = 0.0;
-  if (p.op == 1u) { acc = p.ninf; }
-  for (var l = 0u; l < p.len; l = l + 1u) {
-    let v = ld_x(idx);
-    if (p.op == 1u) { acc = max(acc, v); } else { acc = acc + v; }
+  let c = (t / p.inner) % p.nchunks;
+  let o = t / (p.inner * p.nchunks);
+  let start = c * p.chunk;
+  let end = min(start + p.chunk, p.len);
+  var idx = (o * p.len + start) * p.inner + i;
+  var acc = select(p.init, 0.0, p.op == RED_SUM);
+  for (var l = start; l < end; l = l + 1u) {
+    acc = fold(acc, ld_x(idx));
     idx = idx + p.inner;
   }
-  if (p.op != 1u) { acc = acc * p.scale; }
+  if (p.op == RED_SUM) { acc = acc * p.scale; }
   st_y(t, acc);
 }
 
-//! entry argmax_rows
+//! entry arg_rows(x: data, pidx: u32, vals: f32 mut, idx: u32 mut)
+//! check WG=256
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let o = ids.wid.y * ids.nwg.x + ids.wid.x;
-  let rows_ok = o < p.outer;
-  var bv = p.ninf;
+  let o = ids.wid.z * ids.nwg.y + ids.wid.y;
+  if (o >= p.outer) { return; }
+  let c = ids.wid.x;
+  let start = c * p.chunk;
+  let end = min(start + p.chunk, p.len);
+  var bv = p.init;
   var bi = 0xffffffffu;
-  if (rows_ok) {
-    for (var l = ids.lid; l < p.len; l = l + WG) {
-      let v = ld_x(o * p.len + l);
-      // NaN compares false, so NaNs never win; ties keep the first index seen per thread,
-      // and the tree below keeps the smaller index.
-      if (v > bv || bi == 0xffffffffu) { bv = v; bi = l; }
-    }
+  for (var l = start + ids.lid; l < end; l = l + WG) {
+    let v = ld_x(o * p.len + l);
+    var i = l;
+    if (p.merge != 0u) { i = ld_pidx(o * p.len + l); }
+    if (better(v, i, bv, bi)) { bv = v; bi = i; }
   }
   best_v[ids.lid] = bv;
   best_i[ids.lid] = bi;
@@ -96,28 +142,40 @@ fn main(ids: Ids) {
     if (ids.lid < s) {
       let ov = best_v[ids.lid + s];
       let oi = best_i[ids.lid + s];
-      let mine_v = best_v[ids.lid];
-      let mine_i = best_i[ids.lid];
-      let take = oi != 0xffffffffu && (mine_i == 0xffffffffu || ov > mine_v || (ov == mine_v && oi < mine_i));
-      if (take) { best_v[ids.lid] = ov; best_i[ids.lid] = oi; }
+      if (better(ov, oi, best_v[ids.lid], best_i[ids.lid])) {
+        best_v[ids.lid] = ov;
+        best_i[ids.lid] = oi;
+      }
     }
     workgroupBarrier();
   }
-  if (rows_ok && ids.lid == 0u) { st_y(o, min(best_i[0], p.len - 1u)); }
+  if (ids.lid == 0u) {
+    st_vals(o * p.nchunks + c, best_v[0]);
+    st_idx(o * p.nchunks + c, best_i[0]);
+  }
 }
 
-//! entry argmax_cols
+//! entry arg_cols(x: data, pidx: u32, vals: f32 mut, idx: u32 mut)
+//! check WG=256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let t = flat_id(ids);
-  if (t >= p.outer * p.inner) { return; }
-  let o = t / p.inner;
+  if (t >= p.outer * p.nchunks * p.inner) { return; }
   let i = t % p.inner;
-  var bv = p.ninf;
-  var bi = 0u;
-  for (var l = 0u; l < p.len; l = l + 1u) {
-    let v = ld_x((o * p.len + l) * p.inner + i);
-    if (v > bv || l == 0u) { bv = v; bi = l; }
+  let c = (t / p.inner) % p.nchunks;
+  let o = t / (p.inner * p.nchunks);
+  let start = c * p.chunk;
+  let end = min(start + p.chunk, p.len);
+  var at = (o * p.len + start) * p.inner + i;
+  var bv = p.init;
+  var bi = 0xffffffffu;
+  for (var l = start; l < end; l = l + 1u) {
+    let v = ld_x(at);
+    var ix = l;
+    if (p.merge != 0u) { ix = ld_pidx(at); }
+    if (better(v, ix, bv, bi)) { bv = v; bi = ix; }
+    at = at + p.inner;
   }
-  st_y(t, bi);
+  st_vals(t, bv);
+  st_idx(t, bi);
 }

@@ -6,13 +6,17 @@
 //
 //   fwd  The row's max and sum of exp in one read (row_max_sumexp in common.wgsl: online
 //        pairs per thread, combined with block_max then block_sum); a second read writes
-//        exp(x - max) / sum, or x - (max + log sum) for log-softmax.
+//        exp(x - max) / sum, or (x - max) - log sum for log-softmax (subtracting the max
+//        first keeps the difference exact; x - (max + log sum) would round at the size of
+//        the max: rows near -30000 lost three digits).
 //        Subtracting the row maximum keeps every exp() in [0, 1] (no overflow).
 //   bwd  softmax:      dx = y * (dy - sum(dy * y))
 //        log-softmax:  dx = dy - exp(y) * sum(dy)
 //        from the saved output y; one reduction, then one elementwise pass.
 //
-// Bindings: fwd reads x, writes y; bwd reads y, dy, writes dx. Params: rows, len, log (0/1).
+// Bindings: signature lines. Params: rows, len, log (0/1).
+// Loops (per invocation): fwd 2 len / WG + 2 plus two block reductions, bwd the same; the
+// host caps len at 2^20 (kernels::softmax::MAX_ROW), 8192 iterations per loop at WG = 256.
 // Bounds: the per-row early return depends only on the workgroup id, so the barriers inside
 // block_max / block_sum stay in uniform control flow; element loops test i < len.
 
@@ -23,7 +27,8 @@ struct Params {
   _pad: u32,
 }
 
-//! entry fwd
+//! entry fwd(x: data, y: data mut)
+//! check WG=32,64,128,256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
@@ -33,18 +38,19 @@ fn main(ids: Ids) {
   let mx = st.x;
   let sum = st.y;
   let inv = 1.0 / sum;
-  let lse = mx + log(sum);
+  let lsum = log(sum);
   for (var i = ids.lid; i < p.len; i = i + WG) {
     let v = ld_x(base + i);
     if (p.log != 0u) {
-      st_y(base + i, v - lse);
+      st_y(base + i, (v - mx) - lsum);
     } else {
       st_y(base + i, exp(v - mx) * inv);
     }
   }
 }
 
-//! entry bwd
+//! entry bwd(y: data, dy: data, dx: data mut)
+//! check WG=32,64,128,256
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;

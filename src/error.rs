@@ -80,6 +80,11 @@ pub enum Error {
     #[error("GPU error: {0}")]
     Gpu(String),
 
+    /// A broken internal invariant (a launch that does not match its kernel, a gradient of the
+    /// wrong shape): a wgrad bug, please report it with the message.
+    #[error("internal error (a wgrad bug): {0}")]
+    Internal(String),
+
     /// An argument outside its domain (an axis past the rank, a zero batch size...).
     #[error("{op}: {detail}")]
     Invalid {

@@ -12,13 +12,13 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod reference;
-mod stream;
 pub mod tensor;
 pub mod train;
 
 pub use autograd::no_grad;
-pub use device::{Device, DeviceOptions, MemoryLimit, Readback, ShaderChecks};
+pub use device::{AdapterChoice, Device, DeviceOptions, MemoryLimit, Readback, ShaderChecks};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use half;
 pub use memory::{MemoryReport, MemoryStats};
 pub use tensor::Tensor;

@@ -146,6 +146,60 @@ pub fn attention(
     o
 }
 
+/// Gradients (dq, dk, dv) of [`attention`] for the output gradient `dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    bh: usize,
+    sq: usize,
+    skv: usize,
+    d: usize,
+    causal: bool,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut dq = vec![0.0; bh * sq * d];
+    let mut dk = vec![0.0; bh * skv * d];
+    let mut dv = vec![0.0; bh * skv * d];
+    for h in 0..bh {
+        for i in 0..sq {
+            let qi = |t: usize| q[(h * sq + i) * d + t];
+            let s: Vec<f64> = (0..skv)
+                .map(|j| {
+                    if causal && j + sq > i + skv {
+                        return f64::NEG_INFINITY;
+                    }
+                    (0..d)
+                        .map(|t| qi(t) * k[(h * skv + j) * d + t])
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            let pr: Vec<f64> = e.iter().map(|x| x / z).collect();
+            let go = |t: usize| dout[(h * sq + i) * d + t];
+            // dP = dO V^T; dS = P (dP - sum(P dP)).
+            let dp: Vec<f64> = (0..skv)
+                .map(|j| (0..d).map(|t| go(t) * v[(h * skv + j) * d + t]).sum())
+                .collect();
+            let dot: f64 = (0..skv).map(|j| pr[j] * dp[j]).sum();
+            for j in 0..skv {
+                let ds = pr[j] * (dp[j] - dot);
+                for t in 0..d {
+                    dv[(h * skv + j) * d + t] += pr[j] * go(t);
+                    dk[(h * skv + j) * d + t] += ds * qi(t) * scale;
+                    dq[(h * sq + i) * d + t] += ds * k[(h * skv + j) * d + t] * scale;
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
 /// LayerNorm (with beta) or RMSNorm (without) of each row.
 pub fn norm(
     x: &[f64],

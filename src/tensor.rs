@@ -268,7 +268,7 @@ impl Tensor {
 
     fn read_async<T: Element>(&self) -> Result<Readback<T>> {
         self.device()
-            .read_block(&self.0.storage, self.dtype().bytes(self.numel()))
+            .read_block(&self.0.storage, 0, self.dtype().bytes(self.numel()))
     }
 
     // ----- metadata -----

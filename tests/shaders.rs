@@ -1,11 +1,31 @@
-//! Every entry point of every shader, composed for every capability set and dtype it can be
-//! built with, parsed and validated by naga; the cooperative-matrix kernel also goes through
-//! naga's SPIR-V writer (whose behaviour on matrix-load strides is what its layout avoids).
+//! Every entry point of every shader, composed for every capability set, dtype and constant set
+//! its signature allows, parsed and validated by naga; the cooperative-matrix kernels also go
+//! through naga's SPIR-V writer (whose behaviour on matrix-load strides is what their layout
+//! avoids). And each family's host parameter struct against the shader's `struct Params`,
+//! field by field, through naga's reflection.
 
 use wgrad::DType;
 use wgrad::kernels::Kernel;
-use wgrad::kernels::compose::{self, Decl, F16Mode, Target};
-use wgrad::kernels::signature::{Elem, TABLE};
+use wgrad::kernels::compose::{self, EntrySig, F16Mode, Target};
+
+const TARGETS: [Target; 4] = [
+    Target {
+        f16: F16Mode::Native,
+        subgroups: true,
+    },
+    Target {
+        f16: F16Mode::Native,
+        subgroups: false,
+    },
+    Target {
+        f16: F16Mode::Packed,
+        subgroups: true,
+    },
+    Target {
+        f16: F16Mode::Packed,
+        subgroups: false,
+    },
+];
 
 fn caps(t: Target) -> naga::valid::Capabilities {
     use naga::valid::Capabilities as C;
@@ -21,110 +41,108 @@ fn caps(t: Target) -> naga::valid::Capabilities {
     c
 }
 
-fn validate(src: &str, t: Target, extra: naga::valid::Capabilities, what: &str) -> naga::Module {
+fn is_coop(k: Kernel) -> bool {
+    k.enables().contains(&"wgpu_cooperative_matrix")
+}
+
+fn extra(k: Kernel) -> naga::valid::Capabilities {
+    if is_coop(k) {
+        naga::valid::Capabilities::COOPERATIVE_MATRIX
+    } else {
+        naga::valid::Capabilities::empty()
+    }
+}
+
+fn parse_validate(
+    src: &str,
+    t: Target,
+    extra: naga::valid::Capabilities,
+    what: &str,
+) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{what}: parse error\n{}\n{src}", e.emit_to_string(src)));
     let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps(t) | extra);
-    if let Err(e) = v.validate(&module) {
-        panic!("{what}: validation error\n{}\n{src}", e.emit_to_string(src));
+    let info = v
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{what}: validation error\n{}\n{src}", e.emit_to_string(src)));
+    (module, info)
+}
+
+/// Every dtype assignment an entry's bindings allow: `data` bindings share one dtype, `any`
+/// bindings take each in turn.
+fn dtype_sets(sig: &EntrySig, coop: bool) -> Vec<Vec<DType>> {
+    use compose::Elem;
+    let datas: &[DType] = if coop {
+        &[DType::F16]
+    } else {
+        &[DType::F32, DType::F16]
+    };
+    let mut out = Vec::new();
+    for &data in datas {
+        let anys: &[DType] = if sig.bindings.iter().any(|b| b.elem == Elem::Any) {
+            Elem::Any.candidates()
+        } else {
+            &[DType::F32]
+        };
+        for &any in anys {
+            out.push(
+                sig.bindings
+                    .iter()
+                    .map(|b| match b.elem {
+                        Elem::Data => data,
+                        Elem::Any => any,
+                        Elem::U32 => DType::U32,
+                        Elem::F32 => DType::F32,
+                        Elem::F16 => DType::F16,
+                    })
+                    .collect(),
+            );
+        }
     }
-    module
+    out
 }
 
 #[test]
 fn every_entry_point_validates() {
-    let targets = [
-        Target {
-            f16: F16Mode::Native,
-            subgroups: true,
-        },
-        Target {
-            f16: F16Mode::Native,
-            subgroups: false,
-        },
-        Target {
-            f16: F16Mode::Packed,
-            subgroups: true,
-        },
-        Target {
-            f16: F16Mode::Packed,
-            subgroups: false,
-        },
-    ];
     let mut count = 0;
-    for sig in TABLE {
-        let coop = matches!(sig.kernel, Kernel::MatmulCoop | Kernel::AttentionCoop);
-        for t in targets {
-            // The tensor-core kernel needs native f16 and subgroups; the host never builds it otherwise.
-            if coop && !(t.f16 == F16Mode::Native && t.subgroups) {
-                continue;
-            }
-            for &data in &[DType::F32, DType::F16] {
-                if coop && data != DType::F16 {
+    for &k in Kernel::ALL {
+        let coop = is_coop(k);
+        for sig in k.entries().expect("signatures parse") {
+            for t in TARGETS {
+                // Tensor-core kernels need native f16 and subgroups; the host never builds
+                // them otherwise.
+                if coop && !(t.f16 == F16Mode::Native && t.subgroups) {
                     continue;
                 }
-                // Any-typed bindings take each dtype in turn; the others follow `data`.
-                let any_choices: &[DType] = if sig.bindings.iter().any(|b| b.1 == Elem::Any) {
-                    Elem::Any.candidates()
-                } else {
-                    &[DType::F32]
-                };
-                for &any in any_choices {
-                    let decls: Vec<Decl> = sig
-                        .bindings
-                        .iter()
-                        .map(|&(name, elem, write)| Decl {
-                            name,
-                            dtype: match elem {
-                                Elem::Data => data,
-                                Elem::Any => any,
-                                Elem::U32 => DType::U32,
-                                Elem::F32 => DType::F32,
-                            },
-                            write,
-                        })
-                        .collect();
-                    for &wg in sig.wgs {
-                        for consts in sig.consts {
-                            let src = compose::compose(
-                                t,
-                                sig.kernel.source(),
-                                sig.entry,
-                                wg,
-                                consts,
-                                &decls,
-                                sig.kernel.enables(),
-                            )
-                            .unwrap_or_else(|| {
-                                panic!("{:?} has no entry {}", sig.kernel, sig.entry)
-                            });
-                            let what = format!(
-                                "{:?}/{} {t:?} data={data} any={any} wg={wg} {consts:?}",
-                                sig.kernel, sig.entry
-                            );
-                            let extra = if coop {
-                                naga::valid::Capabilities::COOPERATIVE_MATRIX
-                            } else {
-                                naga::valid::Capabilities::empty()
-                            };
-                            let module = validate(&src, t, extra, &what);
-                            if coop {
-                                spirv(&module, t, extra, &what);
-                            }
-                            count += 1;
+                for dtypes in dtype_sets(sig, coop) {
+                    for (wg, consts) in sig.compositions() {
+                        let src = compose::compose(
+                            t,
+                            k.source(),
+                            sig,
+                            wg,
+                            &consts,
+                            &dtypes,
+                            k.codes(),
+                            k.enables(),
+                        )
+                        .unwrap_or_else(|| panic!("{k:?} has no entry {}", sig.name));
+                        let what =
+                            format!("{k:?}/{} {t:?} {dtypes:?} wg={wg} {consts:?}", sig.name);
+                        let (module, info) = parse_validate(&src, t, extra(k), &what);
+                        if coop {
+                            spirv(&module, &info, &what);
                         }
+                        count += 1;
                     }
                 }
             }
         }
     }
-    assert!(count > 100, "only {count} compositions checked");
+    assert!(count > 300, "only {count} compositions checked");
 }
 
-fn spirv(module: &naga::Module, t: Target, extra: naga::valid::Capabilities, what: &str) {
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps(t) | extra)
-        .validate(module)
-        .unwrap();
+fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {
     let opts = naga::back::spv::Options {
         lang_version: (1, 6),
         ..Default::default()
@@ -133,33 +151,122 @@ fn spirv(module: &naga::Module, t: Target, extra: naga::valid::Capabilities, wha
         shader_stage: naga::ShaderStage::Compute,
         entry_point: "main".into(),
     };
-    let words = naga::back::spv::write_vec(module, &info, &opts, Some(&pipeline))
+    let words = naga::back::spv::write_vec(module, info, &opts, Some(&pipeline))
         .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
     assert!(words.len() > 100);
 }
 
-/// Every family file lists its entries in the table, and every table entry exists in its file.
+/// naga's spelling of a type, as `Wgsl::WGSL` spells the host's.
+fn type_name(module: &naga::Module, ty: naga::Handle<naga::Type>) -> String {
+    use naga::{ScalarKind, TypeInner, VectorSize};
+    let scalar = |s: naga::Scalar| match (s.kind, s.width) {
+        (ScalarKind::Uint, 4) => "u32".to_string(),
+        (ScalarKind::Sint, 4) => "i32".to_string(),
+        (ScalarKind::Float, 4) => "f32".to_string(),
+        (ScalarKind::Float, 2) => "f16".to_string(),
+        other => format!("{other:?}"),
+    };
+    match &module.types[ty].inner {
+        TypeInner::Scalar(s) => scalar(*s),
+        TypeInner::Vector { size, scalar: s } => {
+            let n = match size {
+                VectorSize::Bi => 2,
+                VectorSize::Tri => 3,
+                VectorSize::Quad => 4,
+            };
+            format!("vec{n}<{}>", scalar(*s))
+        }
+        TypeInner::Array {
+            base,
+            size: naga::ArraySize::Constant(n),
+            ..
+        } => format!("array<{}, {n}>", type_name(module, *base)),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Each family's host parameter struct has the shader's `Params` members, in order, at the
+/// same byte offsets, with the same types; and the host struct fills the uniform's span.
 #[test]
-fn table_matches_files() {
-    for k in Kernel::ALL {
+fn host_params_match_the_shaders() {
+    for &k in Kernel::ALL {
+        let coop = is_coop(k);
+        let t = TARGETS[0];
+        for sig in k.entries().expect("signatures parse") {
+            let (wg, consts) = sig.compositions()[0].clone();
+            let dtypes = dtype_sets(sig, coop).remove(0);
+            let src = compose::compose(
+                t,
+                k.source(),
+                sig,
+                wg,
+                &consts,
+                &dtypes,
+                k.codes(),
+                k.enables(),
+            )
+            .expect("composes");
+            let what = format!("{k:?}/{}", sig.name);
+            let (module, _) = parse_validate(&src, t, extra(k), &what);
+            let uniform = module
+                .global_variables
+                .iter()
+                .find(|(_, g)| g.space == naga::AddressSpace::Uniform)
+                .map(|(_, g)| g.ty)
+                .unwrap_or_else(|| panic!("{what}: no uniform"));
+            let naga::TypeInner::Struct { members, span } = &module.types[uniform].inner else {
+                panic!("{what}: the uniform is not a struct");
+            };
+            let host = k.params_fields();
+            let shader: Vec<(String, usize, String)> = members
+                .iter()
+                .map(|m| {
+                    (
+                        m.name.clone().unwrap_or_default(),
+                        m.offset as usize,
+                        type_name(&module, m.ty),
+                    )
+                })
+                .collect();
+            let host_v: Vec<(String, usize, String)> = host
+                .iter()
+                .map(|f| (f.name.to_string(), f.offset, f.wgsl.to_string()))
+                .collect();
+            assert_eq!(host_v, shader, "{what}: host params vs WGSL Params");
+            // The host struct's size, padded to 16 as the stream pads a parameter block.
+            let last = host.last().expect("fields");
+            let host_end = last.offset
+                + match last.wgsl {
+                    "array<vec4<u32>, 2>" => 32,
+                    _ => 4,
+                };
+            assert_eq!(
+                host_end.div_ceil(16) * 16,
+                (*span as usize).div_ceil(16) * 16,
+                "{what}: size"
+            );
+        }
+    }
+}
+
+/// Every op code a family declares is used by its shader by name, and the files open with a
+/// header comment.
+#[test]
+fn codes_are_used_and_files_documented() {
+    for &k in Kernel::ALL {
         let src = k.source();
         assert!(
             src.starts_with("// "),
             "{k:?}: the file opens with its header comment"
         );
-        for e in compose::entries(src) {
-            assert!(
-                TABLE.iter().any(|s| s.kernel == *k && s.entry == e),
-                "{k:?}/{e} is missing from the signature table"
-            );
+        let all = format!("{src}{}", include_str!("../shaders/common.wgsl"));
+        for set in k.codes() {
+            for (name, _) in set.consts {
+                assert!(
+                    all.contains(name),
+                    "{k:?}: code {name} is declared but never used"
+                );
+            }
         }
-    }
-    for s in TABLE {
-        assert!(
-            compose::entries(s.kernel.source()).contains(&s.entry),
-            "{:?}/{} not in its file",
-            s.kernel,
-            s.entry
-        );
     }
 }

@@ -162,20 +162,18 @@ pub(super) fn grads(op: &Op, out: &Tensor, g: Tensor) -> Result<Vec<(Tensor, Ten
             x,
             gamma,
             beta,
-            mean,
-            rstd,
+            stats,
             eps,
         } => {
-            let [dx, dgamma, dbeta] =
-                norm::norm_grads(x, gamma, beta.as_ref(), mean, rstd, *eps, &g)?;
+            let [dx, dgamma, dbeta] = norm::norm_grads(x, gamma, beta.as_ref(), stats, *eps, &g)?;
             let mut v = vec![(x.clone(), dx), (gamma.clone(), dgamma)];
             if let Some(b) = beta {
                 v.push((b.clone(), dbeta));
             }
             v
         }
-        Op::CrossEntropy { x, labels, lse } => {
-            vec![(x.clone(), loss::cross_entropy_grad(x, labels, lse, &g)?)]
+        Op::CrossEntropy { x, labels, stats } => {
+            vec![(x.clone(), loss::cross_entropy_grad(x, labels, stats, &g)?)]
         }
         Op::Embedding { w, idx } => vec![(w.clone(), embedding::embedding_grad(w, idx, &g)?)],
         Op::Dropout { x, p, seed } => vec![(x.clone(), embedding::dropout_grad(&g, *p, *seed)?)],

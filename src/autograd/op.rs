@@ -85,20 +85,19 @@ pub enum Op {
         causal: bool,
         scale: f32,
     },
-    /// LayerNorm (with beta) or RMSNorm; `mean` and `rstd` are per row.
+    /// LayerNorm (with beta) or RMSNorm; `stats` holds each row's statistics.
     Norm {
         x: Tensor,
         gamma: Tensor,
         beta: Option<Tensor>,
-        mean: Tensor,
-        rstd: Tensor,
+        stats: Tensor,
         eps: f32,
     },
-    /// Per-row cross-entropy from logits.
+    /// Per-row cross-entropy from logits; `stats` holds each row's max and log-sum-exp.
     CrossEntropy {
         x: Tensor,
         labels: Tensor,
-        lse: Tensor,
+        stats: Tensor,
     },
     /// Embedding lookup.
     Embedding { w: Tensor, idx: Tensor },

@@ -1,6 +1,12 @@
-//! Host side of `shaders/attention.wgsl`.
+//! Host side of `shaders/attention.wgsl` and `shaders/attention_coop.wgsl`.
+//!
+//! Loop budget: a forward or dQ invocation walks key blocks and a dK/dV invocation walks query
+//! blocks; each block costs a fixed number of loop iterations (the shader header gives the
+//! counts). Sequences longer than the budget allows are cut into chunks that run as
+//! consecutive dispatches carrying their running state (softmax max and sum, accumulators) in
+//! an f32 scratch block.
 
-use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -9,6 +15,27 @@ use crate::memory::Block;
 const WG: u32 = 128;
 /// Largest head dimension supported.
 pub const MAX_HEAD_DIM: usize = 256;
+/// Longest key sequence the tensor-core forward takes (its two passes over the keys stay in
+/// the loop budget up to here).
+const COOP_MAX_KEYS: usize = 4096;
+
+crate::params! {
+    /// `struct Params` of attention.wgsl and attention_coop.wgsl.
+    pub struct AttnParams {
+        bh: u32,
+        sq: u32,
+        skv: u32,
+        d: u32,
+        scale: f32,
+        causal: u32,
+        ninf: f32,
+        first: u32,
+        last: u32,
+        c0: u32,
+        c1: u32,
+        _pad: u32,
+    }
+}
 
 /// Problem sizes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -22,24 +49,39 @@ pub(crate) struct Dims {
 }
 
 impl Dims {
-    fn params(&self) -> [u32; 8] {
-        [
-            self.bh as u32,
-            self.sq as u32,
-            self.skv as u32,
-            self.d as u32,
-            f(self.scale),
-            self.causal as u32,
-            f(f32::NEG_INFINITY),
-            0,
-        ]
+    fn params(&self) -> AttnParams {
+        AttnParams {
+            bh: self.bh as u32,
+            sq: self.sq as u32,
+            skv: self.skv as u32,
+            d: self.d as u32,
+            scale: self.scale,
+            causal: self.causal as u32,
+            ninf: f32::NEG_INFINITY,
+            first: 1,
+            last: 1,
+            c0: 0,
+            c1: 0,
+            _pad: 0,
+        }
     }
 }
 
-/// (DMAX, forward BR, BC, backward BR, BC), sized so each kernel's workgroup memory stays
-/// under 32 KiB (the smallest limit among the adapters wgrad targets).
-fn config(d: usize) -> Result<(u32, u32, u32, u32, u32)> {
-    Ok(match d {
+/// Tile sizes for a head dimension, sized so each kernel's workgroup memory stays under 32 KiB
+/// (the smallest limit among the adapters wgrad targets).
+#[derive(Clone, Copy, Debug)]
+struct Tiles {
+    dmax: u32,
+    /// Forward and dQ: query rows and keys per block.
+    fbr: u32,
+    fbc: u32,
+    /// Backward: query rows and keys per block.
+    bbr: u32,
+    bbc: u32,
+}
+
+fn tiles(d: usize) -> Result<Tiles> {
+    let (dmax, fbr, fbc, bbr, bbc) = match d {
         0..=32 => (32, 32, 32, 16, 32),
         33..=64 => (64, 32, 32, 16, 32),
         65..=128 => (128, 16, 16, 8, 16),
@@ -52,11 +94,67 @@ fn config(d: usize) -> Result<(u32, u32, u32, u32, u32)> {
                 limit: MAX_HEAD_DIM as u64,
             });
         }
+    };
+    Ok(Tiles {
+        dmax,
+        fbr,
+        fbc,
+        bbr,
+        bbc,
     })
 }
 
+/// The longest range (a multiple of `block`) whose `per_block` loop cost fits the budget,
+/// keeping some room for the fixed loops around the block loop.
+fn chunk_len(per_block: u32, block: u32) -> usize {
+    ((LOOP_BUDGET - 256) / per_block as usize).max(1) * block as usize
+}
+
+impl Tiles {
+    /// Keys one forward invocation covers.
+    fn fwd_chunk(&self) -> usize {
+        let (br, bc, dm) = (self.fbr, self.fbc, self.dmax);
+        let tpr = WG / br;
+        let opt = dm / tpr;
+        let per = (bc * dm / WG + 1)
+            + (bc / tpr + 1)
+            + (bc / tpr) * (dm + 1)
+            + 2 * (bc + 1)
+            + bc * (opt + 1);
+        chunk_len(per, bc)
+    }
+
+    /// Queries one dK/dV invocation covers.
+    fn kv_chunk(&self) -> usize {
+        let (br, bc, dm) = (self.bbr, self.bbc, self.dmax);
+        let kpt = dm / (WG / bc);
+        let per = (br * dm / WG + 1)
+            + 2
+            + (br * bc / WG + 1)
+            + (br * bc / WG) * (dm + 1)
+            + (br + 1)
+            + br * (kpt + 1);
+        chunk_len(per, br)
+    }
+
+    /// Keys one dQ invocation covers.
+    fn q_chunk(&self) -> usize {
+        let (br, bc, dm) = (self.bbr, self.bbc, self.dmax);
+        let opt = dm / (WG / br);
+        let per = (bc * dm / WG + 1)
+            + (br * bc / WG + 1)
+            + (br * bc / WG) * (dm + 1)
+            + (bc + 1)
+            + bc * (opt + 1);
+        chunk_len(per, bc)
+    }
+}
+
 fn check(dev: &Device, a: &Dims) -> Result<()> {
-    u32_len("attention", a.bh * a.sq.max(a.skv) * a.d)?;
+    u32_len(
+        "attention",
+        a.bh * a.sq.max(a.skv) * (a.d + 2).max(2 * tiles(a.d)?.dmax as usize),
+    )?;
     if a.bh > dev.caps().max_groups_per_dim as usize {
         return Err(Error::LimitExceeded {
             what: "attention batch x heads".into(),
@@ -81,6 +179,55 @@ pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: u
         && sq.is_multiple_of(16)
         && skv.is_multiple_of(16)
         && sq >= 16
+        && skv <= COOP_MAX_KEYS
+}
+
+/// Runs `entry` over the range [0, total) in chunks of `chunk`, each dispatch continuing from
+/// the state the previous one left. `args` ends with the state binding's place, filled here.
+#[allow(clippy::too_many_arguments)]
+fn chunked(
+    dev: &Device,
+    entry: &'static str,
+    consts: &[(&'static str, u32)],
+    p: AttnParams,
+    args: &[Arg<'_>],
+    groups: [u32; 3],
+    total: usize,
+    chunk: usize,
+    state_floats: usize,
+) -> Result<()> {
+    let n = total.div_ceil(chunk).max(1);
+    let state = if n > 1 {
+        Some(dev.alloc((state_floats * 4) as u64)?)
+    } else {
+        None
+    };
+    let mut all: Vec<Arg<'_>> = args.to_vec();
+    // A call with one chunk never touches the state; any block stands in for it.
+    all.push(arg(state.as_ref().unwrap_or(args[0].block), DType::F32));
+    for i in 0..n {
+        let c0 = i * chunk;
+        let c1 = ((i + 1) * chunk).min(total);
+        launch(
+            dev,
+            &Launch {
+                kernel: Kernel::Attention,
+                entry,
+                wg: WG,
+                consts,
+                params: AttnParams {
+                    first: (i == 0) as u32,
+                    last: (i + 1 == n) as u32,
+                    c0: c0 as u32,
+                    c1: c1 as u32,
+                    ..p
+                },
+                args: &all,
+                groups,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// o = attention(q, k, v), lse (f32 [bh, sq]).
@@ -96,13 +243,7 @@ pub(crate) fn forward(
     dtype: DType,
 ) -> Result<()> {
     check(dev, a)?;
-    let args = [
-        Arg::read("q", q, dtype),
-        Arg::read("k", k, dtype),
-        Arg::read("v", v, dtype),
-        Arg::write("o", o, dtype),
-        Arg::write("lse", lse, DType::F32),
-    ];
+    let p = a.params();
     if uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
         return launch(
             dev,
@@ -111,24 +252,35 @@ pub(crate) fn forward(
                 entry: "fwd",
                 wg: 128,
                 consts: &[("DMAX", a.d as u32)],
-                params: &a.params(),
-                args: &args,
+                params: p,
+                args: &[
+                    arg(q, dtype),
+                    arg(k, dtype),
+                    arg(v, dtype),
+                    arg(o, dtype),
+                    arg(lse, DType::F32),
+                ],
                 groups: [a.sq.div_ceil(64) as u32, a.bh as u32, 1],
             },
         );
     }
-    let (dmax, br, bc, _, _) = config(a.d)?;
-    launch(
+    let t = tiles(a.d)?;
+    chunked(
         dev,
-        &Launch {
-            kernel: Kernel::Attention,
-            entry: "fwd",
-            wg: WG,
-            consts: &[("BR", br), ("BC", bc), ("DMAX", dmax)],
-            params: &a.params(),
-            args: &args,
-            groups: [a.sq.div_ceil(br as usize) as u32, a.bh as u32, 1],
-        },
+        "fwd",
+        &[("BR", t.fbr), ("BC", t.fbc), ("DMAX", t.dmax)],
+        p,
+        &[
+            arg(q, dtype),
+            arg(k, dtype),
+            arg(v, dtype),
+            arg(o, dtype),
+            arg(lse, DType::F32),
+        ],
+        [a.sq.div_ceil(t.fbr as usize) as u32, a.bh as u32, 1],
+        a.skv,
+        t.fwd_chunk(),
+        a.bh * a.sq * (t.dmax as usize + 2),
     )
 }
 
@@ -149,9 +301,9 @@ pub(crate) struct Grads<'a> {
 
 pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> Result<()> {
     check(dev, a)?;
-    let (dmax, _, _, br, bc) = config(a.d)?;
-    let consts = [("BR", br), ("BC", bc), ("DMAX", dmax)];
-    let params = a.params();
+    let t = tiles(a.d)?;
+    let consts = [("BR", t.bbr), ("BC", t.bbc), ("DMAX", t.dmax)];
+    let p = a.params();
     launch(
         dev,
         &Launch {
@@ -159,60 +311,48 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
             entry: "bwd_delta",
             wg: 256,
             consts: &consts,
-            params: &params,
+            params: p,
             args: &[
-                Arg::read("o", g.o, dtype),
-                Arg::read("dout", g.dout, dtype),
-                Arg::write("delta", g.delta, DType::F32),
+                arg(g.o, dtype),
+                arg(g.dout, dtype),
+                arg(g.delta, DType::F32),
             ],
             groups: grid_1d(a.bh * a.sq, 256),
         },
     )?;
-    fn common<'a>(
-        g: &Grads<'a>,
-        dtype: DType,
-        extra: Arg<'a>,
-        extra2: Option<Arg<'a>>,
-    ) -> Vec<Arg<'a>> {
-        let mut v = vec![
-            Arg::read("q", g.q, dtype),
-            Arg::read("k", g.k, dtype),
-            Arg::read("v", g.v, dtype),
-            Arg::read("dout", g.dout, dtype),
-            Arg::read("lse", g.lse, DType::F32),
-            Arg::read("delta", g.delta, DType::F32),
-            extra,
-        ];
-        v.extend(extra2);
-        v
-    }
-    launch(
+    let common = [
+        arg(g.q, dtype),
+        arg(g.k, dtype),
+        arg(g.v, dtype),
+        arg(g.dout, dtype),
+        arg(g.lse, DType::F32),
+        arg(g.delta, DType::F32),
+    ];
+    let mut kv = common.to_vec();
+    kv.push(arg(g.dk, dtype));
+    kv.push(arg(g.dv, dtype));
+    chunked(
         dev,
-        &Launch {
-            kernel: Kernel::Attention,
-            entry: "bwd_kv",
-            wg: WG,
-            consts: &consts,
-            params: &params,
-            args: &common(
-                g,
-                dtype,
-                Arg::write("dk", g.dk, dtype),
-                Some(Arg::write("dv", g.dv, dtype)),
-            ),
-            groups: [a.skv.div_ceil(bc as usize) as u32, a.bh as u32, 1],
-        },
+        "bwd_kv",
+        &consts,
+        p,
+        &kv,
+        [a.skv.div_ceil(t.bbc as usize) as u32, a.bh as u32, 1],
+        a.sq,
+        t.kv_chunk(),
+        a.bh * a.skv * 2 * t.dmax as usize,
     )?;
-    launch(
+    let mut q = common.to_vec();
+    q.push(arg(g.dq, dtype));
+    chunked(
         dev,
-        &Launch {
-            kernel: Kernel::Attention,
-            entry: "bwd_q",
-            wg: WG,
-            consts: &consts,
-            params: &params,
-            args: &common(g, dtype, Arg::write("dq", g.dq, dtype), None),
-            groups: [a.sq.div_ceil(br as usize) as u32, a.bh as u32, 1],
-        },
+        "bwd_q",
+        &consts,
+        p,
+        &q,
+        [a.sq.div_ceil(t.bbr as usize) as u32, a.bh as u32, 1],
+        a.skv,
+        t.q_chunk(),
+        a.bh * a.sq * t.dmax as usize,
     )
 }

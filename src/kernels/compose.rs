@@ -22,6 +22,46 @@
 //! workgroup reductions `block_sum` / `block_max` built on subgroup operations where available
 //! and the helpers of `shaders/common.wgsl` (erf, tanh, sigmoid, a row's max and sum of exp).
 
+//! Builds the WGSL a pipeline is compiled from: a generated prelude, then one kernel family's
+//! file, cut down to the entry point asked for.
+//!
+//! A family file (`shaders/*.wgsl`) holds code shared by its entry points, then one section per
+//! entry point. A section opens with its signature line, which is the only place the entry's
+//! storage bindings are written down:
+//!
+//! ```text
+//! //! entry binary(x: data, y: data, z: data mut)
+//! //! check WG=256
+//! ```
+//!
+//! Each binding is `name: kind`, with `mut` when the kernel writes it; kinds are `data` (the
+//! op's float dtype: f32 or f16), `any` (f32, f16 or u32), `u32`, `f32` and `f16`. Optional
+//! `check` lines list the compile-time constants the entry is built with (`WG` is the
+//! workgroup size; a comma gives several values); the validation test composes each, and a
+//! launch must use the constant names of one of them. The section defines `fn main(ids: Ids)`.
+//!
+//! Kernels never declare their storage bindings themselves: the prelude does, from the
+//! signature and the launch's dtypes, and gives each binding `x` accessors that hide its
+//! storage format:
+//!
+//! * `ld_x(i) -> f32` and, for written bindings, `st_x(i, v: f32)`, for f32 and f16 data;
+//!   all arithmetic is f32;
+//! * for f16 on an adapter with SHADER_F16 the array is `array<f16>`; without it, f16 is stored
+//!   packed two to a `u32` word (the same bytes), read with `unpack2x16float` and written with
+//!   an `atomicAnd` that clears the thread's half followed by an `atomicOr` that sets it, so
+//!   two threads writing the two halves of one word cannot lose each other's value;
+//! * u32 bindings get `ld_x(i) -> u32` and `st_x(i, v: u32)`;
+//! * every binding also gets `ldf_x` / `stf_x`, an f32 view (converting for u32), so one body
+//!   can cast between any two dtypes.
+//!
+//! The prelude also defines the launch's constants (`const WG: u32 = 256u;` and any others),
+//! the family's op codes (see `decl`), `struct Ids` (the builtins, subgroup ones included
+//! only when the adapter has subgroups), `flat_id(ids)` for 1-D kernels laid out on a 2-D
+//! grid, and, when the kernel calls them, workgroup reductions `block_sum` / `block_max` built
+//! on subgroup operations where available and the helpers of `shaders/common.wgsl`.
+
+use super::decl::Codes;
+use crate::device::stream::{PARAMS_BINDING, storage_binding};
 use crate::dtype::DType;
 use std::fmt::Write;
 
@@ -43,28 +83,225 @@ pub struct Target {
     pub subgroups: bool,
 }
 
-/// One storage binding as the prelude declares it.
-#[derive(Clone, Copy, Debug)]
-pub struct Decl {
+/// What a binding may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    /// The op's float dtype (f32 or f16).
+    Data,
+    /// Any dtype (cast).
+    Any,
+    /// Always u32.
+    U32,
+    /// Always f32 (statistics saved for backward passes, partial sums).
+    F32,
+    /// Always f16 (tensor-core kernels).
+    F16,
+}
+
+impl Elem {
+    fn parse(s: &str) -> Option<Elem> {
+        Some(match s {
+            "data" => Elem::Data,
+            "any" => Elem::Any,
+            "u32" => Elem::U32,
+            "f32" => Elem::F32,
+            "f16" => Elem::F16,
+            _ => return None,
+        })
+    }
+
+    /// Whether `d` fits.
+    pub fn allows(self, d: DType) -> bool {
+        match self {
+            Elem::Data => d.is_float(),
+            Elem::Any => true,
+            Elem::U32 => d == DType::U32,
+            Elem::F32 => d == DType::F32,
+            Elem::F16 => d == DType::F16,
+        }
+    }
+
+    /// The dtypes a validation run tries.
+    pub fn candidates(self) -> &'static [DType] {
+        match self {
+            Elem::Data => &[DType::F32, DType::F16],
+            Elem::Any => &[DType::F32, DType::F16, DType::U32],
+            Elem::U32 => &[DType::U32],
+            Elem::F32 => &[DType::F32],
+            Elem::F16 => &[DType::F16],
+        }
+    }
+}
+
+/// One storage binding of an entry point, as its signature line declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
     /// WGSL name of the array (`x` gives `ld_x`, `st_x`).
     pub name: &'static str,
-    /// Element type of the storage.
-    pub dtype: DType,
+    /// What it may hold.
+    pub elem: Elem,
     /// Whether the kernel writes it.
     pub write: bool,
 }
 
+/// An entry point's signature: its bindings and the constant sets it is checked with.
+#[derive(Clone, Debug)]
+pub struct EntrySig {
+    /// Entry name.
+    pub name: &'static str,
+    /// Storage bindings in binding order.
+    pub bindings: Vec<Binding>,
+    /// `check` lines: each a list of (constant, values); `WG` among them.
+    pub checks: Vec<Vec<(&'static str, Vec<u32>)>>,
+}
+
+impl EntrySig {
+    /// The workgroup sizes its check lines allow (256 when none is given).
+    pub fn wgs(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .checks
+            .iter()
+            .flat_map(|c| {
+                c.iter()
+                    .filter(|(n, _)| *n == "WG")
+                    .flat_map(|(_, v)| v.clone())
+            })
+            .collect();
+        if v.is_empty() {
+            v.push(256);
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Every composition the check lines describe, as (WG, other constants).
+    pub fn compositions(&self) -> Vec<(u32, Vec<(&'static str, u32)>)> {
+        let lines = if self.checks.is_empty() {
+            vec![vec![("WG", vec![256])]]
+        } else {
+            self.checks.clone()
+        };
+        let mut out = Vec::new();
+        for line in lines {
+            // The cartesian product of the line's value lists.
+            let mut combos: Vec<Vec<(&'static str, u32)>> = vec![Vec::new()];
+            for (name, values) in &line {
+                let mut next = Vec::new();
+                for c in &combos {
+                    for &v in values {
+                        let mut c2 = c.clone();
+                        c2.push((*name, v));
+                        next.push(c2);
+                    }
+                }
+                combos = next;
+            }
+            for c in combos {
+                let wg = c.iter().find(|(n, _)| *n == "WG").map_or(256, |x| x.1);
+                let rest: Vec<(&'static str, u32)> =
+                    c.into_iter().filter(|(n, _)| *n != "WG").collect();
+                out.push((wg, rest));
+            }
+        }
+        out
+    }
+
+    /// Whether a launch's constant names match one check line's.
+    pub fn accepts_consts(&self, consts: &[(&str, u32)]) -> bool {
+        if self.checks.is_empty() {
+            return consts.is_empty();
+        }
+        self.checks.iter().any(|line| {
+            let names: Vec<&str> = line.iter().map(|x| x.0).filter(|n| *n != "WG").collect();
+            names.len() == consts.len() && names.iter().zip(consts).all(|(a, b)| *a == b.0)
+        })
+    }
+}
+
+const ENTRY: &str = "//! entry ";
+const CHECK: &str = "//! check ";
+
+/// Parses the signature line `name(b: kind [mut], ...)`.
+fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), String> {
+    let open = line
+        .find('(')
+        .ok_or_else(|| format!("no '(' in {line:?}"))?;
+    let close = line
+        .rfind(')')
+        .ok_or_else(|| format!("no ')' in {line:?}"))?;
+    let name = line[..open].trim();
+    let mut bindings = Vec::new();
+    for part in line[open + 1..close].split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let (bname, rest) = part
+            .split_once(':')
+            .ok_or_else(|| format!("binding {part:?} of {name} has no ':'"))?;
+        let mut words = rest.split_whitespace();
+        let kind = words.next().unwrap_or("");
+        let elem = Elem::parse(kind)
+            .ok_or_else(|| format!("binding {part:?} of {name}: unknown kind {kind:?}"))?;
+        let write = match words.next() {
+            None => false,
+            Some("mut") => true,
+            Some(w) => return Err(format!("binding {part:?} of {name}: unexpected {w:?}")),
+        };
+        bindings.push(Binding {
+            name: bname.trim(),
+            elem,
+            write,
+        });
+    }
+    Ok((name, bindings))
+}
+
+/// Every entry point of a family file with its signature, in file order.
+pub fn parse_entries(source: &'static str) -> Result<Vec<EntrySig>, String> {
+    let mut out: Vec<EntrySig> = Vec::new();
+    for line in source.lines() {
+        if let Some(sig) = line.strip_prefix(ENTRY) {
+            let (name, bindings) = parse_signature(sig)?;
+            out.push(EntrySig {
+                name,
+                bindings,
+                checks: Vec::new(),
+            });
+        } else if let Some(check) = line.strip_prefix(CHECK) {
+            let Some(e) = out.last_mut() else {
+                return Err(format!("check line before any entry: {line:?}"));
+            };
+            let mut set = Vec::new();
+            for kv in check.split_whitespace() {
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| format!("{}: bad check item {kv:?}", e.name))?;
+                let values = v
+                    .split(',')
+                    .map(|x| x.parse::<u32>())
+                    .collect::<std::result::Result<Vec<u32>, _>>()
+                    .map_err(|_| format!("{}: bad check value {kv:?}", e.name))?;
+                set.push((k, values));
+            }
+            e.checks.push(set);
+        }
+    }
+    Ok(out)
+}
+
 /// Extracts the shared part of a family file plus the section of one entry point.
 pub fn select_entry<'a>(source: &'a str, entry: &str) -> Option<(&'a str, &'a str)> {
-    let marker = "//! entry ";
-    let first = source.find(marker)?;
+    let first = source.find(ENTRY)?;
     let common = &source[..first];
     let mut rest = &source[first..];
     while let Some(line_end) = rest.find('\n') {
-        let name = rest[marker.len()..line_end].trim();
+        let sig = &rest[ENTRY.len()..line_end];
+        let name = sig.split('(').next().unwrap_or("").trim();
         let body_start = line_end + 1;
         let next = rest[body_start..]
-            .find(marker)
+            .find(ENTRY)
             .map_or(rest.len(), |p| body_start + p);
         if name == entry {
             return Some((common, &rest[body_start..next]));
@@ -77,26 +314,22 @@ pub fn select_entry<'a>(source: &'a str, entry: &str) -> Option<(&'a str, &'a st
     None
 }
 
-/// Lists the entry points of a family file.
-pub fn entries(source: &str) -> Vec<&str> {
-    source
-        .lines()
-        .filter_map(|l| l.strip_prefix("//! entry "))
-        .map(str::trim)
-        .collect()
-}
-
-/// The full WGSL for one pipeline.
+/// The full WGSL for one pipeline: entry `sig` of `source`, its bindings holding `dtypes`.
+#[allow(clippy::too_many_arguments)]
 pub fn compose(
     target: Target,
     source: &str,
-    entry: &str,
+    sig: &EntrySig,
     wg: u32,
     consts: &[(&str, u32)],
-    decls: &[Decl],
+    dtypes: &[DType],
+    codes: &[Codes],
     extra_enables: &[&str],
 ) -> Option<String> {
-    let (common, section) = select_entry(source, entry)?;
+    let (common, section) = select_entry(source, sig.name)?;
+    if dtypes.len() != sig.bindings.len() {
+        return None;
+    }
     let mut s = String::with_capacity(source.len() + 4096);
     if target.f16 == F16Mode::Native {
         s.push_str("enable f16;\n");
@@ -108,15 +341,23 @@ pub fn compose(
     for (name, v) in consts {
         let _ = writeln!(s, "const {name}: u32 = {v}u;");
     }
+    for set in codes {
+        for (name, v) in set.consts {
+            let _ = writeln!(s, "const {name}: u32 = {v}u;");
+        }
+    }
     s.push_str("struct Ids {\n  @builtin(local_invocation_index) lid: u32,\n  @builtin(local_invocation_id) lid3: vec3<u32>,\n  @builtin(workgroup_id) wid: vec3<u32>,\n  @builtin(num_workgroups) nwg: vec3<u32>,\n");
     if target.subgroups {
         s.push_str("  @builtin(subgroup_size) sg_size: u32,\n  @builtin(subgroup_invocation_id) sg_lane: u32,\n  @builtin(subgroup_id) sg_id: u32,\n  @builtin(num_subgroups) sg_num: u32,\n");
     }
     s.push_str("}\n");
     s.push_str("// One thread per element on a grid of up to 65535 x N workgroups of WG threads.\nfn flat_id(ids: Ids) -> u32 { return (ids.wid.y * ids.nwg.x + ids.wid.x) * WG + ids.lid; }\n");
-    s.push_str("@group(0) @binding(0) var<uniform> p: Params;\n");
-    for (i, d) in decls.iter().enumerate() {
-        declare(&mut s, target, i as u32 + 1, d);
+    let _ = writeln!(
+        s,
+        "@group(0) @binding({PARAMS_BINDING}) var<uniform> p: Params;"
+    );
+    for (i, (b, &dt)) in sig.bindings.iter().zip(dtypes).enumerate() {
+        declare(&mut s, target, storage_binding(i), b, dt);
     }
     let mut body = format!("{common}{section}");
     // Shared helpers (shaders/common.wgsl) the kernel calls but does not define, and the
@@ -162,18 +403,18 @@ fn library() -> impl Iterator<Item = (&'static str, &'static str, &'static str)>
     })
 }
 
-fn declare(s: &mut String, target: Target, binding: u32, d: &Decl) {
+fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DType) {
     let n = d.name;
     // Float views (`ldf_x`, `stf_x`) exist for every binding, so one kernel body can convert
     // between any two dtypes (cast); for float storage they are the plain accessors.
-    if d.dtype != DType::U32 {
+    if dtype != DType::U32 {
         let _ = writeln!(s, "fn ldf_{n}(i_: u32) -> f32 {{ return ld_{n}(i_); }}");
         if d.write {
             let _ = writeln!(s, "fn stf_{n}(i_: u32, v_: f32) {{ st_{n}(i_, v_); }}");
         }
     }
     let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
-    match (d.dtype, target.f16) {
+    match (dtype, target.f16) {
         (DType::F32, _) => {
             let _ = writeln!(
                 s,
@@ -284,15 +525,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sections() {
-        let src =
-            "// head\nfn shared() {}\n//! entry a\nfn main() { A }\n//! entry b\nfn main() { B }\n";
+    fn sections_and_signatures() {
+        let src = "// head\nfn shared() {}\n//! entry a(x: data, y: u32 mut)\n//! check WG=64,128 Q=2\nfn main() { A }\n//! entry b()\nfn main() { B }\n";
         assert!(
             select_entry(src, "a")
                 .is_some_and(|(c, a)| c.contains("shared") && a.contains('A') && !a.contains('B'))
         );
         assert!(select_entry(src, "b").is_some_and(|(_, b)| b.contains('B') && !b.contains('A')));
         assert!(select_entry(src, "c").is_none());
-        assert_eq!(entries(src), vec!["a", "b"]);
+        let e = parse_entries(src).unwrap_or_default();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].name, "a");
+        assert_eq!(
+            e[0].bindings,
+            vec![
+                Binding {
+                    name: "x",
+                    elem: Elem::Data,
+                    write: false
+                },
+                Binding {
+                    name: "y",
+                    elem: Elem::U32,
+                    write: true
+                }
+            ]
+        );
+        assert_eq!(e[0].wgs(), vec![64, 128]);
+        assert_eq!(e[0].compositions().len(), 2);
+        assert!(e[0].accepts_consts(&[("Q", 7)]) && !e[0].accepts_consts(&[]));
+        assert!(e[1].bindings.is_empty() && e[1].accepts_consts(&[]));
+        assert!(parse_entries("//! entry z(x: float)\n").is_err());
     }
 }

@@ -1,10 +1,32 @@
 //! Host side of `shaders/conv.wgsl`.
 
-use super::{Arg, Kernel, Launch, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, over_budget, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
+
+crate::params! {
+    /// `struct Params` of conv.wgsl.
+    pub struct ConvParams {
+        n: u32,
+        c: u32,
+        h: u32,
+        w: u32,
+        kh: u32,
+        kw: u32,
+        sh: u32,
+        sw: u32,
+        ph: u32,
+        pw: u32,
+        dh: u32,
+        dw: u32,
+        ho: u32,
+        wo: u32,
+        n0: u32,
+        _pad: u32,
+    }
+}
 
 /// Geometry of a 2-D window op over NCHW input (convolution or pooling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,25 +64,39 @@ impl Geom {
         Some(((hp - eh) / self.stride.0 + 1, (wp - ew) / self.stride.1 + 1))
     }
 
-    fn params(&self, n0: usize) -> [u32; 15] {
+    fn params(&self, n0: usize) -> ConvParams {
         let (ho, wo) = self.out().unwrap_or((0, 0));
-        [
-            self.n as u32,
-            self.c as u32,
-            self.h as u32,
-            self.w as u32,
-            self.kh as u32,
-            self.kw as u32,
-            self.stride.0 as u32,
-            self.stride.1 as u32,
-            self.pad.0 as u32,
-            self.pad.1 as u32,
-            self.dil.0 as u32,
-            self.dil.1 as u32,
-            ho as u32,
-            wo as u32,
-            n0 as u32,
-        ]
+        ConvParams {
+            n: self.n as u32,
+            c: self.c as u32,
+            h: self.h as u32,
+            w: self.w as u32,
+            kh: self.kh as u32,
+            kw: self.kw as u32,
+            sh: self.stride.0 as u32,
+            sw: self.stride.1 as u32,
+            ph: self.pad.0 as u32,
+            pw: self.pad.1 as u32,
+            dh: self.dil.0 as u32,
+            dw: self.dil.1 as u32,
+            ho: ho as u32,
+            wo: wo as u32,
+            n0: n0 as u32,
+            _pad: 0,
+        }
+    }
+
+    /// Errors for windows whose walk would pass the loop budget.
+    pub(crate) fn check_window(&self, op: &'static str) -> Result<()> {
+        let walk = self.kh * (self.kw + 1) + 1;
+        if walk > LOOP_BUDGET {
+            return Err(over_budget(
+                format!("{op} with a {}x{} window", self.kh, self.kw),
+                walk,
+                LOOP_BUDGET,
+            ));
+        }
+        Ok(())
     }
 
     fn out_len(&self) -> usize {
@@ -82,6 +118,7 @@ fn run_at(
     args: &[Arg<'_>],
 ) -> Result<()> {
     u32_len("conv", threads.max((n0 + g.n) * g.c * g.h * g.w))?;
+    g.check_window(entry)?;
     launch(
         dev,
         &Launch {
@@ -89,7 +126,7 @@ fn run_at(
             entry,
             wg: 256,
             consts: &[],
-            params: &g.params(n0),
+            params: g.params(n0),
             args,
             groups: grid_1d(threads, 256),
         },
@@ -121,7 +158,7 @@ pub(crate) fn im2col(
         g,
         n0,
         g.out_len() * g.kh * g.kw,
-        &[Arg::read("x", x, dtype), Arg::write("col", col, dtype)],
+        &[arg(x, dtype), arg(col, dtype)],
     )
 }
 
@@ -140,7 +177,7 @@ pub(crate) fn col2im(
         g,
         n0,
         g.in_len(),
-        &[Arg::read("dcol", dcol, dtype), Arg::write("dx", dx, dtype)],
+        &[arg(dcol, dtype), arg(dx, dtype)],
     )
 }
 
@@ -158,11 +195,7 @@ pub(crate) fn maxpool(
         "maxpool",
         g,
         g.out_len(),
-        &[
-            Arg::read("x", x, dtype),
-            Arg::write("y", y, dtype),
-            Arg::write("idx", idx, DType::U32),
-        ],
+        &[arg(x, dtype), arg(y, dtype), arg(idx, DType::U32)],
     )
 }
 
@@ -179,11 +212,7 @@ pub(crate) fn maxpool_bwd(
         "maxpool_bwd",
         g,
         g.in_len(),
-        &[
-            Arg::read("idx", idx, DType::U32),
-            Arg::read("dy", dy, dtype),
-            Arg::write("dx", dx, dtype),
-        ],
+        &[arg(idx, DType::U32), arg(dy, dtype), arg(dx, dtype)],
     )
 }
 
@@ -193,7 +222,7 @@ pub(crate) fn avgpool(dev: &Device, g: &Geom, x: &Block, y: &Block, dtype: DType
         "avgpool",
         g,
         g.out_len(),
-        &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
+        &[arg(x, dtype), arg(y, dtype)],
     )
 }
 
@@ -209,6 +238,6 @@ pub(crate) fn avgpool_bwd(
         "avgpool_bwd",
         g,
         g.in_len(),
-        &[Arg::read("dy", dy, dtype), Arg::write("dx", dx, dtype)],
+        &[arg(dy, dtype), arg(dx, dtype)],
     )
 }

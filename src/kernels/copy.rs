@@ -1,6 +1,6 @@
 //! Host side of `shaders/copy.wgsl`: cast, bit copies and strided copies.
 
-use super::{Arg, Kernel, Launch, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -9,6 +9,43 @@ use crate::memory::Block;
 const WG: u32 = 256;
 /// Highest rank the strided copy handles.
 pub(crate) const MAX_RANK: usize = 6;
+
+crate::params! {
+    /// `struct Params` of copy.wgsl.
+    pub struct CopyParams {
+        n: u32,
+        rank: u32,
+        xoff: u32,
+        yoff: u32,
+        dims: [[u32; 4]; 2],
+        xs: [[u32; 4]; 2],
+        ys: [[u32; 4]; 2],
+    }
+}
+
+/// Packs up to 8 sizes or strides into two vec4<u32>.
+pub(crate) fn pack8(v: &[usize]) -> [[u32; 4]; 2] {
+    let mut a = [[0u32; 4]; 2];
+    for (k, &d) in v.iter().take(8).enumerate() {
+        a[k / 4][k % 4] = d as u32;
+    }
+    a
+}
+
+fn run(dev: &Device, entry: &'static str, p: CopyParams, args: &[Arg<'_>]) -> Result<()> {
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Copy,
+            entry,
+            wg: WG,
+            consts: &[],
+            params: p,
+            args,
+            groups: grid_1d(p.n as usize, WG),
+        },
+    )
+}
 
 /// `y = x` for `n` contiguous elements, converting dtypes. Same-dtype copies move raw words, so
 /// they are exact for every bit pattern.
@@ -22,55 +59,17 @@ pub(crate) fn cast(
 ) -> Result<()> {
     if xd == yd {
         let words = (xd.bytes(n)).div_ceil(4) as usize;
-        let w32 = u32_len("copy", words)?;
-        return launch(
-            dev,
-            &Launch {
-                kernel: Kernel::Copy,
-                entry: "words",
-                wg: WG,
-                consts: &[],
-                params: &params(w32, &[], &[], 0, &[], 0),
-                args: &[
-                    Arg::read("x", x, DType::U32),
-                    Arg::write("y", y, DType::U32),
-                ],
-                groups: grid_1d(words, WG),
-            },
-        );
+        let p = CopyParams {
+            n: u32_len("copy", words)?,
+            ..Default::default()
+        };
+        return run(dev, "words", p, &[arg(x, DType::U32), arg(y, DType::U32)]);
     }
-    let n32 = u32_len("cast", n)?;
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Copy,
-            entry: "cast",
-            wg: WG,
-            consts: &[],
-            params: &params(n32, &[], &[], 0, &[], 0),
-            args: &[Arg::read("x", x, xd), Arg::write("y", y, yd)],
-            groups: grid_1d(n, WG),
-        },
-    )
-}
-
-fn params(
-    n: u32,
-    dims: &[usize],
-    xs: &[usize],
-    xoff: usize,
-    ys: &[usize],
-    yoff: usize,
-) -> Vec<u32> {
-    let mut w = vec![n, dims.len() as u32, xoff as u32, yoff as u32];
-    for arr in [dims, xs, ys] {
-        let mut v = [0u32; 8];
-        for (k, &d) in arr.iter().enumerate() {
-            v[k] = d as u32;
-        }
-        w.extend_from_slice(&v);
-    }
-    w
+    let p = CopyParams {
+        n: u32_len("cast", n)?,
+        ..Default::default()
+    };
+    run(dev, "cast", p, &[arg(x, xd), arg(y, yd)])
 }
 
 /// Element strides and offsets of a strided view, in elements.
@@ -96,22 +95,19 @@ pub(crate) fn strided(
         ));
     }
     let n: usize = dims.iter().product();
-    let n32 = u32_len("strided copy", n)?;
     let entry = if dtype == DType::U32 {
         "strided_u32"
     } else {
         "strided"
     };
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Copy,
-            entry,
-            wg: WG,
-            consts: &[],
-            params: &params(n32, dims, xv.strides, xv.offset, yv.strides, yv.offset),
-            args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
-            groups: grid_1d(n, WG),
-        },
-    )
+    let p = CopyParams {
+        n: u32_len("strided copy", n)?,
+        rank: dims.len() as u32,
+        xoff: u32_len("strided copy offset", xv.offset)?,
+        yoff: u32_len("strided copy offset", yv.offset)?,
+        dims: pack8(dims),
+        xs: pack8(xv.strides),
+        ys: pack8(yv.strides),
+    };
+    run(dev, entry, p, &[arg(x, dtype), arg(y, dtype)])
 }

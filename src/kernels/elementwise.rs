@@ -1,6 +1,7 @@
 //! Host side of `shaders/elementwise.wgsl`.
 
-use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use super::copy::pack8;
+use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -10,31 +11,32 @@ const WG: u32 = 256;
 /// Highest rank of broadcasting ops.
 pub(crate) const MAX_RANK: usize = 6;
 
-/// Unary ops; the discriminant is the shader's op code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum Unary {
-    Neg = 0,
-    Exp = 1,
-    Log = 2,
-    Sqrt = 3,
-    Relu = 4,
-    Gelu = 5,
-    Tanh = 6,
-    Sigmoid = 7,
-    Abs = 8,
-    Square = 9,
-    Recip = 10,
-    AddScalar = 11,
-    MulScalar = 12,
-    PowScalar = 13,
-    RsubScalar = 14,
-    MaxScalar = 15,
-    MinScalar = 16,
-    Affine = 17,
-    Silu = 18,
-    Clamp = 19,
-    Step = 20,
+crate::codes! {
+    /// Unary ops (shader constants `UN_*`).
+    #[allow(missing_docs)]
+    pub enum Unary: "UN" {
+        Neg = "NEG",
+        Exp = "EXP",
+        Log = "LOG",
+        Sqrt = "SQRT",
+        Relu = "RELU",
+        Gelu = "GELU",
+        Tanh = "TANH",
+        Sigmoid = "SIGMOID",
+        Abs = "ABS",
+        Square = "SQUARE",
+        Recip = "RECIP",
+        AddScalar = "ADD_SCALAR",
+        MulScalar = "MUL_SCALAR",
+        PowScalar = "POW_SCALAR",
+        RsubScalar = "RSUB_SCALAR",
+        MaxScalar = "MAX_SCALAR",
+        MinScalar = "MIN_SCALAR",
+        Affine = "AFFINE",
+        Silu = "SILU",
+        Clamp = "CLAMP",
+        Step = "STEP",
+    }
 }
 
 impl Unary {
@@ -47,40 +49,67 @@ impl Unary {
     }
 }
 
-/// Binary ops; the discriminant is the shader's op code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub enum Binary {
-    Add = 0,
-    Sub = 1,
-    Mul = 2,
-    Div = 3,
-    Max = 4,
-    Min = 5,
-    Pow = 6,
-    Eq = 7,
-    Ne = 8,
-    Lt = 9,
-    Le = 10,
-    Gt = 11,
-    Ge = 12,
+crate::codes! {
+    /// Binary ops (shader constants `BIN_*`).
+    #[allow(missing_docs)]
+    pub enum Binary: "BIN" {
+        Add = "ADD",
+        Sub = "SUB",
+        Mul = "MUL",
+        Div = "DIV",
+        Max = "MAX",
+        Min = "MIN",
+        Pow = "POW",
+        Eq = "EQ",
+        Ne = "NE",
+        Lt = "LT",
+        Le = "LE",
+        Gt = "GT",
+        Ge = "GE",
+    }
 }
 
-fn pack(words: &mut Vec<u32>, v: &[usize]) {
-    let mut a = [0u32; 8];
-    for (k, &d) in v.iter().enumerate() {
-        a[k] = d as u32;
+impl Binary {
+    /// Comparisons give 0/1 and have no gradient.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge
+        )
     }
-    words.extend_from_slice(&a);
 }
 
-fn params(n: u32, op: u32, a: f32, b: f32, dims: &[usize], strides: [&[usize]; 3]) -> Vec<u32> {
-    let mut w = vec![n, op, f(a), f(b), dims.len() as u32, 0, 0, 0];
-    pack(&mut w, dims);
-    for s in strides {
-        pack(&mut w, s);
+crate::params! {
+    /// `struct Params` of elementwise.wgsl.
+    pub struct EwParams {
+        n: u32,
+        op: u32,
+        a: f32,
+        b: f32,
+        rank: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+        dims: [[u32; 4]; 2],
+        s0: [[u32; 4]; 2],
+        s1: [[u32; 4]; 2],
+        s2: [[u32; 4]; 2],
     }
-    w
+}
+
+fn run(dev: &Device, entry: &'static str, p: EwParams, args: &[Arg<'_>]) -> Result<()> {
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Elementwise,
+            entry,
+            wg: WG,
+            consts: &[],
+            params: p,
+            args,
+            groups: grid_1d(p.n as usize, WG),
+        },
+    )
 }
 
 /// `y = op(x; a, b)` over `n` elements.
@@ -95,19 +124,14 @@ pub(crate) fn unary(
     a: f32,
     b: f32,
 ) -> Result<()> {
-    let n32 = u32_len("unary", n)?;
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Elementwise,
-            entry: "unary",
-            wg: WG,
-            consts: &[],
-            params: &params(n32, op as u32, a, b, &[], [&[], &[], &[]]),
-            args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
-            groups: grid_1d(n, WG),
-        },
-    )
+    let p = EwParams {
+        n: u32_len("unary", n)?,
+        op: op as u32,
+        a,
+        b,
+        ..Default::default()
+    };
+    run(dev, "unary", p, &[arg(x, dtype), arg(y, dtype)])
 }
 
 /// `dx = g * op'(v)`, where `v` is the op's saved input or output (`Unary::grad_uses_output`).
@@ -123,22 +147,18 @@ pub(crate) fn unary_bwd(
     a: f32,
     b: f32,
 ) -> Result<()> {
-    let n32 = u32_len("unary backward", n)?;
-    launch(
+    let p = EwParams {
+        n: u32_len("unary backward", n)?,
+        op: op as u32,
+        a,
+        b,
+        ..Default::default()
+    };
+    run(
         dev,
-        &Launch {
-            kernel: Kernel::Elementwise,
-            entry: "unary_bwd",
-            wg: WG,
-            consts: &[],
-            params: &params(n32, op as u32, a, b, &[], [&[], &[], &[]]),
-            args: &[
-                Arg::read("x", v, dtype),
-                Arg::read("g", g, dtype),
-                Arg::write("dx", dx, dtype),
-            ],
-            groups: grid_1d(n, WG),
-        },
+        "unary_bwd",
+        p,
+        &[arg(v, dtype), arg(g, dtype), arg(dx, dtype)],
     )
 }
 
@@ -206,23 +226,14 @@ pub(crate) fn binary(
 ) -> Result<()> {
     let n: usize = out.iter().product();
     let n32 = u32_len("binary", n)?;
+    let args = [arg(x, dtype), arg(y, dtype), arg(z, dtype)];
     if xs == out && ys == out {
-        return launch(
-            dev,
-            &Launch {
-                kernel: Kernel::Elementwise,
-                entry: "binary",
-                wg: WG,
-                consts: &[],
-                params: &params(n32, op as u32, 0.0, 0.0, &[], [&[], &[], &[]]),
-                args: &[
-                    Arg::read("x", x, dtype),
-                    Arg::read("y", y, dtype),
-                    Arg::write("z", z, dtype),
-                ],
-                groups: grid_1d(n, WG),
-            },
-        );
+        let p = EwParams {
+            n: n32,
+            op: op as u32,
+            ..Default::default()
+        };
+        return run(dev, "binary", p, &args);
     }
     let (dims, st) = simplify(
         out,
@@ -237,22 +248,16 @@ pub(crate) fn binary(
             ),
         ));
     }
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Elementwise,
-            entry: "binary_bcast",
-            wg: WG,
-            consts: &[],
-            params: &params(n32, op as u32, 0.0, 0.0, &dims, [&st[0], &st[1], &[]]),
-            args: &[
-                Arg::read("x", x, dtype),
-                Arg::read("y", y, dtype),
-                Arg::write("z", z, dtype),
-            ],
-            groups: grid_1d(n, WG),
-        },
-    )
+    let p = EwParams {
+        n: n32,
+        op: op as u32,
+        rank: dims.len() as u32,
+        dims: pack8(&dims),
+        s0: pack8(&st[0]),
+        s1: pack8(&st[1]),
+        ..Default::default()
+    };
+    run(dev, "binary_bcast", p, &args)
 }
 
 /// `z = c != 0 ? x : y` with broadcasting.
@@ -286,22 +291,20 @@ pub(crate) fn select(
             format!("broadcast needs rank {} (> {MAX_RANK})", dims.len()),
         ));
     }
-    launch(
+    let p = EwParams {
+        n: n32,
+        rank: dims.len() as u32,
+        dims: pack8(&dims),
+        s0: pack8(&st[0]),
+        s1: pack8(&st[1]),
+        s2: pack8(&st[2]),
+        ..Default::default()
+    };
+    run(
         dev,
-        &Launch {
-            kernel: Kernel::Elementwise,
-            entry: "select",
-            wg: WG,
-            consts: &[],
-            params: &params(n32, 0, 0.0, 0.0, &dims, [&st[0], &st[1], &st[2]]),
-            args: &[
-                Arg::read("c", c, cdt),
-                Arg::read("x", x, dtype),
-                Arg::read("y", y, dtype),
-                Arg::write("z", z, dtype),
-            ],
-            groups: grid_1d(n, WG),
-        },
+        "select",
+        p,
+        &[arg(c, cdt), arg(x, dtype), arg(y, dtype), arg(z, dtype)],
     )
 }
 

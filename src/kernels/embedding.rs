@@ -1,10 +1,41 @@
 //! Host side of `shaders/embedding.wgsl`.
 
-use super::{Arg, Kernel, Launch, grid_1d, launch, u32_len};
+use super::reduce::{self, ReduceOp};
+use super::{Kernel, Launch, arg, copy, fill, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
+
+/// Positions one scatter invocation walks (its loop bound).
+const PCHUNK: usize = 8192;
+/// Vocabularies up to this size use the row variant of the scatter.
+const ROWS_VOCAB: usize = 4096;
+
+crate::params! {
+    /// `struct Params` of embedding.wgsl.
+    pub struct EmbedParams {
+        n: u32,
+        dim: u32,
+        vocab: u32,
+        t0: u32,
+        t1: u32,
+        pchunk: u32,
+        nchunks: u32,
+        _pad: u32,
+    }
+}
+
+fn base(n: usize, dim: usize, vocab: usize) -> EmbedParams {
+    EmbedParams {
+        n: n as u32,
+        dim: dim as u32,
+        vocab: vocab as u32,
+        pchunk: PCHUNK as u32,
+        nchunks: n.div_ceil(PCHUNK).max(1) as u32,
+        ..Default::default()
+    }
+}
 
 /// y[t] = w[idx[t]] for n indices into a [vocab, dim] table.
 #[allow(clippy::too_many_arguments)]
@@ -19,6 +50,7 @@ pub(crate) fn gather(
     vocab: usize,
 ) -> Result<()> {
     u32_len("embedding", n * dim)?;
+    u32_len("embedding", vocab * dim)?;
     launch(
         dev,
         &Launch {
@@ -26,19 +58,14 @@ pub(crate) fn gather(
             entry: "gather",
             wg: 256,
             consts: &[],
-            params: &[n as u32, dim as u32, vocab as u32],
-            args: &[
-                Arg::read("w", w, dtype),
-                Arg::read("idx", idx, DType::U32),
-                Arg::write("y", y, dtype),
-            ],
+            params: base(n, dim, vocab),
+            args: &[arg(w, dtype), arg(idx, DType::U32), arg(y, dtype)],
             groups: grid_1d(n * dim, 256),
         },
     )
 }
 
-/// dw = scatter-add of dy rows at idx. `dw` must be zero for the column variant, which the
-/// caller signals with `dw_zeroed`; the row variant overwrites every element.
+/// dw ([vocab, dim], `dtype`) = the scatter-add of the rows of dy at idx; overwrites dw.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scatter_add(
     dev: &Device,
@@ -49,31 +76,70 @@ pub(crate) fn scatter_add(
     n: usize,
     dim: usize,
     vocab: usize,
-    dw_zeroed: bool,
 ) -> Result<()> {
-    u32_len("embedding backward", vocab.max(n) * dim)?;
-    // Row variant: vocab*dim threads each reading all n indices. Column variant: dim threads
-    // each walking all n rows. Pick the one with less total work per thread.
-    let rows_variant = !dw_zeroed || (vocab * dim >= 4096 && vocab <= 4096);
-    let (entry, groups) = if rows_variant {
-        ("scatter_rows", grid_1d(vocab * dim, 256))
+    u32_len("embedding backward", n.max(vocab) * dim)?;
+    let p = base(n, dim, vocab);
+    if vocab <= ROWS_VOCAB
+        && u32_len("embedding backward", vocab * dim * p.nchunks as usize).is_ok()
+    {
+        let nchunks = p.nchunks as usize;
+        let part = dev.alloc((nchunks * vocab * dim * 4) as u64)?;
+        launch(
+            dev,
+            &Launch {
+                kernel: Kernel::Embedding,
+                entry: "scatter_rows",
+                wg: 256,
+                consts: &[],
+                params: p,
+                args: &[arg(idx, DType::U32), arg(dy, dtype), arg(&part, DType::F32)],
+                groups: grid_1d(nchunks * vocab * dim, 256),
+            },
+        )?;
+        return reduce::reduce(
+            dev,
+            ReduceOp::Sum,
+            1.0,
+            &part,
+            DType::F32,
+            dw,
+            dtype,
+            1,
+            nchunks,
+            vocab * dim,
+        );
+    }
+    // Column variant: one f32 accumulator, one dispatch per chunk of positions, in order.
+    let f32_acc = if dtype == DType::F32 {
+        None
     } else {
-        ("scatter_cols", grid_1d(dim, 256))
+        Some(dev.alloc((vocab * dim * 4) as u64)?)
     };
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Embedding,
-            entry,
-            wg: 256,
-            consts: &[],
-            params: &[n as u32, dim as u32, vocab as u32],
-            args: &[
-                Arg::read("idx", idx, DType::U32),
-                Arg::read("dy", dy, dtype),
-                Arg::write("dw", dw, dtype),
-            ],
-            groups,
-        },
-    )
+    let acc = f32_acc.as_ref().unwrap_or(dw);
+    fill::fill(dev, acc, DType::F32, vocab * dim, 0.0)?;
+    let mut t0 = 0;
+    while t0 < n {
+        let t1 = (t0 + PCHUNK).min(n);
+        launch(
+            dev,
+            &Launch {
+                kernel: Kernel::Embedding,
+                entry: "scatter_cols",
+                wg: 256,
+                consts: &[],
+                params: EmbedParams {
+                    t0: t0 as u32,
+                    t1: t1 as u32,
+                    ..p
+                },
+                args: &[arg(idx, DType::U32), arg(dy, dtype), arg(acc, DType::F32)],
+                groups: grid_1d(dim, 256),
+            },
+        )?;
+        t0 = t1;
+    }
+    if let Some(a) = &f32_acc {
+        copy::cast(dev, a, DType::F32, dw, dtype, vocab * dim)?;
+    }
+    Ok(())
 }

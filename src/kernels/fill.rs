@@ -1,12 +1,39 @@
 //! Host side of `shaders/fill.wgsl`: constants, random numbers, dropout.
 
-use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
 
 const WG: u32 = 256;
+
+crate::params! {
+    /// `struct Params` of fill.wgsl.
+    pub struct FillParams {
+        n: u32,
+        a: f32,
+        b: f32,
+        seed_lo: u32,
+        seed_hi: u32,
+        bits: u32,
+    }
+}
+
+fn run(dev: &Device, entry: &'static str, p: FillParams, args: &[super::Arg<'_>]) -> Result<()> {
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Fill,
+            entry,
+            wg: WG,
+            consts: &[],
+            params: p,
+            args,
+            groups: grid_1d(p.n as usize, WG),
+        },
+    )
+}
 
 /// A distribution for [`random`].
 #[derive(Clone, Copy, Debug)]
@@ -31,35 +58,23 @@ pub(crate) fn fill(dev: &Device, out: &Block, dtype: DType, n: usize, value: f32
     } else {
         dtype
     };
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Fill,
-            entry: "fill",
-            wg: WG,
-            consts: &[],
-            params: &[n32, f(value), 0, 0, 0],
-            args: &[Arg::write("out", out, view)],
-            groups: grid_1d(n, WG),
-        },
-    )
+    let p = FillParams {
+        n: n32,
+        a: value,
+        ..Default::default()
+    };
+    run(dev, "fill", p, &[arg(out, view)])
 }
 
 /// Every 32-bit word of `block` set to `bits` (poisoning for tests).
 pub(crate) fn fill_words(dev: &Device, block: &Block, bits: u32) -> Result<()> {
     let words = (block.size() / 4) as usize;
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Fill,
-            entry: "words",
-            wg: WG,
-            consts: &[],
-            params: &[u32_len("poison", words)?, bits, 0, 0, 0],
-            args: &[Arg::write("out", block, DType::U32)],
-            groups: grid_1d(words, WG),
-        },
-    )
+    let p = FillParams {
+        n: u32_len("poison", words)?,
+        bits,
+        ..Default::default()
+    };
+    run(dev, "words", p, &[arg(block, DType::U32)])
 }
 
 /// Random numbers from `dist`, a pure function of (seed, index).
@@ -77,18 +92,15 @@ pub(crate) fn random(
         Dist::Uniform(lo, hi) => ("uniform", lo, hi),
         Dist::Normal(m, s) => ("normal", m, s),
     };
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Fill,
-            entry,
-            wg: WG,
-            consts: &[],
-            params: &[n32, f(a), f(b), lo, hi],
-            args: &[Arg::write("out", out, dtype)],
-            groups: grid_1d(n, WG),
-        },
-    )
+    let p = FillParams {
+        n: n32,
+        a,
+        b,
+        seed_lo: lo,
+        seed_hi: hi,
+        bits: 0,
+    };
+    run(dev, entry, p, &[arg(out, dtype)])
 }
 
 /// `y = x * mask / (1 - p)` with the mask drawn from (seed, index). Applying it to `dy` with the
@@ -105,16 +117,13 @@ pub(crate) fn dropout(
     let n32 = u32_len("dropout", n)?;
     let (lo, hi) = seed_words(seed);
     let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Fill,
-            entry: "dropout",
-            wg: WG,
-            consts: &[],
-            params: &[n32, f(p), f(scale), lo, hi],
-            args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
-            groups: grid_1d(n, WG),
-        },
-    )
+    let params = FillParams {
+        n: n32,
+        a: p,
+        b: scale,
+        seed_lo: lo,
+        seed_hi: hi,
+        bits: 0,
+    };
+    run(dev, "dropout", params, &[arg(x, dtype), arg(y, dtype)])
 }

@@ -1,26 +1,35 @@
 //! Host side of `shaders/loss.wgsl`.
 
-use super::softmax::{row_grid, row_wg};
-use super::{Arg, Kernel, Launch, grid_1d, launch, u32_len};
+use super::softmax::{check_row, row_grid, row_wg};
+use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
 
+crate::params! {
+    /// `struct Params` of loss.wgsl.
+    pub struct LossParams {
+        rows: u32,
+        classes: u32,
+    }
+}
+
 /// Per-row cross-entropy of logits [rows, classes] against u32 labels; writes loss (dtype)
-/// and lse (f32).
+/// and stats (f32 [rows, 2]: the row max and the log of the sum of exp).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     dev: &Device,
     x: &Block,
     labels: &Block,
     loss: &Block,
-    lse: &Block,
+    stats: &Block,
     dtype: DType,
     rows: usize,
     classes: usize,
 ) -> Result<()> {
     u32_len("cross_entropy", rows * classes)?;
+    check_row("cross_entropy", classes)?;
     let wg = row_wg(classes);
     launch(
         dev,
@@ -29,12 +38,15 @@ pub(crate) fn forward(
             entry: "fwd",
             wg,
             consts: &[],
-            params: &[rows as u32, classes as u32],
+            params: LossParams {
+                rows: rows as u32,
+                classes: classes as u32,
+            },
             args: &[
-                Arg::read("x", x, dtype),
-                Arg::read("labels", labels, DType::U32),
-                Arg::write("loss", loss, dtype),
-                Arg::write("lse", lse, DType::F32),
+                arg(x, dtype),
+                arg(labels, DType::U32),
+                arg(loss, dtype),
+                arg(stats, DType::F32),
             ],
             groups: row_grid(rows, wg),
         },
@@ -47,7 +59,7 @@ pub(crate) fn backward(
     dev: &Device,
     x: &Block,
     labels: &Block,
-    lse: &Block,
+    stats: &Block,
     g: &Block,
     dx: &Block,
     dtype: DType,
@@ -61,13 +73,16 @@ pub(crate) fn backward(
             entry: "bwd",
             wg: 256,
             consts: &[],
-            params: &[rows as u32, classes as u32],
+            params: LossParams {
+                rows: rows as u32,
+                classes: classes as u32,
+            },
             args: &[
-                Arg::read("x", x, dtype),
-                Arg::read("labels", labels, DType::U32),
-                Arg::read("lse", lse, DType::F32),
-                Arg::read("g", g, dtype),
-                Arg::write("dx", dx, dtype),
+                arg(x, dtype),
+                arg(labels, DType::U32),
+                arg(stats, DType::F32),
+                arg(g, dtype),
+                arg(dx, dtype),
             ],
             groups: grid_1d(rows * classes, 256),
         },

@@ -1,20 +1,57 @@
 //! Host side of `shaders/matmul.wgsl` and `shaders/matmul_coop.wgsl`.
 
-use super::{Arg, Kernel, Launch, launch, u32_len};
+//!
+//! Loop budget: a product's K is cut into splits of at most [`Config::kchunk`] (what one
+//! invocation of that kernel covers within the loop budget); with more than one split each
+//! split writes f32 partial products and `splitk` sums them and applies the epilogue. Long
+//! contractions (a weight gradient over many rows) also gain parallelism this way.
+
+use super::{Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::Block;
 
-/// A fused activation applied after the bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Act {
-    /// None.
-    None = 0,
-    /// max(x, 0).
-    Relu = 1,
-    /// GELU (erf form).
-    Gelu = 2,
+crate::codes! {
+    /// A fused activation applied after the bias (shader constants `ACT_*`).
+    pub enum Act: "ACT" {
+        /// None.
+        None = "NONE",
+        /// max(x, 0).
+        Relu = "RELU",
+        /// GELU (erf form).
+        Gelu = "GELU",
+    }
+}
+
+crate::params! {
+    /// `struct MatmulParams` of common.wgsl (matmul.wgsl and matmul_coop.wgsl).
+    pub struct MatmulParams {
+        m: u32,
+        n: u32,
+        k: u32,
+        batch: u32,
+        sam: u32,
+        sak: u32,
+        sbk: u32,
+        sbn: u32,
+        a_bs: u32,
+        b_bs: u32,
+        a_mod: u32,
+        b_mod: u32,
+        a_kfast: u32,
+        b_nfast: u32,
+        act: u32,
+        has_bias: u32,
+        a_off: u32,
+        b_off: u32,
+        c_off: u32,
+        kchunk: u32,
+        splits: u32,
+        raw: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
 
 /// One batched product `c[b] = act(op(a)[b] x op(b)[b] + bias)`.
@@ -53,6 +90,38 @@ pub enum Config {
     Coop,
     /// Tiled kernel: (BM, BN, BK, TM, TN).
     Tiled(u32, u32, u32, u32, u32),
+}
+
+impl Config {
+    /// The longest K range one invocation covers within the loop budget (see the shaders'
+    /// loop counts), a multiple of the kernel's K step.
+    pub fn kchunk(self) -> usize {
+        // Counted loop iterations per K step, and the step; 100 iterations are kept for the
+        // epilogue.
+        let (per_step, step) = match self {
+            Config::CoopDirect => (1, 16),
+            Config::Coop => (35, 32),
+            Config::Tiled(bm, bn, bk, tm, tn) => {
+                let wg = (bm / tm) * (bn / tn);
+                ((bm * bk / wg + 1) + (bn * bk / wg + 1) + bk + 2, bk)
+            }
+        };
+        ((LOOP_BUDGET - 100) / per_step as usize) * step as usize
+    }
+
+    fn wg(self) -> u32 {
+        match self {
+            Config::CoopDirect | Config::Coop => 256,
+            Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
+        }
+    }
+
+    fn tile(self) -> (usize, usize) {
+        match self {
+            Config::CoopDirect | Config::Coop => (128, 128),
+            Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
+        }
+    }
 }
 
 /// The configuration `matmul` picks for these sizes on `dev`.
@@ -95,49 +164,9 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     )?;
     u32_len("matmul", g.offsets.0 + g.a_bs * g.a_mod.max(1) + g.m * g.k)?;
     u32_len("matmul", g.offsets.1 + g.b_bs * g.b_mod.max(1) + g.n * g.k)?;
-    if g.batch > dev.caps().max_groups_per_dim as usize {
-        return Err(Error::LimitExceeded {
-            what: "matmul batch".into(),
-            requested: g.batch as u64,
-            limit_name: "max_compute_workgroups_per_dimension",
-            limit: dev.caps().max_groups_per_dim as u64,
-        });
-    }
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
     }
-    // Strides of op(A)'s (m, k) and op(B)'s (k, n), and which axis is contiguous.
-    let (sam, sak, a_kfast) = if g.trans_a { (1, g.m, 0) } else { (g.k, 1, 1) };
-    let (sbk, sbn, b_nfast) = if g.trans_b { (1, g.k, 0) } else { (g.n, 1, 1) };
-    let params = [
-        g.m as u32,
-        g.n as u32,
-        g.k as u32,
-        g.batch as u32,
-        sam as u32,
-        sak as u32,
-        sbk as u32,
-        sbn as u32,
-        g.a_bs as u32,
-        g.b_bs as u32,
-        g.a_mod.max(1) as u32,
-        g.b_mod.max(1) as u32,
-        a_kfast,
-        b_nfast,
-        g.act as u32,
-        g.bias.is_some() as u32,
-        g.offsets.0 as u32,
-        g.offsets.1 as u32,
-        g.offsets.2 as u32,
-        0,
-    ];
-    let bias = g.bias.unwrap_or(g.c);
-    let args = [
-        Arg::read("a", g.a, g.dtype),
-        Arg::read("b", g.b, g.dtype),
-        Arg::read("bias", bias, g.dtype),
-        Arg::write("c", g.c, g.dtype),
-    ];
     // The direct kernel loads whole 16 x 16 tiles without bounds checks: every operand offset
     // must also sit on an 8-element boundary (16 bytes), which cooperative loads assume.
     let aligned = [g.offsets.0, g.offsets.1, g.a_bs, g.b_bs]
@@ -147,59 +176,111 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     if config == Config::CoopDirect && !aligned {
         config = Config::Coop;
     }
-    match config {
-        Config::CoopDirect => launch(
-            dev,
-            &Launch {
-                kernel: Kernel::MatmulCoop,
-                entry: "direct",
-                wg: 256,
-                consts: &[
-                    ("SAG", if g.trans_a { g.m } else { g.k } as u32),
-                    ("SBG", if g.trans_b { g.k } else { g.n } as u32),
-                    ("TA", g.trans_a as u32),
-                    ("TB", g.trans_b as u32),
-                ],
-                params: &params,
-                args: &args,
-                groups: [
-                    g.n.div_ceil(128) as u32,
-                    g.m.div_ceil(128) as u32,
-                    g.batch as u32,
-                ],
-            },
+    let kchunk = config.kchunk();
+    let splits = g.k.div_ceil(kchunk).max(1);
+    let max_z = dev.caps().max_groups_per_dim as usize;
+    if g.batch * splits > max_z {
+        return Err(Error::LimitExceeded {
+            what: format!("matmul batch {} x {splits} splits of K", g.batch),
+            requested: (g.batch * splits) as u64,
+            limit_name: "max_compute_workgroups_per_dimension",
+            limit: max_z as u64,
+        });
+    }
+    // Strides of op(A)'s (m, k) and op(B)'s (k, n), and which axis is contiguous.
+    let (sam, sak, a_kfast) = if g.trans_a { (1, g.m, 0) } else { (g.k, 1, 1) };
+    let (sbk, sbn, b_nfast) = if g.trans_b { (1, g.k, 0) } else { (g.n, 1, 1) };
+    let params = MatmulParams {
+        m: g.m as u32,
+        n: g.n as u32,
+        k: g.k as u32,
+        batch: g.batch as u32,
+        sam: sam as u32,
+        sak: sak as u32,
+        sbk: sbk as u32,
+        sbn: sbn as u32,
+        a_bs: g.a_bs as u32,
+        b_bs: g.b_bs as u32,
+        a_mod: g.a_mod.max(1) as u32,
+        b_mod: g.b_mod.max(1) as u32,
+        a_kfast,
+        b_nfast,
+        act: g.act as u32,
+        has_bias: g.bias.is_some() as u32,
+        a_off: g.offsets.0 as u32,
+        b_off: g.offsets.1 as u32,
+        c_off: g.offsets.2 as u32,
+        kchunk: kchunk as u32,
+        splits: splits as u32,
+        raw: (splits > 1) as u32,
+        _pad0: 0,
+        _pad1: 0,
+    };
+    let bias = g.bias.unwrap_or(g.c);
+    let part = if splits > 1 {
+        Some(dev.alloc((splits * g.batch * g.m * g.n * 4) as u64)?)
+    } else {
+        None
+    };
+    let (out, out_dtype, p) = match &part {
+        Some(b) => (b, DType::F32, MatmulParams { c_off: 0, ..params }),
+        None => (g.c, g.dtype, params),
+    };
+    let (tm, tn) = config.tile();
+    let groups = [
+        g.n.div_ceil(tn) as u32,
+        g.m.div_ceil(tm) as u32,
+        (g.batch * splits) as u32,
+    ];
+    let args = [
+        arg(g.a, g.dtype),
+        arg(g.b, g.dtype),
+        arg(bias, g.dtype),
+        arg(out, out_dtype),
+    ];
+    let (kernel, entry, consts): (Kernel, &'static str, Vec<(&'static str, u32)>) = match config {
+        Config::CoopDirect => (
+            Kernel::MatmulCoop,
+            "direct",
+            vec![
+                ("SAG", if g.trans_a { g.m } else { g.k } as u32),
+                ("SBG", if g.trans_b { g.k } else { g.n } as u32),
+                ("TA", g.trans_a as u32),
+                ("TB", g.trans_b as u32),
+            ],
         ),
-        Config::Coop => launch(
-            dev,
-            &Launch {
-                kernel: Kernel::MatmulCoop,
-                entry: "main",
-                wg: 256,
-                consts: &[],
-                params: &params,
-                args: &args,
-                groups: [
-                    g.n.div_ceil(128) as u32,
-                    g.m.div_ceil(128) as u32,
-                    g.batch as u32,
-                ],
-            },
+        Config::Coop => (Kernel::MatmulCoop, "main", vec![]),
+        Config::Tiled(bm, bn, bk, tm, tn) => (
+            Kernel::Matmul,
+            "main",
+            vec![("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
         ),
-        Config::Tiled(bm, bn, bk, tm, tn) => launch(
+    };
+    launch(
+        dev,
+        &Launch {
+            kernel,
+            entry,
+            wg: config.wg(),
+            consts: &consts,
+            params: p,
+            args: &args,
+            groups,
+        },
+    )?;
+    if let Some(part) = &part {
+        launch(
             dev,
             &Launch {
                 kernel: Kernel::Matmul,
-                entry: "main",
-                wg: (bm / tm) * (bn / tn),
-                consts: &[("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
-                params: &params,
-                args: &args,
-                groups: [
-                    g.n.div_ceil(bn as usize) as u32,
-                    g.m.div_ceil(bm as usize) as u32,
-                    g.batch as u32,
-                ],
+                entry: "splitk",
+                wg: 256,
+                consts: &[],
+                params: MatmulParams { raw: 0, ..params },
+                args: &[arg(part, DType::F32), arg(bias, g.dtype), arg(g.c, g.dtype)],
+                groups: grid_1d(g.batch * g.m * g.n, 256),
             },
-        ),
+        )?;
     }
+    Ok(())
 }

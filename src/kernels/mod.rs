@@ -1,13 +1,31 @@
 //! WGSL kernels and their host side.
 //!
-//! Every kernel family is one file under `shaders/`, listed once in [`Kernel`]. A launch names
-//! the family, the entry point, the workgroup size, compile-time constants, the parameter words
-//! and the storage arguments; the pipeline for that combination is composed (see
-//! [`compose`]), compiled once and cached by the device. Kernels know nothing about tensors or
-//! autograd: they see blocks of memory, dtypes and sizes.
+//! Every kernel family is one file under `shaders/` and one host file here, listed once in
+//! [`Kernel`] with its parameter struct and op codes. The shader declares each entry point's
+//! bindings on its signature line (see [`compose`]); the host declares the parameter block with
+//! [`params!`](crate::params) (checked against the shader's `struct Params` by
+//! `tests/shaders.rs`) and op codes with [`codes!`](crate::codes) (emitted into the prelude).
+//! A launch names the family, the entry point, the workgroup size, compile-time constants, the
+//! parameters and the storage arguments in binding order; the pipeline for that combination is
+//! composed, compiled once and cached per device. Kernels know nothing about tensors or
+//! autograd: they see blocks of memory, element offsets, dtypes and sizes.
+//!
+//! # Loop budget
+//!
+//! Every invocation of every kernel runs a bounded number of loop iterations, whatever the
+//! problem size: at most [`LOOP_BUDGET`] in total, counting each iteration of a loop whose
+//! trip count is not a compile-time constant and one more per entry into such a loop. Big
+//! problems are split instead (more workgroups, partial results and a second pass, or
+//! several dispatches that carry state), and what cannot be split is an error. Why: Mesa's
+//! lavapipe stops an invocation's loops after 65,535 iterations in all (its
+//! `LP_MAX_TGSI_LOOP_ITERATIONS`) and carries on with whatever it had, a silent wrong result;
+//! other drivers time out very long invocations. The budget keeps a factor of four below that
+//! cap. Each host file states its kernels' count, and `tests/limits.rs` runs each kernel past
+//! the sizes where an unbounded loop would cross the cap.
 
 pub mod compose;
-pub mod signature;
+pub mod decl;
+pub(crate) mod pipeline;
 
 pub mod attention;
 pub mod conv;
@@ -19,134 +37,144 @@ pub(crate) mod loss;
 pub mod matmul;
 pub(crate) mod norm;
 pub(crate) mod optim;
-pub(crate) mod reduce;
+pub mod reduce;
 pub(crate) mod softmax;
 
 use crate::device::Device;
+use crate::device::stream::Slice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::Block;
-use crate::stream::Slice;
-use compose::{Decl, F16Mode, Target};
+use compose::{EntrySig, F16Mode, Target};
+use decl::{Codes, Field, KernelParams};
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
-/// Every kernel family, one per `.wgsl` file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kernel {
+/// Loop iterations one invocation may run (see the module docs).
+pub const LOOP_BUDGET: usize = 16384;
+
+macro_rules! families {
+    ($($(#[$m:meta])* $k:ident => $file:literal, $p:ty, codes [$($c:expr),*], enables [$($e:literal),*];)*) => {
+        /// Every kernel family, one per `.wgsl` file.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kernel { $($(#[$m])* $k),* }
+
+        impl Kernel {
+            /// Every family, for validation tests.
+            pub const ALL: &'static [Kernel] = &[$(Kernel::$k),*];
+
+            /// The family's WGSL source.
+            pub fn source(self) -> &'static str {
+                match self { $(Kernel::$k => include_str!(concat!("../../shaders/", $file))),* }
+            }
+
+            /// The op codes the family's prelude declares.
+            pub fn codes(self) -> &'static [Codes] {
+                match self { $(Kernel::$k => &[$($c),*]),* }
+            }
+
+            /// Extra `enable` directives the family needs.
+            pub fn enables(self) -> &'static [&'static str] {
+                match self { $(Kernel::$k => &[$($e),*]),* }
+            }
+
+            /// The host twin of the family's `struct Params`.
+            pub fn params_fields(self) -> &'static [Field] {
+                match self { $(Kernel::$k => <$p as KernelParams>::FIELDS),* }
+            }
+
+            fn params_type(self) -> TypeId {
+                match self { $(Kernel::$k => TypeId::of::<$p>()),* }
+            }
+        }
+    };
+}
+
+families! {
     /// Fill with a constant; random uniform and normal (counter-based, seeded); dropout masks.
-    Fill,
+    Fill => "fill.wgsl", fill::FillParams, codes [], enables [];
     /// Copy with dtype conversion (cast), and strided copy (transpose / permute / broadcast).
-    Copy,
+    Copy => "copy.wgsl", copy::CopyParams, codes [], enables [];
     /// Unary, binary (broadcasting), scalar, compare and select ops.
-    Elementwise,
-    /// Sum, mean, max, argmax along an axis.
-    Reduce,
+    Elementwise => "elementwise.wgsl", elementwise::EwParams,
+        codes [elementwise::Unary::CODES, elementwise::Binary::CODES], enables [];
+    /// Sum, mean, max, min, argmax, argmin along an axis.
+    Reduce => "reduce.wgsl", reduce::ReduceParams, codes [reduce::ReduceOp::CODES], enables [];
     /// Softmax and log-softmax along the last axis, forward and backward.
-    Softmax,
-    /// Tiled matrix multiply with transposes, bias and activation.
-    Matmul,
+    Softmax => "softmax.wgsl", softmax::SoftmaxParams, codes [], enables [];
+    /// Tiled matrix multiply with transposes, bias and activation; split-K partial sums.
+    Matmul => "matmul.wgsl", matmul::MatmulParams, codes [matmul::Act::CODES], enables [];
     /// Matrix multiply on cooperative matrices (tensor cores), f16 in, f32 accumulate.
-    MatmulCoop,
+    MatmulCoop => "matmul_coop.wgsl", matmul::MatmulParams, codes [matmul::Act::CODES],
+        enables ["wgpu_cooperative_matrix"];
     /// im2col / col2im for convolution; max and average pooling.
-    Conv,
+    Conv => "conv.wgsl", conv::ConvParams, codes [], enables [];
     /// Fused scaled dot-product attention (flash style), forward and backward.
-    Attention,
+    Attention => "attention.wgsl", attention::AttnParams, codes [], enables [];
     /// The attention forward pass on cooperative matrices (f16, tensor cores).
-    AttentionCoop,
+    AttentionCoop => "attention_coop.wgsl", attention::AttnParams, codes [],
+        enables ["wgpu_cooperative_matrix"];
     /// LayerNorm and RMSNorm forward and backward.
-    Norm,
+    Norm => "norm.wgsl", norm::NormParams, codes [], enables [];
     /// Cross-entropy from logits, forward and backward.
-    Loss,
+    Loss => "loss.wgsl", loss::LossParams, codes [], enables [];
     /// Embedding gather and scatter-add.
-    Embedding,
+    Embedding => "embedding.wgsl", embedding::EmbedParams, codes [], enables [];
     /// Fused optimizer updates (SGD, Adam, AdamW) and gradient sums of squares.
-    Optim,
+    Optim => "optim.wgsl", optim::OptimParams, codes [], enables [];
 }
 
 impl Kernel {
-    /// Every family, for validation tests.
-    pub const ALL: &'static [Kernel] = &[
-        Kernel::Fill,
-        Kernel::Copy,
-        Kernel::Elementwise,
-        Kernel::Reduce,
-        Kernel::Softmax,
-        Kernel::Matmul,
-        Kernel::MatmulCoop,
-        Kernel::Conv,
-        Kernel::Attention,
-        Kernel::AttentionCoop,
-        Kernel::Norm,
-        Kernel::Loss,
-        Kernel::Embedding,
-        Kernel::Optim,
-    ];
-
-    /// The family's WGSL source.
-    pub fn source(self) -> &'static str {
-        match self {
-            Kernel::Fill => include_str!("../../shaders/fill.wgsl"),
-            Kernel::Copy => include_str!("../../shaders/copy.wgsl"),
-            Kernel::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
-            Kernel::Reduce => include_str!("../../shaders/reduce.wgsl"),
-            Kernel::Softmax => include_str!("../../shaders/softmax.wgsl"),
-            Kernel::Matmul => include_str!("../../shaders/matmul.wgsl"),
-            Kernel::MatmulCoop => include_str!("../../shaders/matmul_coop.wgsl"),
-            Kernel::Conv => include_str!("../../shaders/conv.wgsl"),
-            Kernel::Attention => include_str!("../../shaders/attention.wgsl"),
-            Kernel::AttentionCoop => include_str!("../../shaders/attention_coop.wgsl"),
-            Kernel::Norm => include_str!("../../shaders/norm.wgsl"),
-            Kernel::Loss => include_str!("../../shaders/loss.wgsl"),
-            Kernel::Embedding => include_str!("../../shaders/embedding.wgsl"),
-            Kernel::Optim => include_str!("../../shaders/optim.wgsl"),
+    /// The entry points of the family with their signatures, parsed from the source once.
+    pub fn entries(self) -> Result<&'static [EntrySig]> {
+        static SIGS: OnceLock<HashMap<Kernel, std::result::Result<Vec<EntrySig>, String>>> =
+            OnceLock::new();
+        let all = SIGS.get_or_init(|| {
+            Kernel::ALL
+                .iter()
+                .map(|&k| (k, compose::parse_entries(k.source())))
+                .collect()
+        });
+        match all.get(&self) {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(Error::Internal(format!("{self:?}: {e}"))),
+            None => Err(Error::Internal(format!("{self:?} has no entries"))),
         }
     }
 
-    /// Extra `enable` directives the family needs.
-    pub fn enables(self) -> &'static [&'static str] {
-        match self {
-            Kernel::MatmulCoop | Kernel::AttentionCoop => &["wgpu_cooperative_matrix"],
-            _ => &[],
-        }
+    /// One entry point's signature.
+    pub fn entry(self, name: &str) -> Result<&'static EntrySig> {
+        self.entries()?
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::Internal(format!("kernel {self:?} has no entry point {name}")))
     }
 }
 
-/// A storage argument of a launch.
+/// A storage argument of a launch: a block and the dtype of its elements. Arguments are
+/// given in the order of the entry's signature.
+#[derive(Clone, Copy)]
 pub(crate) struct Arg<'a> {
-    pub name: &'static str,
     pub block: &'a Block,
     pub dtype: DType,
-    pub write: bool,
 }
 
-impl<'a> Arg<'a> {
-    pub fn read(name: &'static str, block: &'a Block, dtype: DType) -> Self {
-        Arg {
-            name,
-            block,
-            dtype,
-            write: false,
-        }
-    }
-    pub fn write(name: &'static str, block: &'a Block, dtype: DType) -> Self {
-        Arg {
-            name,
-            block,
-            dtype,
-            write: true,
-        }
-    }
+/// Shorthand for an [`Arg`].
+pub(crate) fn arg(block: &Block, dtype: DType) -> Arg<'_> {
+    Arg { block, dtype }
 }
 
 /// One kernel launch.
-pub(crate) struct Launch<'a> {
+pub(crate) struct Launch<'a, P> {
     pub kernel: Kernel,
     pub entry: &'static str,
     /// Threads per workgroup (the prelude's `WG`).
     pub wg: u32,
     /// Compile-time constants (`const NAME: u32`).
     pub consts: &'a [(&'static str, u32)],
-    /// The words of the kernel's `Params` struct.
-    pub params: &'a [u32],
+    /// The kernel's parameter block.
+    pub params: P,
     pub args: &'a [Arg<'a>],
     pub groups: [u32; 3],
 }
@@ -165,104 +193,52 @@ pub(crate) fn target(dev: &Device) -> Target {
 }
 
 /// Compiles (once) and records one launch.
-pub(crate) fn launch(dev: &Device, l: &Launch<'_>) -> Result<()> {
-    let t = target(dev);
-    let mut key = format!(
-        "{:?}/{}/wg{}/{:?}/sg{}",
-        l.kernel, l.entry, l.wg, t.f16, t.subgroups as u8
-    );
-    for (n, v) in l.consts {
-        key.push_str(&format!("/{n}={v}"));
-    }
-    for a in l.args {
-        key.push_str(&format!(
-            "/{}:{}{}",
-            a.name,
-            a.dtype,
-            if a.write { "w" } else { "" }
-        ));
-    }
-    let pipe = dev.pipeline(&key, l.args.len(), || {
-        check_signature(l)?;
-        let decls: Vec<Decl> = l
-            .args
-            .iter()
-            .map(|a| Decl {
-                name: a.name,
-                dtype: a.dtype,
-                write: a.write,
-            })
-            .collect();
+pub(crate) fn launch<P: KernelParams>(dev: &Device, l: &Launch<'_, P>) -> Result<()> {
+    let key = pipeline::Key::new(l.kernel, l.entry, l.wg, l.consts, l.args)?;
+    let pipe = pipeline::get(dev, &key, l.args.len(), || {
+        if TypeId::of::<P>() != l.kernel.params_type() {
+            return Err(Error::Internal(format!(
+                "launch of {:?}/{} with parameters {}",
+                l.kernel,
+                l.entry,
+                std::any::type_name::<P>()
+            )));
+        }
+        let sig = l.kernel.entry(l.entry)?;
+        pipeline::check_launch(l.kernel, sig, l.wg, l.consts, l.args)?;
+        let dtypes: Vec<DType> = l.args.iter().map(|a| a.dtype).collect();
         compose::compose(
-            t,
+            target(dev),
             l.kernel.source(),
-            l.entry,
+            sig,
             l.wg,
             l.consts,
-            &decls,
+            &dtypes,
+            l.kernel.codes(),
             l.kernel.enables(),
         )
         .ok_or_else(|| {
-            Error::Gpu(format!(
+            Error::Internal(format!(
                 "kernel {:?} has no entry point {}",
                 l.kernel, l.entry
             ))
         })
     })?;
-    let slices: Vec<Slice<'_>> = l
-        .args
-        .iter()
-        .map(|a| Slice {
+    let mut slices = [const { None }; pipeline::MAX_ARGS];
+    for (s, a) in slices.iter_mut().zip(l.args) {
+        *s = Some(Slice {
             buffer: a.block.buffer(),
             offset: a.block.offset(),
             size: a.block.size(),
-        })
-        .collect();
-    dev.dispatch(&pipe, l.params, &slices, l.groups)
+        });
+    }
+    let slices: Vec<Slice<'_>> = slices.into_iter().flatten().collect();
+    dev.dispatch(&pipe, bytemuck::bytes_of(&l.params), &slices, l.groups)
 }
 
-/// Checks a launch against the signature table (once per pipeline): the table is what the
-/// naga validation test covers, so it must describe what really runs.
-fn check_signature(l: &Launch<'_>) -> Result<()> {
-    let bad = |why: String| {
-        Err(Error::Gpu(format!(
-            "internal: launch of {:?}/{} {why}",
-            l.kernel, l.entry
-        )))
-    };
-    let Some(sig) = signature::find(l.kernel, l.entry) else {
-        return bad("has no signature".into());
-    };
-    if sig.bindings.len() != l.args.len() {
-        return bad(format!(
-            "binds {} buffers, the signature {}",
-            l.args.len(),
-            sig.bindings.len()
-        ));
-    }
-    for (a, &(name, elem, write)) in l.args.iter().zip(sig.bindings) {
-        if a.name != name || a.write != write || !elem.allows(a.dtype) {
-            return bad(format!(
-                "binds {} ({}, write {}) where the signature has {name} ({elem:?}, write {write})",
-                a.name, a.dtype, a.write
-            ));
-        }
-    }
-    if !sig.wgs.contains(&l.wg) {
-        return bad(format!("uses workgroup size {} not in {:?}", l.wg, sig.wgs));
-    }
-    let same_names = |c: &[(&str, u32)]| {
-        c.len() == l.consts.len() && c.iter().zip(l.consts).all(|(a, b)| a.0 == b.0)
-    };
-    let exact = sig.consts.contains(&l.consts);
-    let shape_consts = l.kernel == Kernel::MatmulCoop && sig.consts.iter().any(|c| same_names(c));
-    if !exact && !shape_consts {
-        return bad(format!(
-            "uses constants {:?} not in the signature",
-            l.consts
-        ));
-    }
-    Ok(())
+/// Number of pipelines built so far on `dev`.
+pub fn pipeline_count(dev: &Device) -> usize {
+    pipeline::count(dev)
 }
 
 /// The grid for `n` threads in workgroups of `wg`, folded into two dimensions when one would
@@ -277,11 +253,6 @@ pub(crate) fn grid_1d(n: usize, wg: u32) -> [u32; 3] {
     }
 }
 
-/// Reinterprets an f32 as a parameter word.
-pub(crate) fn f(v: f32) -> u32 {
-    v.to_bits()
-}
-
 /// Checks that a count fits the u32 indexing kernels use.
 pub(crate) fn u32_len(op: &'static str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::LimitExceeded {
@@ -290,4 +261,14 @@ pub(crate) fn u32_len(op: &'static str, n: usize) -> Result<u32> {
         limit_name: "u32 element indexing",
         limit: u32::MAX as u64,
     })
+}
+
+/// An error for a problem one invocation cannot handle within the loop budget.
+pub(crate) fn over_budget(what: String, requested: usize, limit: usize) -> Error {
+    Error::LimitExceeded {
+        what,
+        requested: requested as u64,
+        limit_name: "wgrad per-invocation loop budget (see kernels::LOOP_BUDGET)",
+        limit: limit as u64,
+    }
 }

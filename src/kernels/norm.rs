@@ -1,11 +1,29 @@
 //! Host side of `shaders/norm.wgsl`.
 
-use super::softmax::{row_grid, row_wg};
-use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use super::reduce::{self, ReduceOp};
+use super::softmax::{check_row, row_grid, row_wg};
+use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
+
+/// Rows one `bwd_params` invocation sums (its loop bound).
+const RCHUNK: usize = 256;
+
+crate::params! {
+    /// `struct Params` of norm.wgsl.
+    pub struct NormParams {
+        rows: u32,
+        len: u32,
+        eps: f32,
+        rms: u32,
+        rchunk: u32,
+        nchunks: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
 
 /// The tensors of a normalisation over rows of `len`.
 pub(crate) struct Norm<'a> {
@@ -13,10 +31,8 @@ pub(crate) struct Norm<'a> {
     pub gamma: &'a Block,
     /// None for RMSNorm.
     pub beta: Option<&'a Block>,
-    /// f32 [rows].
-    pub mean: &'a Block,
-    /// f32 [rows].
-    pub rstd: &'a Block,
+    /// f32 [rows, 3]: first-pass mean, its correction, 1/std.
+    pub stats: &'a Block,
     pub dtype: DType,
     pub rows: usize,
     pub len: usize,
@@ -24,18 +40,23 @@ pub(crate) struct Norm<'a> {
 }
 
 impl Norm<'_> {
-    fn params(&self) -> [u32; 4] {
-        [
-            self.rows as u32,
-            self.len as u32,
-            f(self.eps),
-            self.beta.is_none() as u32,
-        ]
+    fn params(&self) -> NormParams {
+        let nchunks = self.rows.div_ceil(RCHUNK).max(1);
+        NormParams {
+            rows: self.rows as u32,
+            len: self.len as u32,
+            eps: self.eps,
+            rms: self.beta.is_none() as u32,
+            rchunk: RCHUNK as u32,
+            nchunks: nchunks as u32,
+            ..Default::default()
+        }
     }
 }
 
 pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
     u32_len("norm", n.rows * n.len)?;
+    check_row("norm", n.len)?;
     let wg = row_wg(n.len);
     launch(
         dev,
@@ -44,30 +65,31 @@ pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
             entry: "fwd",
             wg,
             consts: &[],
-            params: &n.params(),
+            params: n.params(),
             args: &[
-                Arg::read("x", n.x, n.dtype),
-                Arg::read("gamma", n.gamma, n.dtype),
-                Arg::read("beta", n.beta.unwrap_or(n.gamma), n.dtype),
-                Arg::write("y", y, n.dtype),
-                Arg::write("mean", n.mean, DType::F32),
-                Arg::write("rstd", n.rstd, DType::F32),
+                arg(n.x, n.dtype),
+                arg(n.gamma, n.dtype),
+                arg(n.beta.unwrap_or(n.gamma), n.dtype),
+                arg(y, n.dtype),
+                arg(n.stats, DType::F32),
             ],
             groups: row_grid(n.rows, wg),
         },
     )
 }
 
-/// dx, and dgamma / dbeta (dbeta is written to a scratch block for RMSNorm).
+/// dx, and the parameter gradients as one [2, len] block (`dparams`: dgamma, then dbeta,
+/// which is zero-use for RMSNorm).
 pub(crate) fn backward(
     dev: &Device,
     n: &Norm<'_>,
     dy: &Block,
     dx: &Block,
-    dgamma: &Block,
-    dbeta: &Block,
+    dparams: &Block,
 ) -> Result<()> {
+    check_row("norm backward", n.len)?;
     let wg = row_wg(n.len);
+    let p = n.params();
     launch(
         dev,
         &Launch {
@@ -75,18 +97,19 @@ pub(crate) fn backward(
             entry: "bwd_x",
             wg,
             consts: &[],
-            params: &n.params(),
+            params: p,
             args: &[
-                Arg::read("x", n.x, n.dtype),
-                Arg::read("dy", dy, n.dtype),
-                Arg::read("gamma", n.gamma, n.dtype),
-                Arg::read("mean", n.mean, DType::F32),
-                Arg::read("rstd", n.rstd, DType::F32),
-                Arg::write("dx", dx, n.dtype),
+                arg(n.x, n.dtype),
+                arg(dy, n.dtype),
+                arg(n.gamma, n.dtype),
+                arg(n.stats, DType::F32),
+                arg(dx, n.dtype),
             ],
             groups: row_grid(n.rows, wg),
         },
     )?;
+    let nchunks = p.nchunks as usize;
+    let part = dev.alloc((2 * nchunks * n.len * 4) as u64)?;
     launch(
         dev,
         &Launch {
@@ -94,16 +117,27 @@ pub(crate) fn backward(
             entry: "bwd_params",
             wg: 256,
             consts: &[],
-            params: &n.params(),
+            params: p,
             args: &[
-                Arg::read("x", n.x, n.dtype),
-                Arg::read("dy", dy, n.dtype),
-                Arg::read("mean", n.mean, DType::F32),
-                Arg::read("rstd", n.rstd, DType::F32),
-                Arg::write("dgamma", dgamma, n.dtype),
-                Arg::write("dbeta", dbeta, n.dtype),
+                arg(n.x, n.dtype),
+                arg(dy, n.dtype),
+                arg(n.stats, DType::F32),
+                arg(&part, DType::F32),
             ],
-            groups: grid_1d(n.len, 256),
+            groups: grid_1d(n.len * nchunks, 256),
         },
+    )?;
+    // [2, nchunks, len] -> [2, len].
+    reduce::reduce(
+        dev,
+        ReduceOp::Sum,
+        1.0,
+        &part,
+        DType::F32,
+        dparams,
+        n.dtype,
+        2,
+        nchunks,
+        n.len,
     )
 }

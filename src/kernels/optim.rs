@@ -1,12 +1,30 @@
 //! Host side of `shaders/optim.wgsl`.
 
-use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
 
 const WG: u32 = 256;
+
+crate::params! {
+    /// `struct Params` of optim.wgsl.
+    pub struct OptimParams {
+        n: u32,
+        lr: f32,
+        gmul: f32,
+        wd: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        c1: f32,
+        c2: f32,
+        has_master: u32,
+        decoupled: u32,
+        nesterov: u32,
+    }
+}
 
 /// A parameter and the state its update touches.
 pub(crate) struct Slot<'a> {
@@ -47,9 +65,15 @@ pub(crate) fn step(
     gmul: f32,
     state: &[&Block],
 ) -> Result<()> {
-    let n32 = u32_len("optimizer step", slot.n)?;
     let master = slot.master.unwrap_or(state[0]);
-    let has_master = slot.master.is_some() as u32;
+    let base = OptimParams {
+        n: u32_len("optimizer step", slot.n)?,
+        lr,
+        gmul,
+        wd,
+        has_master: slot.master.is_some() as u32,
+        ..Default::default()
+    };
     match rule {
         Rule::Sgd { momentum, nesterov } => launch(
             dev,
@@ -58,23 +82,16 @@ pub(crate) fn step(
                 entry: "sgd",
                 wg: WG,
                 consts: &[],
-                params: &[
-                    n32,
-                    f(lr),
-                    f(gmul),
-                    f(wd),
-                    f(momentum),
-                    f(nesterov as u32 as f32),
-                    0,
-                    0,
-                    0,
-                    has_master,
-                ],
+                params: OptimParams {
+                    beta1: momentum,
+                    nesterov: nesterov as u32,
+                    ..base
+                },
                 args: &[
-                    Arg::read("g", slot.g, slot.p_dtype),
-                    Arg::write("w", slot.p, slot.p_dtype),
-                    Arg::write("master", master, DType::F32),
-                    Arg::write("buf", state[0], DType::F32),
+                    arg(slot.g, slot.p_dtype),
+                    arg(slot.p, slot.p_dtype),
+                    arg(master, DType::F32),
+                    arg(state[0], DType::F32),
                 ],
                 groups: grid_1d(slot.n, WG),
             },
@@ -96,24 +113,21 @@ pub(crate) fn step(
                     entry: "adam",
                     wg: WG,
                     consts: &[],
-                    params: &[
-                        n32,
-                        f(lr),
-                        f(gmul),
-                        f(wd),
-                        f(beta1),
-                        f(beta2),
-                        f(eps),
-                        f(c1),
-                        f(c2),
-                        has_master | (decoupled as u32) << 1,
-                    ],
+                    params: OptimParams {
+                        beta1,
+                        beta2,
+                        eps,
+                        c1,
+                        c2,
+                        decoupled: decoupled as u32,
+                        ..base
+                    },
                     args: &[
-                        Arg::read("g", slot.g, slot.p_dtype),
-                        Arg::write("w", slot.p, slot.p_dtype),
-                        Arg::write("master", master, DType::F32),
-                        Arg::write("m", state[0], DType::F32),
-                        Arg::write("v", state[1], DType::F32),
+                        arg(slot.g, slot.p_dtype),
+                        arg(slot.p, slot.p_dtype),
+                        arg(master, DType::F32),
+                        arg(state[0], DType::F32),
+                        arg(state[1], DType::F32),
                     ],
                     groups: grid_1d(slot.n, WG),
                 },
@@ -135,7 +149,6 @@ pub(crate) fn sumsq(
     n: usize,
     partial: &Block,
 ) -> Result<()> {
-    let n32 = u32_len("sum of squares", n)?;
     let parts = sumsq_parts(n);
     launch(
         dev,
@@ -144,11 +157,11 @@ pub(crate) fn sumsq(
             entry: "sumsq",
             wg: WG,
             consts: &[],
-            params: &[n32, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            args: &[
-                Arg::read("x", x, dtype),
-                Arg::write("partial", partial, DType::F32),
-            ],
+            params: OptimParams {
+                n: u32_len("sum of squares", n)?,
+                ..Default::default()
+            },
+            args: &[arg(x, dtype), arg(partial, DType::F32)],
             groups: grid_1d(parts * WG as usize, WG),
         },
     )

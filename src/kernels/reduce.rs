@@ -1,155 +1,129 @@
-//! Host side of `shaders/reduce.wgsl`.
+//! Host side of `shaders/reduce.wgsl`: reductions along one axis in chunked passes.
+//!
+//! Loop budget: a `rows` invocation strides over at most [`ROWS_CHUNK`] elements in steps of
+//! 256 (32 iterations); a `cols` invocation walks at most [`COLS_CHUNK`] elements. Longer axes
+//! get partial results per chunk and further passes over the partials (each pass divides the
+//! length by the chunk, so three passes cover any length that fits u32 indexing).
 
-use super::{Arg, Kernel, Launch, f, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::Block;
 
 const WG: u32 = 256;
-/// Rows longer than this are split into chunks reduced by separate workgroups.
-const CHUNK: usize = 8192;
+/// Elements of one row chunk (one workgroup's share of a row).
+pub(crate) const ROWS_CHUNK: usize = 8192;
+/// Elements one `cols` invocation folds.
+pub(crate) const COLS_CHUNK: usize = 8192;
 
-/// What to reduce with.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum ReduceOp {
-    /// Sum times a scale (1 for sum, 1/len for mean).
-    Sum(f32),
-    /// Maximum.
-    Max,
+crate::codes! {
+    /// How a reduction combines (shader constants `RED_*`).
+    pub enum ReduceOp: "RED" {
+        /// Sum (mean is a sum with a scale).
+        Sum = "SUM",
+        /// Maximum (NaN wins).
+        Max = "MAX",
+        /// Minimum (NaN wins).
+        Min = "MIN",
+    }
 }
 
-fn params(
-    outer: usize,
+crate::params! {
+    /// `struct Params` of reduce.wgsl.
+    pub struct ReduceParams {
+        outer: u32,
+        len: u32,
+        inner: u32,
+        op: u32,
+        scale: f32,
+        chunk: u32,
+        nchunks: u32,
+        init: f32,
+        merge: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+/// A view of the data a pass reads: `outer x len x inner` elements of `dtype` in `block`.
+#[derive(Clone, Copy)]
+struct Src<'a> {
+    block: &'a Block,
+    dtype: DType,
     len: usize,
-    inner: usize,
-    op: ReduceOp,
-    chunk: usize,
-    nchunks: usize,
-) -> Vec<u32> {
-    let (code, scale) = match op {
-        ReduceOp::Sum(s) => (0, s),
-        ReduceOp::Max => (1, 1.0),
-    };
-    vec![
-        outer as u32,
-        len as u32,
-        inner as u32,
-        code,
-        f(scale),
-        chunk as u32,
-        nchunks as u32,
-        f(f32::NEG_INFINITY),
-    ]
 }
 
-/// Grid of `rows`: chunks on x, rows on y, rows past 65535 on z.
+fn init(op: ReduceOp) -> f32 {
+    match op {
+        ReduceOp::Sum => 0.0,
+        ReduceOp::Max => f32::NEG_INFINITY,
+        ReduceOp::Min => f32::INFINITY,
+    }
+}
+
+/// (chunk, number of chunks) for an axis of `len`.
+fn chunks(len: usize, inner: usize) -> Result<(usize, usize)> {
+    let chunk = if inner == 1 { ROWS_CHUNK } else { COLS_CHUNK };
+    let n = len.div_ceil(chunk).max(1);
+    // Row chunks go on the x axis of the grid.
+    if inner == 1 && n > 65535 {
+        return Err(Error::LimitExceeded {
+            what: format!("reduction over an axis of {len}"),
+            requested: len as u64,
+            limit_name: "max_compute_workgroups_per_dimension x reduce::ROWS_CHUNK",
+            limit: 65535 * ROWS_CHUNK as u64,
+        });
+    }
+    Ok((chunk, n))
+}
+
+/// Grid of `rows`-style entries: chunks on x, rows on y, rows past 65535 on z.
 fn rows_grid(nchunks: usize, outer: usize) -> [u32; 3] {
-    let y = outer.clamp(1, 65535);
     [
         nchunks as u32,
-        y as u32,
+        outer.clamp(1, 65535) as u32,
         outer.div_ceil(65535).max(1) as u32,
     ]
 }
 
-/// Reduces x viewed as [outer, len, inner] over the middle axis into y of [outer, inner].
-/// `scratch` is called for the partials of very long rows.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn reduce(
-    dev: &Device,
+fn params(
     op: ReduceOp,
-    x: &Block,
-    y: &Block,
-    dtype: DType,
     outer: usize,
     len: usize,
     inner: usize,
-    scratch: impl FnOnce(usize) -> Result<Block>,
-) -> Result<()> {
-    u32_len("reduce", outer * len * inner)?;
-    if inner > 1 {
-        return launch(
-            dev,
-            &Launch {
-                kernel: Kernel::Reduce,
-                entry: "cols",
-                wg: WG,
-                consts: &[],
-                params: &params(outer, len, inner, op, 0, 0),
-                args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
-                groups: grid_1d(outer * inner, WG),
-            },
-        );
+    chunk: usize,
+    n: usize,
+) -> ReduceParams {
+    ReduceParams {
+        outer: outer as u32,
+        len: len as u32,
+        inner: inner as u32,
+        op: op as u32,
+        scale: 1.0,
+        chunk: chunk as u32,
+        nchunks: n as u32,
+        init: init(op),
+        ..Default::default()
     }
-    // Split long rows only when there are too few rows to fill the device.
-    let nchunks = if len > CHUNK && outer < 1024 {
-        len.div_ceil(CHUNK)
-    } else {
-        1
-    };
-    if nchunks == 1 {
-        return launch(
-            dev,
-            &Launch {
-                kernel: Kernel::Reduce,
-                entry: "rows",
-                wg: WG,
-                consts: &[],
-                params: &params(outer, len, 1, op, len.max(1), 1),
-                args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
-                groups: rows_grid(1, outer),
-            },
-        );
-    }
-    // Pass 1 writes f32 partials [outer, nchunks] (unscaled); pass 2 reduces them.
-    let part = scratch(outer * nchunks * 4)?;
-    let first = match op {
-        ReduceOp::Sum(_) => ReduceOp::Sum(1.0),
-        ReduceOp::Max => ReduceOp::Max,
-    };
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Reduce,
-            entry: "rows",
-            wg: WG,
-            consts: &[],
-            params: &params(outer, len, 1, first, CHUNK, nchunks),
-            args: &[Arg::read("x", x, dtype), Arg::write("y", &part, DType::F32)],
-            groups: rows_grid(nchunks, outer),
-        },
-    )?;
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Reduce,
-            entry: "rows",
-            wg: WG,
-            consts: &[],
-            params: &params(outer, nchunks, 1, op, nchunks, 1),
-            args: &[Arg::read("x", &part, DType::F32), Arg::write("y", y, dtype)],
-            groups: rows_grid(1, outer),
-        },
-    )
 }
 
-/// Index of the maximum of x viewed as [outer, len, inner] along the middle axis, as u32.
-pub(crate) fn argmax(
-    dev: &Device,
-    x: &Block,
-    y: &Block,
-    dtype: DType,
-    outer: usize,
-    len: usize,
-    inner: usize,
-) -> Result<()> {
-    u32_len("argmax", outer * len * inner)?;
-    let (entry, groups) = if inner > 1 {
-        ("argmax_cols", grid_1d(outer * inner, WG))
+fn grid(outer: usize, n: usize, inner: usize) -> [u32; 3] {
+    if inner == 1 {
+        rows_grid(n, outer)
     } else {
-        ("argmax_rows", grid_1d(outer * WG as usize, WG))
-    };
+        grid_1d(outer * n * inner, WG)
+    }
+}
+
+fn run(
+    dev: &Device,
+    entry: &'static str,
+    p: ReduceParams,
+    args: &[Arg<'_>],
+    groups: [u32; 3],
+) -> Result<()> {
     launch(
         dev,
         &Launch {
@@ -157,9 +131,117 @@ pub(crate) fn argmax(
             entry,
             wg: WG,
             consts: &[],
-            params: &params(outer, len, inner, ReduceOp::Max, 0, 0),
-            args: &[Arg::read("x", x, dtype), Arg::write("y", y, DType::U32)],
+            params: p,
+            args,
             groups,
         },
     )
+}
+
+/// Reduces x (of `dtype`) viewed as [outer, len, inner] over the middle axis into y of
+/// [outer, inner] (of `ydtype`), multiplying sums by `scale`. `len` must be at least 1.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce(
+    dev: &Device,
+    op: ReduceOp,
+    scale: f32,
+    x: &Block,
+    dtype: DType,
+    y: &Block,
+    ydtype: DType,
+    outer: usize,
+    len: usize,
+    inner: usize,
+) -> Result<()> {
+    u32_len("reduce", outer * len * inner)?;
+    let entry = if inner == 1 { "rows" } else { "cols" };
+    let mut owned: Option<Block> = None;
+    let mut len = len;
+    loop {
+        let (chunk, n) = chunks(len, inner)?;
+        let src = Src {
+            block: owned.as_ref().unwrap_or(x),
+            dtype: if owned.is_some() { DType::F32 } else { dtype },
+            len,
+        };
+        let mut p = params(op, outer, src.len, inner, chunk, n);
+        if n == 1 {
+            p.scale = scale;
+            return run(
+                dev,
+                entry,
+                p,
+                &[arg(src.block, src.dtype), arg(y, ydtype)],
+                grid(outer, 1, inner),
+            );
+        }
+        let part = dev.alloc((outer * n * inner * 4) as u64)?;
+        run(
+            dev,
+            entry,
+            p,
+            &[arg(src.block, src.dtype), arg(&part, DType::F32)],
+            grid(outer, n, inner),
+        )?;
+        owned = Some(part);
+        len = n;
+    }
+}
+
+/// Index of the maximum (`op` Max) or minimum (`op` Min) of x viewed as [outer, len, inner]
+/// along the middle axis, as u32 into `y`: the first one on ties, the first NaN if any.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn arg_reduce(
+    dev: &Device,
+    op: ReduceOp,
+    x: &Block,
+    y: &Block,
+    dtype: DType,
+    outer: usize,
+    len: usize,
+    inner: usize,
+) -> Result<()> {
+    if op == ReduceOp::Sum {
+        return Err(Error::Internal("arg_reduce of a sum".into()));
+    }
+    u32_len("argmax", outer * len * inner)?;
+    let entry = if inner == 1 { "arg_rows" } else { "arg_cols" };
+    // (values, indices) of the previous pass.
+    let mut prev: Option<(Block, Block)> = None;
+    let mut len = len;
+    loop {
+        let (chunk, n) = chunks(len, inner)?;
+        let mut p = params(op, outer, len, inner, chunk, n);
+        p.merge = prev.is_some() as u32;
+        let (xv, xd, pidx) = match &prev {
+            Some((v, i)) => (v, DType::F32, i),
+            // Not read unless merging; any u32 block will do.
+            None => (x, dtype, y),
+        };
+        let vals = dev.alloc((outer * n * inner * 4) as u64)?;
+        let last = n == 1;
+        let idx_owned = if last {
+            None
+        } else {
+            Some(dev.alloc((outer * n * inner * 4) as u64)?)
+        };
+        let idx = idx_owned.as_ref().unwrap_or(y);
+        run(
+            dev,
+            entry,
+            p,
+            &[
+                arg(xv, xd),
+                arg(pidx, DType::U32),
+                arg(&vals, DType::F32),
+                arg(idx, DType::U32),
+            ],
+            grid(outer, n, inner),
+        )?;
+        match idx_owned {
+            None => return Ok(()),
+            Some(i) => prev = Some((vals, i)),
+        }
+        len = n;
+    }
 }

@@ -1,10 +1,37 @@
 //! Host side of `shaders/softmax.wgsl`.
 
-use super::{Arg, Kernel, Launch, grid_1d, launch, u32_len};
+use super::{Kernel, Launch, arg, grid_1d, launch, over_budget, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
+
+/// Longest row the row kernels (softmax, norms, cross-entropy) take: each of their loops
+/// strides over a row in steps of the workgroup, so 2^20 elements is 4096 iterations at 256
+/// threads, and a kernel's two to three such loops stay inside the loop budget.
+pub(crate) const MAX_ROW: usize = 1 << 20;
+
+/// Errors for rows past [`MAX_ROW`].
+pub(crate) fn check_row(op: &'static str, len: usize) -> Result<()> {
+    if len > MAX_ROW {
+        return Err(over_budget(
+            format!("{op} over rows of {len} elements"),
+            len,
+            MAX_ROW,
+        ));
+    }
+    Ok(())
+}
+
+crate::params! {
+    /// `struct Params` of softmax.wgsl.
+    pub struct SoftmaxParams {
+        rows: u32,
+        len: u32,
+        log: u32,
+        _pad: u32,
+    }
+}
 
 /// Threads per row: enough to cover short rows without idle lanes, 256 for long ones.
 pub(crate) fn row_wg(len: usize) -> u32 {
@@ -27,6 +54,7 @@ pub(crate) fn forward(
     log: bool,
 ) -> Result<()> {
     u32_len("softmax", rows * len)?;
+    check_row("softmax", len)?;
     let wg = row_wg(len);
     launch(
         dev,
@@ -35,8 +63,13 @@ pub(crate) fn forward(
             entry: "fwd",
             wg,
             consts: &[],
-            params: &[rows as u32, len as u32, log as u32, 0],
-            args: &[Arg::read("x", x, dtype), Arg::write("y", y, dtype)],
+            params: SoftmaxParams {
+                rows: rows as u32,
+                len: len as u32,
+                log: log as u32,
+                _pad: 0,
+            },
+            args: &[arg(x, dtype), arg(y, dtype)],
             groups: row_grid(rows, wg),
         },
     )
@@ -54,6 +87,7 @@ pub(crate) fn backward(
     len: usize,
     log: bool,
 ) -> Result<()> {
+    check_row("softmax backward", len)?;
     let wg = row_wg(len);
     launch(
         dev,
@@ -62,12 +96,13 @@ pub(crate) fn backward(
             entry: "bwd",
             wg,
             consts: &[],
-            params: &[rows as u32, len as u32, log as u32, 0],
-            args: &[
-                Arg::read("y", y, dtype),
-                Arg::read("dy", dy, dtype),
-                Arg::write("dx", dx, dtype),
-            ],
+            params: SoftmaxParams {
+                rows: rows as u32,
+                len: len as u32,
+                log: log as u32,
+                _pad: 0,
+            },
+            args: &[arg(y, dtype), arg(dy, dtype), arg(dx, dtype)],
             groups: row_grid(rows, wg),
         },
     )

@@ -5,7 +5,7 @@
 //! out again, so after the first iterations no device allocation happens at all.
 //!
 //! Why reuse is safe: every GPU command (kernels, uploads, read-backs) is recorded in one
-//! ordered stream (`crate::stream`), and host uploads are copies recorded in that same stream,
+//! ordered stream (`crate::device::stream`), and host uploads are copies recorded in that same stream,
 //! never `queue.write_buffer` (which would run at the start of the next submit, before
 //! commands already recorded). A block freed while queued kernels still read it can be handed
 //! to a new tensor at once: anything the new owner does is ordered after those reads.

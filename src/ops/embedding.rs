@@ -9,7 +9,9 @@ use crate::tensor::Tensor;
 
 impl Tensor {
     /// Rows of the table `self` [vocab, dim] at u32 `indices` (any shape): the result has
-    /// shape [indices..., dim]. An index past the vocabulary reads as NaN.
+    /// shape [indices..., dim]. An index past the vocabulary reads as NaN, or is an error
+    /// naming the index on a checked device
+    /// ([`DeviceOptions::checked`](crate::DeviceOptions::checked)).
     pub fn embedding(&self, indices: &Tensor) -> Result<Tensor> {
         let op = "embedding";
         float_only(op, self)?;
@@ -27,6 +29,9 @@ impl Tensor {
             ));
         }
         let (vocab, dim) = (self.shape()[0], self.shape()[1]);
+        if self.device().is_checked() {
+            check_indices(op, indices, vocab)?;
+        }
         let mut shape = indices.shape().to_vec();
         shape.push(dim);
         let out = Tensor::uninit(self.device(), &shape, self.dtype())?;
@@ -81,10 +86,23 @@ impl Tensor {
     }
 }
 
+/// Errors unless every index in `idx` (u32) is below `limit`: the checked mode's host-side
+/// test (a read-back, so a sync).
+pub(crate) fn check_indices(op: &'static str, idx: &Tensor, limit: usize) -> Result<()> {
+    let v = idx.to_vec::<u32>()?;
+    if let Some((i, &bad)) = v.iter().enumerate().find(|&(_, &x)| x as usize >= limit) {
+        return Err(Error::invalid(
+            op,
+            format!("index {bad} at position {i} is out of range for size {limit}"),
+        ));
+    }
+    Ok(())
+}
+
 /// d table from d output: a deterministic scatter-add.
 pub(crate) fn embedding_grad(w: &Tensor, idx: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let (vocab, dim) = (w.shape()[0], w.shape()[1]);
-    let dw = Tensor::zeros(w.device(), w.shape(), dy.dtype())?;
+    let dw = Tensor::uninit(w.device(), w.shape(), dy.dtype())?;
     ke::scatter_add(
         w.device(),
         idx.block(),
@@ -94,7 +112,6 @@ pub(crate) fn embedding_grad(w: &Tensor, idx: &Tensor, dy: &Tensor) -> Result<Te
         idx.numel(),
         dim,
         vocab,
-        true,
     )?;
     Ok(dw)
 }

@@ -9,7 +9,8 @@ use crate::tensor::Tensor;
 
 impl Tensor {
     /// Per-row cross-entropy of logits [rows, classes] against u32 class labels [rows]. A
-    /// label outside 0..classes gives a NaN loss for its row.
+    /// label outside 0..classes gives a NaN loss for its row, or an error naming the label on a
+    /// checked device ([`DeviceOptions::checked`](crate::DeviceOptions::checked)).
     pub fn cross_entropy_rows(&self, labels: &Tensor) -> Result<Tensor> {
         let op = "cross_entropy";
         float_only(op, self)?;
@@ -35,14 +36,17 @@ impl Tensor {
             return Err(Error::shape(op, "zero classes".to_string()));
         }
         let dev = self.device();
+        if dev.is_checked() {
+            crate::ops::embedding::check_indices(op, labels, classes)?;
+        }
         let loss = Tensor::uninit(dev, &[rows], self.dtype())?;
-        let lse = Tensor::uninit(dev, &[rows], DType::F32)?;
+        let stats = Tensor::uninit(dev, &[rows, 2], DType::F32)?;
         kl::forward(
             dev,
             self.block(),
             labels.block(),
             loss.block(),
-            lse.block(),
+            stats.block(),
             self.dtype(),
             rows,
             classes,
@@ -50,7 +54,7 @@ impl Tensor {
         let rec = record(&[self], || Op::CrossEntropy {
             x: self.clone(),
             labels: labels.clone(),
-            lse,
+            stats,
         });
         Ok(loss.with_op(rec))
     }
@@ -76,7 +80,7 @@ impl Tensor {
 pub(crate) fn cross_entropy_grad(
     x: &Tensor,
     labels: &Tensor,
-    lse: &Tensor,
+    stats: &Tensor,
     g: &Tensor,
 ) -> Result<Tensor> {
     let (rows, classes) = (x.shape()[0], x.shape()[1]);
@@ -86,7 +90,7 @@ pub(crate) fn cross_entropy_grad(
         x.device(),
         x.block(),
         labels.block(),
-        lse.block(),
+        stats.block(),
         g.block(),
         dx.block(),
         x.dtype(),

@@ -33,17 +33,21 @@ impl Tensor {
         if let Some(b) = beta {
             same_dtype(op, self, b)?;
         }
-        let rows = self.numel() / len.max(1);
+        if len == 0 {
+            return Err(Error::shape(
+                op,
+                format!("empty last axis in {:?}", self.shape()),
+            ));
+        }
+        let rows = self.numel() / len;
         let dev = self.device();
         let out = Tensor::uninit(dev, self.shape(), self.dtype())?;
-        let mean = Tensor::uninit(dev, &[rows], DType::F32)?;
-        let rstd = Tensor::uninit(dev, &[rows], DType::F32)?;
+        let stats = Tensor::uninit(dev, &[rows, 3], DType::F32)?;
         let n = Norm {
             x: self.block(),
             gamma: gamma.block(),
             beta: beta.map(|b| b.block()),
-            mean: mean.block(),
-            rstd: rstd.block(),
+            stats: stats.block(),
             dtype: self.dtype(),
             rows,
             len,
@@ -56,8 +60,7 @@ impl Tensor {
             x: self.clone(),
             gamma: gamma.clone(),
             beta: beta.cloned(),
-            mean,
-            rstd,
+            stats,
             eps,
         });
         Ok(out.with_op(rec))
@@ -79,35 +82,27 @@ pub(crate) fn norm_grads(
     x: &Tensor,
     gamma: &Tensor,
     beta: Option<&Tensor>,
-    mean: &Tensor,
-    rstd: &Tensor,
+    stats: &Tensor,
     eps: f32,
     dy: &Tensor,
 ) -> Result<[Tensor; 3]> {
     let len = gamma.numel();
     let dev = x.device();
     let dx = Tensor::uninit(dev, x.shape(), x.dtype())?;
-    let dgamma = Tensor::uninit(dev, gamma.shape(), x.dtype())?;
-    let dbeta = Tensor::uninit(dev, gamma.shape(), x.dtype())?;
+    let dparams = Tensor::uninit(dev, &[2, len], x.dtype())?;
     let dy = dy.to_dtype(x.dtype())?;
     let n = Norm {
         x: x.block(),
         gamma: gamma.block(),
         beta: beta.map(|b| b.block()),
-        mean: mean.block(),
-        rstd: rstd.block(),
+        stats: stats.block(),
         dtype: x.dtype(),
         rows: x.numel() / len.max(1),
         len,
         eps,
     };
-    kn::backward(
-        dev,
-        &n,
-        dy.block(),
-        dx.block(),
-        dgamma.block(),
-        dbeta.block(),
-    )?;
+    kn::backward(dev, &n, dy.block(), dx.block(), dparams.block())?;
+    let dgamma = dparams.narrow(0, 0, 1)?.reshape(&[len])?;
+    let dbeta = dparams.narrow(0, 1, 1)?.reshape(&[len])?;
     Ok([dx, dgamma, dbeta])
 }

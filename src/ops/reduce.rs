@@ -30,39 +30,53 @@ impl Tensor {
         axis: isize,
         keepdim: bool,
         op: ReduceOp,
+        scale: f32,
         name: &'static str,
     ) -> Result<Tensor> {
         float_only(name, self)?;
         let a = self.axis(axis, name)?;
         let (outer, len, inner) = split3(self.shape(), a);
-        if len == 0 {
-            return Err(Error::invalid(
-                name,
-                format!("reducing an empty axis of {:?}", self.shape()),
-            ));
-        }
         let shape = reduced_shape(self.shape(), a, keepdim);
+        if len == 0 {
+            // As PyTorch: the sum of nothing is 0 and its mean 0/0 = NaN; a maximum or
+            // minimum of nothing does not exist.
+            if op != ReduceOp::Sum {
+                return Err(Error::invalid(
+                    name,
+                    format!("reducing an empty axis {a} of {:?}", self.shape()),
+                ));
+            }
+            let v = if scale.is_finite() { 0.0 } else { f32::NAN };
+            let out = Tensor::full(self.device(), &shape, v, self.dtype())?;
+            let rec = record(&[self], || Op::Sum {
+                x: self.clone(),
+                axis: a,
+                keepdim,
+                scale: 0.0,
+            });
+            return Ok(out.with_op(rec));
+        }
         let out = Tensor::uninit(self.device(), &shape, self.dtype())?;
-        let dev = self.device().clone();
         kr::reduce(
-            &dev,
+            self.device(),
             op,
+            scale,
             self.block(),
+            self.dtype(),
             out.block(),
             self.dtype(),
             outer,
             len,
             inner,
-            |bytes| dev.alloc(bytes as u64),
         )?;
         let rec = record(&[self], || match op {
-            ReduceOp::Sum(scale) => Op::Sum {
+            ReduceOp::Sum => Op::Sum {
                 x: self.clone(),
                 axis: a,
                 keepdim,
                 scale,
             },
-            ReduceOp::Max => Op::Max {
+            ReduceOp::Max | ReduceOp::Min => Op::Max {
                 x: self.clone(),
                 axis: a,
                 keepdim,
@@ -73,20 +87,29 @@ impl Tensor {
     }
 
     /// Sum along `axis` (negative counts from the end).
+    /// An empty axis sums to 0.
     pub fn sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
-        self.reduce_axis(axis, keepdim, ReduceOp::Sum(1.0), "sum")
+        self.reduce_axis(axis, keepdim, ReduceOp::Sum, 1.0, "sum")
     }
 
-    /// Mean along `axis`.
+    /// Mean along `axis`; the mean of an empty axis is NaN.
     pub fn mean(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let a = self.axis(axis, "mean")?;
-        let len = self.shape()[a].max(1);
-        self.reduce_axis(axis, keepdim, ReduceOp::Sum(1.0 / len as f32), "mean")
+        let len = self.shape()[a];
+        let scale = if len == 0 { f32::NAN } else { 1.0 / len as f32 };
+        self.reduce_axis(axis, keepdim, ReduceOp::Sum, scale, "mean")
     }
 
-    /// Maximum along `axis`; the gradient is split evenly among tied maxima.
+    /// Maximum along `axis` (NaN if the range holds a NaN); the gradient is split evenly among
+    /// tied maxima. An empty axis is an error.
     pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
-        self.reduce_axis(axis, keepdim, ReduceOp::Max, "max")
+        self.reduce_axis(axis, keepdim, ReduceOp::Max, 1.0, "max")
+    }
+
+    /// Minimum along `axis` (NaN if the range holds a NaN); the gradient is split evenly among
+    /// tied minima. An empty axis is an error.
+    pub fn min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_axis(axis, keepdim, ReduceOp::Min, 1.0, "min")
     }
 
     /// Sum of every element, shape `[]`.
@@ -104,15 +127,20 @@ impl Tensor {
         self.reshape(&[self.numel()])?.max(0, false)
     }
 
-    /// Index of the first maximum along `axis`, as u32 (not differentiable).
-    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
-        float_only("argmax", self)?;
-        let a = self.axis(axis, "argmax")?;
+    fn arg_reduce(
+        &self,
+        axis: isize,
+        keepdim: bool,
+        op: ReduceOp,
+        name: &'static str,
+    ) -> Result<Tensor> {
+        float_only(name, self)?;
+        let a = self.axis(axis, name)?;
         let (outer, len, inner) = split3(self.shape(), a);
         if len == 0 {
             return Err(Error::invalid(
-                "argmax",
-                format!("empty axis of {:?}", self.shape()),
+                name,
+                format!("empty axis {a} of {:?}", self.shape()),
             ));
         }
         let out = Tensor::uninit(
@@ -120,8 +148,9 @@ impl Tensor {
             &reduced_shape(self.shape(), a, keepdim),
             DType::U32,
         )?;
-        kr::argmax(
+        kr::arg_reduce(
             self.device(),
+            op,
             self.block(),
             out.block(),
             self.dtype(),
@@ -130,6 +159,17 @@ impl Tensor {
             inner,
         )?;
         Ok(out)
+    }
+
+    /// Index of the first maximum along `axis` (of the first NaN, if any), as u32; not
+    /// differentiable.
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(axis, keepdim, ReduceOp::Max, "argmax")
+    }
+
+    /// Index of the first minimum along `axis` (of the first NaN, if any), as u32.
+    pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(axis, keepdim, ReduceOp::Min, "argmin")
     }
 
     /// Sums broadcast dimensions away so the result has `target`'s shape: the gradient of a

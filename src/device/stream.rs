@@ -20,6 +20,45 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// Upload bytes per submit before the stream submits early, so staging chunks can recycle.
 const MAX_BATCH_STAGING: u64 = 64 << 20;
 
+/// The binding of a kernel's parameter block (a uniform).
+pub(crate) const PARAMS_BINDING: u32 = 0;
+
+/// The binding of a kernel's `i`-th storage argument. With [`PARAMS_BINDING`] and
+/// [`layout_entries`] this is the one statement of the binding layout: the composer declares
+/// bindings with it, pipelines are built with it, bind groups follow it.
+pub(crate) fn storage_binding(i: usize) -> u32 {
+    i as u32 + 1
+}
+
+/// The bind-group layout of a kernel with `n_storage` storage arguments: the parameter
+/// uniform, then the storage buffers in order, all read-write (tensors share page buffers, and
+/// wgpu forbids one buffer bound read-only and read-write in the same dispatch).
+pub(crate) fn layout_entries(n_storage: usize) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let mut entries = vec![wgpu::BindGroupLayoutEntry {
+        binding: PARAMS_BINDING,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }];
+    for i in 0..n_storage {
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding: storage_binding(i),
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    entries
+}
+
 /// A compiled kernel and the layout its bind groups use.
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
@@ -90,19 +129,18 @@ impl Stream {
         }
     }
 
-    /// Records one dispatch of `pipe` with `params` in its uniform slot and `storage` bound at
-    /// bindings 1, 2, ... in order.
+    /// Records one dispatch of `pipe` with `params` in its uniform slot and `storage` bound
+    /// in order.
     pub(crate) fn dispatch(
         &mut self,
         pipe: &Pipeline,
-        params: &[u32],
+        bytes: &[u8],
         storage: &[Slice<'_>],
         groups: [u32; 3],
     ) -> Result<()> {
         if groups.contains(&0) {
             return Ok(());
         }
-        let bytes: &[u8] = bytemuck::cast_slice(params);
         let padded = bytes.len().max(16).div_ceil(16) * 16;
         let start = self.params.len().div_ceil(self.param_align) * self.param_align;
         if self.dispatches >= MAX_BATCH || start + padded > self.params_buf.size() as usize {
@@ -115,7 +153,7 @@ impl Stream {
 
         let mut entries = Vec::with_capacity(storage.len() + 1);
         entries.push(wgpu::BindGroupEntry {
-            binding: 0,
+            binding: PARAMS_BINDING,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &self.params_buf,
                 offset: start as u64,
@@ -124,7 +162,7 @@ impl Stream {
         });
         for (i, s) in storage.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
+                binding: storage_binding(i),
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: s.buffer,
                     offset: s.offset,

@@ -1,0 +1,699 @@
+//! The device: one opened adapter with its queue, memory pool and command stream.
+//!
+//! A [`Device`] is a cheap handle (`Arc`) and is `Send + Sync`: a data-loader thread can upload
+//! while the main thread records kernels; both go through the one ordered stream.
+//!
+//! Files: `options` (how to open one, the environment), `adapter` (which adapter, and the
+//! lock around driver calls that create and destroy devices), `stream` (ordered, batched
+//! command recording), `readback` (results coming back). Pipelines are built by the kernels
+//! layer, which keeps its cache in the device's [`Device::kernel_state`] slot.
+
+mod adapter;
+mod options;
+mod readback;
+pub(crate) mod stream;
+
+pub use adapter::AdapterSummary;
+pub use options::{AdapterChoice, DeviceOptions, MemoryLimit, ShaderChecks};
+pub use readback::Readback;
+
+use crate::error::{Error, Result, fmt_bytes};
+use crate::memory::staging::DownloadPool;
+use crate::memory::{Block, Event, MemoryPool, MemoryReport, MemoryStats, PoolConfig};
+use adapter::{DEVICE_LIFECYCLE, lock};
+use readback::MapState;
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use stream::{Pipeline, Slice, Stream};
+
+/// What the device can do, as wgrad uses it.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// Native f16 in shaders (SHADER_F16). Without it f16 is stored packed in u32 words.
+    pub f16: bool,
+    /// Subgroup operations (SUBGROUP).
+    pub subgroups: bool,
+    /// Smallest subgroup size (0 when unknown).
+    pub subgroup_min: u32,
+    /// Largest subgroup size.
+    pub subgroup_max: u32,
+    /// GPU timestamps (TIMESTAMP_QUERY).
+    pub timestamps: bool,
+    /// 16x16x16 f16 -> f32 cooperative matrices (tensor cores).
+    pub coop_matrix_16: bool,
+    /// Largest storage binding (and page), bytes.
+    pub max_binding: u64,
+    /// Largest buffer, bytes.
+    pub max_buffer: u64,
+    /// Alignment of storage binding offsets.
+    pub storage_align: u64,
+    /// Alignment of uniform binding offsets.
+    pub uniform_align: u64,
+    /// Workgroup memory per workgroup, bytes.
+    pub workgroup_storage: u32,
+    /// Invocations per workgroup.
+    pub max_invocations: u32,
+    /// Workgroups per grid dimension.
+    pub max_groups_per_dim: u32,
+    /// Storage buffers per shader stage.
+    pub max_storage_buffers: u32,
+}
+
+/// A readable description of the device (`Device::info`).
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Adapter name.
+    pub name: String,
+    /// Backend (Vulkan, Metal, Dx12, Gl).
+    pub backend: String,
+    /// Discrete, integrated, virtual, CPU.
+    pub device_type: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// Device-local memory reported by the driver, if known.
+    pub memory: Option<u64>,
+    /// The memory budget in force.
+    pub memory_limit: u64,
+    /// Capabilities.
+    pub caps: Caps,
+    /// Optional features that the adapter lacks or that were disabled.
+    pub missing: Vec<&'static str>,
+}
+
+impl DeviceInfo {
+    /// True for adapters that run on the CPU (lavapipe, llvmpipe, WARP): examples pick smaller
+    /// default configurations there.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == "Cpu"
+    }
+}
+
+impl fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.caps;
+        let yn = |b: bool| if b { "yes" } else { "no" };
+        writeln!(
+            f,
+            "adapter   {} ({}, {})",
+            self.name, self.backend, self.device_type
+        )?;
+        writeln!(f, "driver    {}", self.driver)?;
+        let mem = self.memory.map_or("unknown".to_string(), fmt_bytes);
+        let lim = if self.memory_limit == u64::MAX {
+            "none".to_string()
+        } else {
+            fmt_bytes(self.memory_limit)
+        };
+        writeln!(f, "memory    {mem} device-local, budget {lim}")?;
+        writeln!(
+            f,
+            "features  f16 {}, subgroups {} (size {}..{}), timestamps {}, tensor cores (16x16x16 f16) {}",
+            yn(c.f16),
+            yn(c.subgroups),
+            c.subgroup_min,
+            c.subgroup_max,
+            yn(c.timestamps),
+            yn(c.coop_matrix_16)
+        )?;
+        writeln!(
+            f,
+            "limits    binding {}, buffer {}, workgroup memory {}, {} invocations, {} groups/dim, {} storage buffers",
+            fmt_bytes(c.max_binding),
+            fmt_bytes(c.max_buffer),
+            fmt_bytes(c.workgroup_storage as u64),
+            c.max_invocations,
+            c.max_groups_per_dim,
+            c.max_storage_buffers
+        )?;
+        if self.missing.is_empty() {
+            write!(f, "missing   nothing")
+        } else {
+            write!(f, "missing   {}", self.missing.join(", "))
+        }
+    }
+}
+
+/// A handle to a GPU (cheap to clone, `Send + Sync`).
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+/// The device's state. Everything that holds a wgpu object lives in `parts`, dropped under
+/// [`DEVICE_LIFECYCLE`] so teardown never overlaps another thread's device creation.
+pub(crate) struct DeviceInner {
+    parts: ManuallyDrop<Parts>,
+}
+
+pub(crate) struct Parts {
+    pub(crate) device: wgpu::Device,
+    pub(crate) caps: Caps,
+    info: DeviceInfo,
+    pub(crate) memory: Arc<MemoryPool>,
+    stream: Mutex<Stream>,
+    pub(crate) downloads: Arc<Mutex<DownloadPool>>,
+    /// Owned by the kernels layer (its pipeline cache); opaque here.
+    kernel_state: OnceLock<Box<dyn Any + Send + Sync>>,
+    /// Counter for seeds of random kernels (rand, randn, dropout).
+    rng: AtomicU64,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+    pub(crate) poison: bool,
+    pub(crate) checked: bool,
+    pub(crate) shader_checks: ShaderChecks,
+    /// The GL instance this device came from (Vulkan, Metal and DX12 share a static one).
+    _gl_instance: Option<wgpu::Instance>,
+}
+
+impl Deref for DeviceInner {
+    type Target = Parts;
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        let _g = lock(&DEVICE_LIFECYCLE);
+        // Let queued work finish before its buffers and the device go.
+        let _ = self.parts.device.poll(wgpu::PollType::wait_indefinitely());
+        // SAFETY: `parts` is dropped exactly once, here, and never used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.parts) };
+    }
+}
+
+impl Device {
+    /// Opens the best adapter, with options from the environment (see [`DeviceOptions::from_env`]).
+    pub fn new() -> Result<Self> {
+        Self::with_options(DeviceOptions::from_env()?)
+    }
+
+    /// Opens the adapter at `index` of [`Device::all`], with the other options from the
+    /// environment. Two devices on one adapter are independent (their own memory and queue).
+    pub fn with_index(index: usize) -> Result<Self> {
+        let mut o = DeviceOptions::from_env()?;
+        o.adapter = AdapterChoice::Index(index);
+        Self::with_options(o)
+    }
+
+    /// Lists every adapter wgpu can see, best first.
+    pub fn all() -> Vec<AdapterSummary> {
+        adapter::list()
+    }
+
+    /// Opens a device with explicit options.
+    pub fn with_options(opts: DeviceOptions) -> Result<Self> {
+        let _g = lock(&DEVICE_LIFECYCLE);
+        let (adapter, gl_instance) = adapter::choose(&opts.adapter)?;
+        let ainfo = adapter.get_info();
+        let have = adapter.features();
+        let mut want = wgpu::Features::empty();
+        let mut missing = Vec::new();
+        let mut opt = |f: wgpu::Features, name: &'static str, disabled: bool| {
+            if have.contains(f) && !disabled {
+                want |= f;
+            } else {
+                missing.push(name);
+            }
+        };
+        opt(wgpu::Features::SHADER_F16, "SHADER_F16", opts.disable_f16);
+        opt(wgpu::Features::SUBGROUP, "SUBGROUP", opts.disable_subgroups);
+        opt(wgpu::Features::TIMESTAMP_QUERY, "TIMESTAMP_QUERY", false);
+        opt(
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            "COOPERATIVE_MATRIX",
+            opts.disable_coop_matrix,
+        );
+        let coop_16 = want.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && adapter.cooperative_matrix_properties().iter().any(|p| {
+                p.m_size == 16
+                    && p.n_size == 16
+                    && p.k_size == 16
+                    && p.ab_type == wgpu::CooperativeScalarType::F16
+                    && p.cr_type == wgpu::CooperativeScalarType::F32
+            });
+        if !coop_16 {
+            want.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        }
+        // The adapter's real limits: wgpu's defaults would cap a binding at 128 MiB.
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgrad"),
+            required_features: want,
+            required_limits: limits.clone(),
+            // SAFETY: cooperative matrices are experimental in wgpu; wgrad only uses them in
+            // kernels whose every shape is tested against a CPU reference.
+            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?;
+
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        {
+            let errors = Arc::clone(&errors);
+            // wgpu's default handler panics; wgrad turns these into `Error::Gpu` at the next sync.
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                lock(&errors).push(e.to_string());
+            }));
+        }
+        let lost = Arc::new(Mutex::new(None));
+        {
+            let lost = Arc::clone(&lost);
+            device.set_device_lost_callback(move |reason, msg| {
+                if reason != wgpu::DeviceLostReason::Destroyed {
+                    *lock(&lost) = Some(format!("{reason:?}: {msg}"));
+                }
+            });
+        }
+
+        let caps = Caps {
+            f16: want.contains(wgpu::Features::SHADER_F16),
+            subgroups: want.contains(wgpu::Features::SUBGROUP),
+            subgroup_min: ainfo.subgroup_min_size,
+            subgroup_max: ainfo.subgroup_max_size,
+            timestamps: want.contains(wgpu::Features::TIMESTAMP_QUERY),
+            coop_matrix_16: coop_16,
+            max_binding: limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size),
+            max_buffer: limits.max_buffer_size,
+            storage_align: limits.min_storage_buffer_offset_alignment as u64,
+            uniform_align: limits.min_uniform_buffer_offset_alignment as u64,
+            workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+            max_groups_per_dim: limits.max_compute_workgroups_per_dimension,
+            max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
+        };
+        let memory_size = adapter::device_memory(&adapter);
+        let limit = match opts.memory_limit {
+            None => u64::MAX,
+            Some(MemoryLimit::Bytes(b)) => b,
+            Some(MemoryLimit::Fraction(f)) => match memory_size {
+                Some(m) => (m as f64 * f) as u64,
+                None => {
+                    return Err(Error::Unsupported(format!(
+                        "a fractional memory limit needs the adapter's memory size, which {:?} does not report; give bytes instead",
+                        ainfo.backend
+                    )));
+                }
+            },
+        };
+        let memory = MemoryPool::new(
+            device.clone(),
+            PoolConfig {
+                align: caps.storage_align.max(256),
+                max_page: caps.max_binding,
+                limit,
+                no_cache: opts.no_cache,
+                trace: opts.trace,
+            },
+        );
+        let info = DeviceInfo {
+            name: ainfo.name.clone(),
+            backend: format!("{:?}", ainfo.backend),
+            device_type: format!("{:?}", ainfo.device_type),
+            driver: format!("{} {}", ainfo.driver, ainfo.driver_info)
+                .trim()
+                .to_string(),
+            memory: memory_size,
+            memory_limit: limit,
+            caps: caps.clone(),
+            missing,
+        };
+        let stream = Stream::new(device.clone(), queue, caps.uniform_align);
+        let downloads = DownloadPool::new(device.clone());
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                parts: ManuallyDrop::new(Parts {
+                    device,
+                    caps,
+                    info,
+                    memory,
+                    stream: Mutex::new(stream),
+                    downloads: Arc::new(Mutex::new(downloads)),
+                    kernel_state: OnceLock::new(),
+                    rng: AtomicU64::new(0x5eed),
+                    errors,
+                    lost,
+                    poison: opts.poison,
+                    checked: opts.checked,
+                    shader_checks: opts.shader_checks,
+                    _gl_instance: gl_instance,
+                }),
+            }),
+        })
+    }
+
+    /// Adapter, backend, driver, features and limits.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// Capabilities in use.
+    pub fn caps(&self) -> &Caps {
+        &self.inner.caps
+    }
+
+    /// True when both handles name the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Whether index inputs are checked on the host ([`DeviceOptions::checked`]).
+    pub fn is_checked(&self) -> bool {
+        self.inner.checked
+    }
+
+    /// The wgpu device, for the kernels layer's pipeline building.
+    pub(crate) fn wgpu(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The kernels layer's per-device state (its pipeline cache), created on first use. `None`
+    /// only if two different types were asked for, which is a wgrad bug.
+    pub(crate) fn kernel_state<T: Default + Send + Sync + 'static>(&self) -> Option<&T> {
+        self.inner
+            .kernel_state
+            .get_or_init(|| Box::new(T::default()))
+            .downcast_ref::<T>()
+    }
+
+    /// Errors if the device was lost or wgpu reported an error since the last check.
+    pub(crate) fn check(&self) -> Result<()> {
+        if let Some(msg) = lock(&self.inner.lost).clone() {
+            return Err(Error::DeviceLost(msg));
+        }
+        let mut errs = lock(&self.inner.errors);
+        if !errs.is_empty() {
+            let msg = errs.join("; ");
+            errs.clear();
+            return Err(Error::Gpu(msg));
+        }
+        Ok(())
+    }
+
+    /// Submits everything queued and waits until the device has finished it.
+    pub fn sync(&self) -> Result<()> {
+        let idx = lock(&self.inner.stream).flush()?;
+        if let Some(idx) = idx {
+            self.wait(idx)?;
+        }
+        self.check()
+    }
+
+    /// Submits everything queued without waiting.
+    pub fn flush(&self) -> Result<()> {
+        lock(&self.inner.stream).flush()?;
+        self.check()
+    }
+
+    fn wait(&self, idx: wgpu::SubmissionIndex) -> Result<()> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| Error::DeviceLost(e.to_string()))
+    }
+
+    fn wait_all(&self) -> Result<()> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::DeviceLost(e.to_string()))
+    }
+
+    fn poll_now(&self) -> Result<()> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::Poll)
+            .map(|_| ())
+            .map_err(|e| Error::DeviceLost(e.to_string()))
+    }
+
+    // ----- memory -----
+
+    /// A block of device memory of at least `bytes`.
+    pub(crate) fn alloc(&self, bytes: u64) -> Result<Block> {
+        self.check()?;
+        self.inner.memory.alloc(bytes)
+    }
+
+    /// Counters of the memory pool and staging buffers.
+    pub fn memory_stats(&self) -> MemoryStats {
+        let mut s = self.inner.memory.stats();
+        {
+            let st = lock(&self.inner.stream);
+            s.upload_buffers = st.belt.created;
+            s.upload_bytes = st.belt.bytes;
+        }
+        let d = lock(&self.inner.downloads);
+        s.download_buffers = d.created;
+        s.download_bytes = d.bytes;
+        s
+    }
+
+    /// A report to print: allocated, active, reserved and their peaks, the cache hit rate,
+    /// device allocations, staging.
+    pub fn memory_report(&self) -> MemoryReport {
+        MemoryReport {
+            adapter: self.inner.info.name.clone(),
+            stats: self.memory_stats(),
+        }
+    }
+
+    /// Releases cached pages and idle staging buffers back to the driver.
+    pub fn empty_cache(&self) {
+        self.inner.memory.empty_cache();
+        lock(&self.inner.stream).belt.trim();
+        lock(&self.inner.downloads).trim();
+    }
+
+    /// Sets every peak to the current value.
+    pub fn reset_peak(&self) {
+        self.inner.memory.reset_peak();
+    }
+
+    /// Changes the memory budget. Live tensors stay; later allocations obey the new limit.
+    pub fn set_memory_limit(&self, limit: Option<u64>) {
+        self.inner.memory.set_limit(limit.unwrap_or(u64::MAX));
+    }
+
+    /// Turns the memory event trace on or off.
+    pub fn set_memory_trace(&self, on: bool) {
+        self.inner.memory.set_trace(on);
+    }
+
+    /// The memory trace as JSON (see `memory::Event` for the fields).
+    pub fn memory_trace_json(&self) -> String {
+        self.inner.memory.trace_json()
+    }
+
+    /// The memory trace's events.
+    pub fn memory_events(&self) -> Vec<Event> {
+        self.inner.memory.trace_events()
+    }
+
+    /// Clears the memory trace.
+    pub fn clear_memory_trace(&self) {
+        self.inner.memory.clear_trace();
+    }
+
+    /// Runs `f` inside a named memory scope: trace events carry the name, and the report says
+    /// how many bytes were allocated and the peak inside, and how long it took (device work
+    /// included: the scope syncs at its end).
+    pub fn track<T>(&self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<(T, ScopeReport)> {
+        let before = self.inner.memory.stats().allocated;
+        let t0 = Instant::now();
+        self.inner.memory.push_scope(name);
+        let out = f();
+        let synced = self.sync();
+        let peak = self.inner.memory.pop_scope();
+        let out = out?;
+        synced?;
+        let after = self.inner.memory.stats().allocated;
+        Ok((
+            out,
+            ScopeReport {
+                name: name.to_string(),
+                allocated_before: before,
+                allocated_after: after,
+                peak,
+                time: t0.elapsed(),
+            },
+        ))
+    }
+
+    /// Opens a named memory scope without syncing (layers and the trainer use it); close it
+    /// with [`Device::end_scope`].
+    pub fn begin_scope(&self, name: &str) {
+        self.inner.memory.push_scope(name);
+    }
+
+    /// Closes the innermost scope and returns its peak of allocated bytes.
+    pub fn end_scope(&self) -> u64 {
+        self.inner.memory.pop_scope()
+    }
+
+    // ----- random seeds -----
+
+    /// Resets the seed counter that rand, randn and dropout draw from.
+    pub fn manual_seed(&self, seed: u64) {
+        self.inner.rng.store(seed, Ordering::Relaxed);
+    }
+
+    /// The next seed (each random op takes one).
+    pub(crate) fn next_seed(&self) -> u64 {
+        self.inner.rng.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The seed counter: what `manual_seed` set plus the random ops run since. Saving it
+    /// with a training checkpoint and restoring it with [`Device::manual_seed`] resumes the
+    /// same random stream.
+    pub fn seed_state(&self) -> u64 {
+        self.inner.rng.load(Ordering::Relaxed)
+    }
+
+    /// Restores the seed counter.
+    pub(crate) fn set_seed_state(&self, s: u64) {
+        self.inner.rng.store(s, Ordering::Relaxed);
+    }
+
+    // ----- commands -----
+
+    /// Records a dispatch.
+    pub(crate) fn dispatch(
+        &self,
+        pipe: &Pipeline,
+        params: &[u8],
+        storage: &[Slice<'_>],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let max = self.inner.caps.max_groups_per_dim;
+        if let Some(&g) = groups.iter().find(|&&g| g > max) {
+            return Err(Error::LimitExceeded {
+                what: format!("dispatch of {}", pipe.label),
+                requested: g as u64,
+                limit_name: "max_compute_workgroups_per_dimension",
+                limit: max as u64,
+            });
+        }
+        lock(&self.inner.stream).dispatch(pipe, params, storage, groups)
+    }
+
+    /// Records an upload of `data` into `block` at byte `offset`.
+    pub(crate) fn upload(&self, block: &Block, offset: u64, data: &[u8]) -> Result<()> {
+        lock(&self.inner.stream).upload(block.buffer(), block.offset() + offset, data)
+    }
+
+    /// Records a plain buffer-to-buffer copy of `bytes` between two blocks, which must not
+    /// share a page (wgpu forbids copies within one buffer). The bench uses it as the
+    /// device's memory-bandwidth ceiling.
+    pub(crate) fn copy_blocks(&self, src: &Block, dst: &Block, bytes: u64) -> Result<()> {
+        if src.buffer() == dst.buffer() {
+            return Err(Error::invalid(
+                "copy",
+                "source and destination share a buffer",
+            ));
+        }
+        let len = bytes.div_ceil(4) * 4;
+        lock(&self.inner.stream).copy(src.buffer(), src.offset(), dst.buffer(), dst.offset(), len);
+        Ok(())
+    }
+
+    /// Starts a read-back of `len` bytes of `block` from byte `offset`: records the copy,
+    /// submits, and asks for the staging buffer to be mapped. The returned future resolves
+    /// once the data is here. `offset` must be a multiple of 4.
+    pub(crate) fn read_block<T: bytemuck::Pod>(
+        &self,
+        block: &Block,
+        offset: u64,
+        len: u64,
+    ) -> Result<Readback<T>> {
+        self.check()?;
+        let padded = len.div_ceil(4) * 4;
+        if padded == 0 {
+            return Ok(Readback::empty(self));
+        }
+        let state = Arc::new(Mutex::new(MapState {
+            done: None,
+            waker: None,
+        }));
+        let staging = lock(&self.inner.downloads).get(padded);
+        let idx = {
+            let mut st = lock(&self.inner.stream);
+            st.copy(block.buffer(), block.offset() + offset, &staging, 0, padded);
+            st.flush()?
+        };
+        let st2 = Arc::clone(&state);
+        staging.map_async(wgpu::MapMode::Read, 0..padded, move |r| {
+            let mut s = lock(&st2);
+            s.done = Some(r.is_ok());
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        });
+        Ok(Readback {
+            dev: self.clone(),
+            staging: Some(staging),
+            len,
+            padded,
+            idx,
+            state,
+            poller: false,
+            _t: PhantomData,
+        })
+    }
+}
+
+/// What [`Device::track`] measured.
+#[derive(Clone, Debug)]
+pub struct ScopeReport {
+    /// The scope's name.
+    pub name: String,
+    /// Allocated bytes when the scope began.
+    pub allocated_before: u64,
+    /// Allocated bytes when it ended.
+    pub allocated_after: u64,
+    /// Peak of allocated bytes inside the scope.
+    pub peak: u64,
+    /// Wall time, device work included.
+    pub time: Duration,
+}
+
+impl fmt::Display for ScopeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let delta = self.allocated_after as i128 - self.allocated_before as i128;
+        let sign = if delta < 0 { "-" } else { "+" };
+        write!(
+            f,
+            "{}: {sign}{} allocated, peak {} ({} above the start), {:.2} ms",
+            self.name,
+            fmt_bytes(delta.unsigned_abs() as u64),
+            fmt_bytes(self.peak),
+            fmt_bytes(self.peak.saturating_sub(self.allocated_before)),
+            self.time.as_secs_f64() * 1e3
+        )
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Device({}, {})",
+            self.inner.info.name, self.inner.info.backend
+        )
+    }
+}

@@ -1,0 +1,146 @@
+//! Read-backs: a copy into a mappable staging buffer, then a map whose callback says the data
+//! is here. [`Readback`] is a future of the elements, or blocks with [`Readback::wait`].
+
+use super::Device;
+use super::adapter::lock;
+use crate::error::{Error, Result};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+pub(crate) struct MapState {
+    pub(crate) done: Option<bool>,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// A read-back in flight, resolving to the elements as `Vec<T>`. Await it, or call
+/// [`Readback::wait`] to block.
+pub struct Readback<T> {
+    pub(crate) dev: Device,
+    pub(crate) staging: Option<wgpu::Buffer>,
+    pub(crate) len: u64,
+    pub(crate) padded: u64,
+    pub(crate) idx: Option<wgpu::SubmissionIndex>,
+    pub(crate) state: Arc<Mutex<MapState>>,
+    pub(crate) poller: bool,
+    pub(crate) _t: PhantomData<fn() -> T>,
+}
+
+impl<T: bytemuck::Pod> Readback<T> {
+    /// A read-back of nothing, already complete.
+    pub(crate) fn empty(dev: &Device) -> Self {
+        Readback {
+            dev: dev.clone(),
+            staging: None,
+            len: 0,
+            padded: 0,
+            idx: None,
+            state: Arc::new(Mutex::new(MapState {
+                done: Some(true),
+                waker: None,
+            })),
+            poller: true,
+            _t: PhantomData,
+        }
+    }
+
+    /// Blocks until the data is here.
+    pub fn wait(mut self) -> Result<Vec<T>> {
+        if lock(&self.state).done.is_none() {
+            match self.idx.clone() {
+                Some(idx) => self.dev.wait(idx)?,
+                None => self.dev.wait_all()?,
+            }
+        }
+        // Another thread's poll may have collected the map callback and be about to run it:
+        // the submission is done, the callback not yet. Poll until it has run (briefly).
+        let t0 = Instant::now();
+        while lock(&self.state).done.is_none() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(Error::DeviceLost(
+                    "a read-back buffer was never mapped".into(),
+                ));
+            }
+            self.dev.poll_now()?;
+            std::thread::yield_now();
+        }
+        self.take()
+    }
+
+    fn take(&mut self) -> Result<Vec<T>> {
+        let ok = lock(&self.state).done;
+        let Some(staging) = self.staging.take() else {
+            return Ok(Vec::new());
+        };
+        if ok != Some(true) {
+            return Err(Error::DeviceLost(
+                "mapping a read-back buffer failed".into(),
+            ));
+        }
+        // One copy, straight from the mapping into the result's elements.
+        let n = self.len as usize / std::mem::size_of::<T>();
+        let mut out = vec![T::zeroed(); n];
+        if self.padded > 0 {
+            let view = staging
+                .get_mapped_range(0..self.padded)
+                .map_err(|e| Error::Gpu(format!("read-back map: {e}")))?;
+            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&view[..self.len as usize]);
+            drop(view);
+            staging.unmap();
+        }
+        lock(&self.dev.inner.downloads).put(staging);
+        self.dev.check()?;
+        Ok(out)
+    }
+}
+
+impl<T: bytemuck::Pod> Future for Readback<T> {
+    type Output = Result<Vec<T>>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        {
+            let mut s = lock(&self.state);
+            if s.done.is_none() {
+                s.waker = Some(cx.waker().clone());
+            }
+        }
+        if lock(&self.state).done.is_some() {
+            return Poll::Ready(self.take());
+        }
+        // Native wgpu runs map callbacks only inside `poll`; a helper thread waits for this
+        // submission, then keeps polling until the callback has run (another thread's poll
+        // may have collected it and not yet run it), so the callback fires and wakes us while
+        // the caller's thread stays free.
+        if !self.poller {
+            self.poller = true;
+            let dev = self.dev.inner.device.clone();
+            let idx = self.idx.clone();
+            let state = Arc::clone(&self.state);
+            std::thread::spawn(move || {
+                let _ = dev.poll(wgpu::PollType::Wait {
+                    submission_index: idx,
+                    timeout: None,
+                });
+                let t0 = Instant::now();
+                while lock(&state).done.is_none() && t0.elapsed() < Duration::from_secs(30) {
+                    let _ = dev.poll(wgpu::PollType::Poll);
+                    std::thread::yield_now();
+                }
+            });
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Readback<T> {
+    fn drop(&mut self) {
+        // A read-back dropped before completion: its buffer is still mapped or mapping; let
+        // wgpu release it rather than return a mapped buffer to the pool.
+        if let Some(b) = self.staging.take() {
+            let mut d = lock(&self.dev.inner.downloads);
+            d.bytes -= b.size();
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Compiling kernels into pipelines, cached per device.
+//!
+//! A pipeline is identified by (family, entry, workgroup size, constants, argument dtypes).
+//! The key is a small fixed-size value, so looking one up costs a hash, not the string
+//! formatting it once took.
+
+use super::{Arg, Kernel, compose};
+use crate::device::stream::{Pipeline, layout_entries};
+use crate::device::{Device, ShaderChecks};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Most compile-time constants a launch passes.
+pub(crate) const MAX_CONSTS: usize = 8;
+/// Most storage arguments of a launch.
+pub(crate) const MAX_ARGS: usize = 10;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    kernel: Kernel,
+    entry: &'static str,
+    wg: u32,
+    consts: [(&'static str, u32); MAX_CONSTS],
+    dtypes: [Option<DType>; MAX_ARGS],
+}
+
+impl Key {
+    pub(crate) fn new(
+        kernel: Kernel,
+        entry: &'static str,
+        wg: u32,
+        consts: &[(&'static str, u32)],
+        args: &[Arg<'_>],
+    ) -> Result<Key> {
+        if consts.len() > MAX_CONSTS || args.len() > MAX_ARGS {
+            return Err(Error::Internal(format!(
+                "launch of {kernel:?}/{entry}: {} constants, {} arguments",
+                consts.len(),
+                args.len()
+            )));
+        }
+        let mut k = Key {
+            kernel,
+            entry,
+            wg,
+            consts: [("", 0); MAX_CONSTS],
+            dtypes: [None; MAX_ARGS],
+        };
+        k.consts[..consts.len()].copy_from_slice(consts);
+        for (slot, a) in k.dtypes.iter_mut().zip(args) {
+            *slot = Some(a.dtype);
+        }
+        Ok(k)
+    }
+}
+
+/// The per-device pipeline cache (kept in `Device::kernel_state`).
+#[derive(Default)]
+pub(crate) struct Cache {
+    map: Mutex<HashMap<Key, Arc<Pipeline>>>,
+}
+
+fn cache(dev: &Device) -> Result<&Cache> {
+    dev.kernel_state::<Cache>()
+        .ok_or_else(|| Error::Internal("the device's kernel state has another type".into()))
+}
+
+/// Number of pipelines built so far on `dev`.
+pub(crate) fn count(dev: &Device) -> usize {
+    cache(dev).map_or(0, |c| c.map.lock().unwrap_or_else(|e| e.into_inner()).len())
+}
+
+/// The cached pipeline for `key`, built from `source()` on first use with `n_storage` storage
+/// bindings.
+pub(crate) fn get(
+    dev: &Device,
+    key: &Key,
+    n_storage: usize,
+    source: impl FnOnce() -> Result<String>,
+) -> Result<Arc<Pipeline>> {
+    let c = cache(dev)?;
+    if let Some(p) = c.map.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+        return Ok(Arc::clone(p));
+    }
+    let label = format!("{:?}/{}", key.kernel, key.entry);
+    let p = Arc::new(build(dev, &label, n_storage, &source()?)?);
+    c.map
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(*key, Arc::clone(&p));
+    Ok(p)
+}
+
+fn build(dev: &Device, label: &str, n_storage: usize, src: &str) -> Result<Pipeline> {
+    let d = dev.wgpu();
+    let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
+    let layout = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(label),
+        entries: &layout_entries(n_storage),
+    });
+    let pl = d.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(label),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let checks = match dev.inner.shader_checks {
+        ShaderChecks::Full => wgpu::ShaderRuntimeChecks::checked(),
+        ShaderChecks::Fast => wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            int_div_checks: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        },
+        ShaderChecks::None => wgpu::ShaderRuntimeChecks::unchecked(),
+    };
+    // SAFETY: wgrad's shaders have no unbounded loops (every trip count comes from sizes the
+    // host validated, and is bounded per thread; see `kernels`) and never divide by zero
+    // (divisors are non-empty dimensions); with `Fast` and `Full` wgpu still bounds-checks
+    // every buffer access.
+    let module = unsafe {
+        d.create_shader_module_trusted(
+            wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            },
+            checks,
+        )
+    };
+    let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: Some(&pl),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants: &[],
+            // Kernels initialise the workgroup memory they read.
+            zero_initialize_workgroup_memory: false,
+        },
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(Error::Internal(format!("building kernel {label}: {e}")));
+    }
+    Ok(Pipeline {
+        pipeline,
+        layout,
+        label: label.into(),
+    })
+}
+
+/// Checks a launch against its entry's signature (once, when its pipeline is built).
+pub(crate) fn check_launch(
+    kernel: Kernel,
+    sig: &compose::EntrySig,
+    wg: u32,
+    consts: &[(&str, u32)],
+    args: &[Arg<'_>],
+) -> Result<()> {
+    let bad = |why: String| {
+        Err(Error::Internal(format!(
+            "launch of {kernel:?}/{} {why}",
+            sig.name
+        )))
+    };
+    if sig.bindings.len() != args.len() {
+        return bad(format!(
+            "binds {} buffers, its signature {}",
+            args.len(),
+            sig.bindings.len()
+        ));
+    }
+    for (a, b) in args.iter().zip(&sig.bindings) {
+        if !b.elem.allows(a.dtype) {
+            return bad(format!("binds {} as {} ({:?})", a.dtype, b.name, b.elem));
+        }
+    }
+    if !sig.wgs().contains(&wg) {
+        return bad(format!("uses workgroup size {wg}, not in {:?}", sig.wgs()));
+    }
+    if !sig.accepts_consts(consts) {
+        return bad(format!("uses constants {consts:?}, not in its check lines"));
+    }
+    Ok(())
+}
