@@ -23,8 +23,16 @@ fn tanh_(x: f32) -> f32 {
 // x^y with C's pow rules where WGSL's pow is undefined (it is only defined for x > 0): a negative
 // base with an integral exponent gives the signed power ((-2)^3 = -8), with any other
 // exponent NaN; 0^y is 0 for y > 0, 1 for y == 0 and +inf for y < 0; x^0 is 1 even for NaN.
+// Small integral exponents (and 1/2) are computed exactly, as PyTorch does, instead of through
+// exp2(y log2 |x|), which rounds 1.5^2 to 2.2500002.
 fn pow_(x: f32, y: f32) -> f32 {
   if (y == 0.0) { return 1.0; }
+  if (y == 1.0) { return x; }
+  if (y == 2.0) { return x * x; }
+  if (y == 3.0) { return x * x * x; }
+  if (y == -1.0) { return 1.0 / x; }
+  if (y == -2.0) { return 1.0 / (x * x); }
+  if (y == 0.5) { return sqrt(x); }
   let ax = abs(x);
   // Infinity and NaN built from run-time bits: WGSL rejects them as constant expressions.
   let zero_bits = bitcast<u32>(y) & 0u;
