@@ -19,6 +19,12 @@ fn tanh_(x: f32) -> f32 {
   return (e - 1.0) / (e + 1.0);
 }
 
+//! fn isnan_
+// NaN by its bits: drivers may fold `x != x` to false (seen on lavapipe's Vulkan driver).
+fn isnan_(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 //! fn pow_
 // x^y with C's pow rules where WGSL's pow is undefined (it is only defined for x > 0): a negative
 // base with an integral exponent gives the signed power ((-2)^3 = -8), with any other
@@ -38,7 +44,7 @@ fn pow_(x: f32, y: f32) -> f32 {
   let zero_bits = bitcast<u32>(y) & 0u;
   if (ax == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u + zero_bits), y < 0.0); }
   let r = pow(ax, y);
-  if (x >= 0.0 || x != x) { return r; }
+  if (x >= 0.0 || isnan_(x)) { return r; }
   if (floor(y) != y) { return bitcast<f32>(0x7fc00000u + zero_bits); }
   // An odd integral exponent keeps the sign (exact for |y| < 2^24, beyond that y is even).
   let odd = abs(y) < 16777216.0 && (abs(y) - 2.0 * floor(abs(y) * 0.5)) == 1.0;

@@ -48,7 +48,7 @@ struct Params {
 // Folds v into acc for op; a NaN, once in, stays.
 fn fold(acc: f32, v: f32) -> f32 {
   if (p.op == RED_SUM) { return acc + v; }
-  if (acc != acc || v != v) { return bitcast<f32>(0x7fc00000u + (bitcast<u32>(v) & 0u)); }
+  if (isnan_(acc) || isnan_(v)) { return bitcast<f32>(0x7fc00000u + (bitcast<u32>(v) & 0u)); }
   if (p.op == RED_MAX) { return max(acc, v); }
   return min(acc, v);
 }
@@ -58,8 +58,8 @@ fn fold(acc: f32, v: f32) -> f32 {
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   if (bi == 0xffffffffu) { return i != 0xffffffffu; }
   if (i == 0xffffffffu) { return false; }
-  let vn = v != v;
-  let bn = bv != bv;
+  let vn = isnan_(v);
+  let bn = isnan_(bv);
   if (vn || bn) { return vn && (!bn || i < bi); }
   if (v == bv) { return i < bi; }
   if (p.op == RED_MAX) { return v > bv; }
@@ -88,7 +88,7 @@ fn main(ids: Ids) {
     r = block_sum(acc, ids) * p.scale;
   } else {
     // Subgroup and workgroup max/min do not promise to keep NaN: count NaNs separately.
-    nan = block_sum(select(0.0, 1.0, acc != acc), ids);
+    nan = block_sum(select(0.0, 1.0, isnan_(acc)), ids);
     if (p.op == RED_MAX) { r = block_max(acc, ids); } else { r = -block_max(-acc, ids); }
     if (nan > 0.0) { r = bitcast<f32>(0x7fc00000u + (bitcast<u32>(r) & 0u)); }
   }

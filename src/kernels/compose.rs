@@ -460,7 +460,7 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
 fn ld_{n}(i_: u32) -> f32 {{ return unpack2x16float(atomicLoad(&{n}[i_ >> 1u]))[i_ & 1u]; }}
 fn st_{n}(i_: u32, v_: f32) {{
   var h = pack2x16float(vec2<f32>(v_, 0.0)) & 0xffffu;
-  if (v_ != v_) {{ h = 0x7e00u; }} else if (abs(v_) >= 65520.0) {{ h = select(0x7c00u, 0xfc00u, v_ < 0.0); }}
+  if ((bitcast<u32>(v_) & 0x7fffffffu) > 0x7f800000u) {{ h = 0x7e00u; }} else if (abs(v_) >= 65520.0) {{ h = select(0x7c00u, 0xfc00u, v_ < 0.0); }}
   let sh = (i_ & 1u) * 16u;
   atomicAnd(&{n}[i_ >> 1u], ~(0xffffu << sh));
   atomicOr(&{n}[i_ >> 1u], h << sh);
