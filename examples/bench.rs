@@ -321,6 +321,9 @@ fn main() -> Result<()> {
                     Config::CoopDirect => "matmul (tensor cores)".to_string(),
                     Config::Coop => "matmul (tensor cores, staged)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
+                    Config::Simt(tm, tn) => format!("matmul (simt {tm}x{tn})"),
+                    Config::SimtN4(tm, tn4) => format!("matmul (simt {tm}x{}, 4-wide N)", 4 * tn4),
+                    Config::SimtK4(tm, tn) => format!("matmul (simt {tm}x{tn}, 4-wide K)"),
                 };
                 emit(
                     rows,
@@ -344,7 +347,7 @@ fn main() -> Result<()> {
                         MatmulOpts {
                             trans_b: true,
                             bias: Some(&bias),
-                            act: Some(wgrad::kernels::matmul::Act::Relu),
+                            act: Some(wgrad::Activation::Relu),
                             ..Default::default()
                         },
                     )

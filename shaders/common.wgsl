@@ -19,6 +19,28 @@ fn tanh_(x: f32) -> f32 {
   return (e - 1.0) / (e + 1.0);
 }
 
+//! fn udiv
+// x / d for u32, exact, through an f32 division where x < 2^24: there the rounded quotient is
+// the true one or one more, fixed by one comparison. Integer division is one lane at a time on
+// CPU adapters (and a long sequence on GPUs); index arithmetic runs on every element.
+fn udiv(x: u32, d: u32) -> u32 {
+  // A power of two (strides of 2, block sizes) is a shift.
+  if ((d & (d - 1u)) == 0u) { return x >> countTrailingZeros(d); }
+  if (x < 16777216u && d < 16777216u) {
+    var q = u32(f32(x) / f32(d));
+    if (q * d > x) { q = q - 1u; }
+    return q;
+  }
+  return x / d;
+}
+
+//! fn udivmod
+// (x / d, x % d) through udiv.
+fn udivmod(x: u32, d: u32) -> vec2<u32> {
+  let q = udiv(x, d);
+  return vec2<u32>(q, x - q * d);
+}
+
 //! fn isnan_
 // NaN by its bits: drivers may fold `x != x` to false (seen on lavapipe's Vulkan driver).
 fn isnan_(x: f32) -> bool {
@@ -106,17 +128,25 @@ struct MatmulParams {
   kchunk: u32,
   splits: u32,
   raw: u32,
-  _pad0: u32,
-  _pad1: u32,
+  // Bias per row (one value per output row, as a convolution's channels) instead of per
+  // column; its offset for batch element b is (b % a_mod) * bias_bs (a group's bias).
+  bias_rows: u32,
+  bias_bs: u32,
+}
+
+//! fn matmul_bias_base
+// Where batch element `bt`'s bias starts.
+fn matmul_bias_base(bt: u32) -> u32 {
+  return (bt % p.a_mod) * p.bias_bs;
 }
 
 //! fn matmul_epilogue
-// A matmul output element: + bias[n] when there is one, then the activation; a raw partial
-// product (split-K) is stored as is.
-fn matmul_epilogue(v: f32, n: u32) -> f32 {
+// Output element (m, n): + bias[n] (or bias[m] with bias_rows) from `bb` on when there is one,
+// then the activation; a raw partial product (split-K) is stored as is.
+fn matmul_epilogue(v: f32, m: u32, n: u32, bb: u32) -> f32 {
   if (p.raw != 0u) { return v; }
   var r = v;
-  if (p.has_bias != 0u) { r = r + ld_bias(n); }
+  if (p.has_bias != 0u) { r = r + ld_bias(bb + select(n, m, p.bias_rows != 0u)); }
   if (p.act == ACT_NONE) { return r; }
   if (p.act == ACT_RELU) { r = max(r, 0.0); }
   if (p.act == ACT_GELU) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
@@ -144,4 +174,22 @@ fn matmul_a(base: u32, gm: u32, gk: u32, kend: u32) -> f32 {
 fn matmul_b(base: u32, gk: u32, gn: u32, kend: u32) -> f32 {
   if (gn < p.n && gk < kend) { return ld_b(base + gk * p.sbk + gn * p.sbn); }
   return 0.0;
+}
+
+//! fn simt_out
+// A CPU kernel's output element: through the epilogue, or stored as is when the launch has
+// neither bias nor activation (EPI = 0, a constant, so the test folds away: on lavapipe the
+// epilogue's uniform tests cost 20% of a product with K = 32).
+fn simt_out(v: f32, m: u32, n: u32, bb: u32) -> f32 {
+  if (EPI == 0u) { return v; }
+  return matmul_epilogue(v, m, n, bb);
+}
+
+//! fn simt_store4
+// Stores 4 outputs of row m from column n on.
+fn simt_store4(at: u32, m: u32, n: u32, bb: u32, v: vec4<f32>) {
+  st_c(at, simt_out(v.x, m, n, bb));
+  st_c(at + 1u, simt_out(v.y, m, n + 1u, bb));
+  st_c(at + 2u, simt_out(v.z, m, n + 2u, bb));
+  st_c(at + 3u, simt_out(v.w, m, n + 3u, bb));
 }

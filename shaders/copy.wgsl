@@ -34,8 +34,9 @@ fn strided_offsets(i: u32) -> vec2<u32> {
   // Peel coordinates from the innermost dimension outwards.
   for (var k = i32(p.rank) - 1; k >= 0; k = k - 1) {
     let d = p.dims[k / 4][k % 4];
-    let c = rem % d;
-    rem = rem / d;
+    let qr = udivmod(rem, d);
+    let c = qr.y;
+    rem = qr.x;
     xi = xi + c * p.xs[k / 4][k % 4];
     yi = yi + c * p.ys[k / 4][k % 4];
   }

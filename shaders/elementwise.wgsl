@@ -123,8 +123,9 @@ fn bcast_offsets(i: u32) -> vec3<u32> {
   var o = vec3<u32>(0u, 0u, 0u);
   for (var k = i32(p.rank) - 1; k >= 0; k = k - 1) {
     let d = p.dims[k / 4][k % 4];
-    let c = rem % d;
-    rem = rem / d;
+    let qr = udivmod(rem, d);
+    let c = qr.y;
+    rem = qr.x;
     o = o + c * vec3<u32>(p.s0[k / 4][k % 4], p.s1[k / 4][k % 4], p.s2[k / 4][k % 4]);
   }
   return o;

@@ -37,8 +37,9 @@ struct Params {
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n * p.dim) { return; }
-  let t = i / p.dim;
-  let d = i % p.dim;
+  let td = udivmod(i, p.dim);
+  let t = td.x;
+  let d = td.y;
   let v = ld_idx(t);
   if (v < p.vocab) {
     st_y(i, ld_w(v * p.dim + d));
@@ -53,10 +54,12 @@ fn main(ids: Ids) {
   let i = flat_id(ids);
   let per_chunk = p.vocab * p.dim;
   if (i >= per_chunk * p.nchunks) { return; }
-  let k = i / per_chunk;
-  let j = i % per_chunk;
-  let v = j / p.dim;
-  let d = j % p.dim;
+  let kj = udivmod(i, per_chunk);
+  let k = kj.x;
+  let j = kj.y;
+  let vd = udivmod(j, p.dim);
+  let v = vd.x;
+  let d = vd.y;
   let t0 = k * p.pchunk;
   let t1 = min(t0 + p.pchunk, p.n);
   var acc = 0.0;

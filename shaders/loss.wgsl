@@ -54,8 +54,9 @@ fn main(ids: Ids) {
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.rows * p.classes) { return; }
-  let r = i / p.classes;
-  let c = i % p.classes;
+  let rc = udivmod(i, p.classes);
+  let r = rc.x;
+  let c = rc.y;
   let onehot = select(0.0, 1.0, ld_labels(r) == c);
   let pr = exp((ld_x(i) - ld_stats(2u * r)) - ld_stats(2u * r + 1u));
   st_dx(i, ld_g(r) * (pr - onehot));

@@ -27,6 +27,23 @@
 // always f32.
 //
 //   main     the product (one split of K per workgroup z).
+//   simt     the same product for CPU adapters (lavapipe): no workgroup memory and no
+//            barriers, which a CPU driver runs as coroutine switches. A workgroup of 64
+//            invocations covers 8 TM x 8 TN outputs; invocation (ty, tx) = (lid / 8, lid % 8)
+//            keeps rows m0 + ty TM + i and columns n0 + tx + 8 j in registers and reads its
+//            operands straight from memory: the 8 lanes of one SIMD vector share ty, so their
+//            A reads are one address, and their B reads are 8 neighbouring columns. The
+//            register loops are unrolled by the composer: an accumulator array indexed with
+//            run-time indices anywhere (even in the final store) lives in memory on lavapipe.
+//   simt_n4  simt with B read 4 columns at a time (B contiguous along N, N and B's offsets
+//            multiples of 4): invocation (ty, tx) keeps 8 rows and columns
+//            n0 + 4 (tx + 8 j) .. + 3 for j < TN4, TM rows: an 8 TM x 32 TN4 tile per
+//            workgroup. On lavapipe the 16-byte loads and the 8 x 8 register tile ran at three
+//            times simt's rate.
+//   simt_k4  simt with both operands contiguous along K (x W^T, as Linear computes), K and the
+//            offsets multiples of 4: 4-element runs of A's rows and B's columns per load,
+//            multiplied elementwise into vec4 partial sums summed at the end; TM x TN outputs
+//            per invocation (rows m0 + i, columns n0 + 8 j), an 8 TM x 8 TN tile.
 //   splitk   one thread per element of C: the sum of the splits' partials, then the epilogue.
 //
 // Bindings: signature lines (bias is a dummy when has_bias is 0).
@@ -38,6 +55,8 @@
 
 // The parameter block shared with the other matmul kernel (common.wgsl).
 alias Params = MatmulParams;
+
+
 
 //! entry main(a: data, b: data, bias: data, c: data mut)
 //! check WG=256 BM=64 BN=64 BK=16 TM=4 TN=4
@@ -55,6 +74,7 @@ fn main(ids: Ids) {
   let tx = lid % TX;
   let ty = lid / TX;
   let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
   let kr = matmul_krange(ids.wid.z);
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
@@ -100,10 +120,161 @@ fn main(ids: Ids) {
     for (var j = 0u; j < TN; j = j + 1u) {
       let gn = n0 + tx + j * TX;
       if (gm < p.m && gn < p.n) {
-        st_c(c_base + gm * p.n + gn, matmul_epilogue(acc[i * TN + j], gn));
+        st_c(c_base + gm * p.n + gn, matmul_epilogue(acc[i * TN + j], gm, gn, bb));
       }
     }
   }
+}
+
+//! entry simt(a: data, b: data, bias: data, c: data mut)
+//! check WG=64 TM=4 TN=4 EPI=0,1
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let tx = ids.lid % 8u;
+  let ty = ids.lid / 8u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * (8u * TM) + ty * TM;
+  let n0 = ids.wid.x * (8u * TN) + tx;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  // Rows and columns past the edge are clamped to row / column 0: they compute row 0's (or
+  // column 0's) values and store exactly those values there again, so every load and store
+  // stays unconditional (see simt_store).
+  var rows: array<u32, TM>;
+  var cols: array<u32, TN>;
+  var acc: array<f32, TM * TN>;
+  //! unroll i in 0..TM
+  rows[$i] = select(0u, m0 + $i, m0 + $i < p.m);
+  //! end
+  //! unroll j in 0..TN
+  cols[$j] = select(0u, n0 + 8u * $j, n0 + 8u * $j < p.n);
+  //! end
+  //! unroll i in 0..TM
+  //! unroll j in 0..TN
+  acc[$i * TN + $j] = 0.0;
+  //! end
+  //! end
+  for (var k = kr.x; k < kr.y; k = k + 1u) {
+    //! unroll i in 0..TM
+    let a$i = ld_a(a_base + rows[$i] * p.sam + k * p.sak);
+    //! end
+    //! unroll j in 0..TN
+    let b$j = ld_b(b_base + k * p.sbk + cols[$j] * p.sbn);
+    //! end
+    //! unroll i in 0..TM
+    //! unroll j in 0..TN
+    acc[$i * TN + $j] = fma(a$i, b$j, acc[$i * TN + $j]);
+    //! end
+    //! end
+  }
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..TM
+  //! unroll j in 0..TN
+  st_c(c_base + rows[$i] * p.n + cols[$j], simt_out(acc[$i * TN + $j], rows[$i], cols[$j], bb));
+  //! end
+  //! end
+}
+
+//! entry simt_n4(a: data vec4, b: data vec4, bias: data, c: data mut)
+//! check WG=64 TM=8 TN4=2 EPI=0,1
+//! check WG=64 TM=4 TN4=2 EPI=0,1
+//! check WG=64 TM=2 TN4=1 EPI=0,1
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let tx = ids.lid % 8u;
+  let ty = ids.lid / 8u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * (8u * TM) + ty * TM;
+  let n0 = ids.wid.x * (32u * TN4) + 4u * tx;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  // Edge rows and column groups are clamped as in simt.
+  var rows: array<u32, TM>;
+  var cols: array<u32, TN4>;
+  var acc: array<vec4<f32>, TM * TN4>;
+  //! unroll i in 0..TM
+  rows[$i] = select(0u, m0 + $i, m0 + $i < p.m);
+  //! end
+  //! unroll j in 0..TN4
+  cols[$j] = select(0u, n0 + 32u * $j, n0 + 32u * $j < p.n);
+  //! end
+  //! unroll i in 0..TM
+  //! unroll j in 0..TN4
+  acc[$i * TN4 + $j] = vec4<f32>(0.0);
+  //! end
+  //! end
+  for (var k = kr.x; k < kr.y; k = k + 1u) {
+    let brow = b_base + k * p.sbk;
+    //! unroll j in 0..TN4
+    let b$j = ld4_b((brow + cols[$j]) >> 2u);
+    //! end
+    //! unroll i in 0..TM
+    let a$i = vec4<f32>(ld_a(a_base + rows[$i] * p.sam + k * p.sak));
+    //! unroll j in 0..TN4
+    acc[$i * TN4 + $j] = fma(a$i, b$j, acc[$i * TN4 + $j]);
+    //! end
+    //! end
+  }
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..TM
+  //! unroll j in 0..TN4
+  simt_store4(c_base + rows[$i] * p.n + cols[$j], rows[$i], cols[$j], bb, acc[$i * TN4 + $j]);
+  //! end
+  //! end
+}
+
+//! entry simt_k4(a: data vec4, b: data vec4, bias: data, c: data mut)
+//! check WG=64 TM=4 TN=4 EPI=0,1
+//! check WG=64 TM=2 TN=2 EPI=0,1
+//! check WG=64 TM=1 TN=4 EPI=0,1
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let tx = ids.lid % 8u;
+  let ty = ids.lid / 8u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * (8u * TM) + ty * TM;
+  let n0 = ids.wid.x * (8u * TN) + tx;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  var rows: array<u32, TM>;
+  var cols: array<u32, TN>;
+  var acc: array<vec4<f32>, TM * TN>;
+  //! unroll i in 0..TM
+  rows[$i] = select(0u, m0 + $i, m0 + $i < p.m);
+  //! end
+  //! unroll j in 0..TN
+  cols[$j] = select(0u, n0 + 8u * $j, n0 + 8u * $j < p.n);
+  //! end
+  //! unroll i in 0..TM
+  //! unroll j in 0..TN
+  acc[$i * TN + $j] = vec4<f32>(0.0);
+  //! end
+  //! end
+  for (var k = kr.x; k < kr.y; k = k + 4u) {
+    //! unroll i in 0..TM
+    let a$i = ld4_a((a_base + rows[$i] * p.sam + k) >> 2u);
+    //! end
+    //! unroll j in 0..TN
+    let b$j = ld4_b((b_base + cols[$j] * p.sbn + k) >> 2u);
+    //! end
+    //! unroll i in 0..TM
+    //! unroll j in 0..TN
+    acc[$i * TN + $j] = fma(a$i, b$j, acc[$i * TN + $j]);
+    //! end
+    //! end
+  }
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..TM
+  //! unroll j in 0..TN
+  st_c(c_base + rows[$i] * p.n + cols[$j], simt_out(dot(acc[$i * TN + $j], vec4<f32>(1.0)), rows[$i], cols[$j], bb));
+  //! end
+  //! end
 }
 
 //! entry splitk(part: f32, bias: data, c: data mut)
@@ -114,5 +285,7 @@ fn main(ids: Ids) {
   if (i >= total) { return; }
   var acc = 0.0;
   for (var s = 0u; s < p.splits; s = s + 1u) { acc = acc + ld_part(s * total + i); }
-  st_c(p.c_off + i, matmul_epilogue(acc, i % p.n));
+  let mn = udivmod(i, p.m * p.n);
+  let rc = udivmod(mn.y, p.n);
+  st_c(p.c_off + i, matmul_epilogue(acc, rc.x, rc.y, matmul_bias_base(mn.x)));
 }

@@ -53,14 +53,14 @@ var<workgroup> Cs: array<f32, 8u * 256u>;
 
 
 // Writes one 16 x 16 accumulator of subgroup `sg` whose top-left is (gm0, gn0) in C.
-fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32) {
+fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, bb: u32) {
   coopStoreT(acc, &Cs[sg * 256u], 16u);
   workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let gm = gm0 + e / 16u;
     let gn = gn0 + e % 16u;
     if (gm < p.m && gn < p.n) {
-      st_c(c_base + gm * p.n + gn, matmul_epilogue(Cs[sg * 256u + e], gn));
+      st_c(c_base + gm * p.n + gn, matmul_epilogue(Cs[sg * 256u + e], gm, gn, bb));
     }
   }
   workgroupBarrier();
@@ -87,6 +87,7 @@ fn main(ids: Ids) {
   let sg = lid / 32u;
   let lane = lid % 32u;
   let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
   let kr = matmul_krange(ids.wid.z);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
@@ -128,14 +129,14 @@ fn main(ids: Ids) {
     c13 = coopMultiplyAdd(a1, b3, c13);
   }
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
-  flush_tile(c00, sg, lane, c_base, r0, q0);
-  flush_tile(c01, sg, lane, c_base, r0, q1);
-  flush_tile(c02, sg, lane, c_base, r0, q2);
-  flush_tile(c03, sg, lane, c_base, r0, q3);
-  flush_tile(c10, sg, lane, c_base, r1, q0);
-  flush_tile(c11, sg, lane, c_base, r1, q1);
-  flush_tile(c12, sg, lane, c_base, r1, q2);
-  flush_tile(c13, sg, lane, c_base, r1, q3);
+  flush_tile(c00, sg, lane, c_base, r0, q0, bb);
+  flush_tile(c01, sg, lane, c_base, r0, q1, bb);
+  flush_tile(c02, sg, lane, c_base, r0, q2, bb);
+  flush_tile(c03, sg, lane, c_base, r0, q3, bb);
+  flush_tile(c10, sg, lane, c_base, r1, q0, bb);
+  flush_tile(c11, sg, lane, c_base, r1, q1, bb);
+  flush_tile(c12, sg, lane, c_base, r1, q2, bb);
+  flush_tile(c13, sg, lane, c_base, r1, q3, bb);
 }
 
 //! entry main(a: data, b: data, bias: data, c: data mut)
@@ -145,6 +146,7 @@ fn main(ids: Ids) {
   let sg = lid / 32u;
   let lane = lid % 32u;
   let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
   let kr = matmul_krange(ids.wid.z);
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
@@ -200,12 +202,12 @@ fn main(ids: Ids) {
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
   let r0 = m0 + wr;
   let q0 = n0 + wc;
-  flush_tile(c00, sg, lane, c_base, r0, q0);
-  flush_tile(c01, sg, lane, c_base, r0, q0 + 16u);
-  flush_tile(c02, sg, lane, c_base, r0, q0 + 32u);
-  flush_tile(c03, sg, lane, c_base, r0, q0 + 48u);
-  flush_tile(c10, sg, lane, c_base, r0 + 16u, q0);
-  flush_tile(c11, sg, lane, c_base, r0 + 16u, q0 + 16u);
-  flush_tile(c12, sg, lane, c_base, r0 + 16u, q0 + 32u);
-  flush_tile(c13, sg, lane, c_base, r0 + 16u, q0 + 48u);
+  flush_tile(c00, sg, lane, c_base, r0, q0, bb);
+  flush_tile(c01, sg, lane, c_base, r0, q0 + 16u, bb);
+  flush_tile(c02, sg, lane, c_base, r0, q0 + 32u, bb);
+  flush_tile(c03, sg, lane, c_base, r0, q0 + 48u, bb);
+  flush_tile(c10, sg, lane, c_base, r0 + 16u, q0, bb);
+  flush_tile(c11, sg, lane, c_base, r0 + 16u, q0 + 16u, bb);
+  flush_tile(c12, sg, lane, c_base, r0 + 16u, q0 + 32u, bb);
+  flush_tile(c13, sg, lane, c_base, r0 + 16u, q0 + 48u, bb);
 }

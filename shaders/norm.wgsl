@@ -111,8 +111,9 @@ fn main(ids: Ids) {
 fn main(ids: Ids) {
   let t = flat_id(ids);
   if (t >= p.len * p.nchunks) { return; }
-  let c = t % p.len;
-  let k = t / p.len;
+  let kc = udivmod(t, p.len);
+  let c = kc.y;
+  let k = kc.x;
   let r0 = k * p.rchunk;
   let r1 = min(r0 + p.rchunk, p.rows);
   var dg = 0.0;

@@ -101,9 +101,11 @@ fn main(ids: Ids) {
 fn main(ids: Ids) {
   let t = flat_id(ids);
   if (t >= p.outer * p.nchunks * p.inner) { return; }
-  let i = t % p.inner;
-  let c = (t / p.inner) % p.nchunks;
-  let o = t / (p.inner * p.nchunks);
+  let a = udivmod(t, p.inner);
+  let i = a.y;
+  let b = udivmod(a.x, p.nchunks);
+  let c = b.y;
+  let o = b.x;
   let start = c * p.chunk;
   let end = min(start + p.chunk, p.len);
   var idx = (o * p.len + start) * p.inner + i;
@@ -161,9 +163,11 @@ fn main(ids: Ids) {
 fn main(ids: Ids) {
   let t = flat_id(ids);
   if (t >= p.outer * p.nchunks * p.inner) { return; }
-  let i = t % p.inner;
-  let c = (t / p.inner) % p.nchunks;
-  let o = t / (p.inner * p.nchunks);
+  let a = udivmod(t, p.inner);
+  let i = a.y;
+  let b = udivmod(a.x, p.nchunks);
+  let c = b.y;
+  let o = b.x;
   let start = c * p.chunk;
   let end = min(start + p.chunk, p.len);
   var at = (o * p.len + start) * p.inner + i;

@@ -16,9 +16,12 @@ pub mod tensor;
 pub mod train;
 
 pub use autograd::no_grad;
-pub use device::{AdapterChoice, Device, DeviceOptions, MemoryLimit, Readback, ShaderChecks};
+pub use device::{
+    AdapterChoice, Device, DeviceOptions, MemoryLimit, Profile, Readback, ShaderChecks,
+};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use half;
 pub use memory::{MemoryReport, MemoryStats};
+pub use ops::Activation;
 pub use tensor::Tensor;

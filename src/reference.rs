@@ -5,7 +5,7 @@
 //! bench program compare against these.
 
 /// `C = act(op(A) op(B) + bias)` for one matrix; A is M x K (or K x M when `trans_a`), B is
-/// K x N (or N x K), row-major. `act`: 0 none, 1 relu, 2 gelu.
+/// K x N (or N x K), row-major.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     a: &[f64],
@@ -16,7 +16,7 @@ pub fn matmul(
     k: usize,
     trans_a: bool,
     trans_b: bool,
-    act: u8,
+    act: Option<crate::ops::Activation>,
 ) -> Vec<f64> {
     let mut c = vec![0.0; m * n];
     for i in 0..m {
@@ -30,11 +30,7 @@ pub fn matmul(
             if let Some(bias) = bias {
                 s += bias[j];
             }
-            c[i * n + j] = match act {
-                1 => s.max(0.0),
-                2 => gelu(s),
-                _ => s,
-            };
+            c[i * n + j] = act.map_or(s, |a| a.eval(s));
         }
     }
     c
@@ -392,7 +388,7 @@ mod tests {
             2,
             false,
             false,
-            0,
+            None,
         );
         assert_eq!(c, vec![19.0, 22.0, 43.0, 50.0]);
         let ct = matmul(
@@ -404,7 +400,7 @@ mod tests {
             2,
             true,
             true,
-            0,
+            None,
         );
         assert_eq!(ct, c);
     }

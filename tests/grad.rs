@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use wgrad::kernels::matmul::Act;
+use wgrad::Activation;
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::optim::{Adam, Optimizer, Sgd};
 use wgrad::reference as cpu;
@@ -347,11 +347,23 @@ fn matmul_gradients() {
                         trans_a: ta,
                         trans_b: tb,
                         bias: Some(&t[2]),
-                        act: Some(Act::Relu),
+                        act: Some(Activation::Relu),
                     },
                 )
             },
-            &move |x| cpu::matmul(&x[0], &x[1], Some(&x[2]), m, n, k, ta, tb, 1),
+            &move |x| {
+                cpu::matmul(
+                    &x[0],
+                    &x[1],
+                    Some(&x[2]),
+                    m,
+                    n,
+                    k,
+                    ta,
+                    tb,
+                    Some(Activation::Relu),
+                )
+            },
         );
     }
     check(
@@ -365,12 +377,24 @@ fn matmul_gradients() {
             t[0].matmul_with(
                 &t[1],
                 MatmulOpts {
-                    act: Some(Act::Gelu),
+                    act: Some(Activation::Gelu),
                     ..Default::default()
                 },
             )
         },
-        &|x| cpu::matmul(&x[0], &x[1], None, 3, 2, 4, false, false, 2),
+        &|x| {
+            cpu::matmul(
+                &x[0],
+                &x[1],
+                None,
+                3,
+                2,
+                4,
+                false,
+                false,
+                Some(Activation::Gelu),
+            )
+        },
     );
     // Batched with B broadcast over the batch.
     check(
@@ -393,7 +417,7 @@ fn matmul_gradients() {
                         4,
                         false,
                         false,
-                        0,
+                        None,
                     )
                 })
                 .collect()
@@ -419,27 +443,37 @@ fn conv_and_pool_gradients() {
             pad,
             dil: (1, 1),
         };
-        let opts = Conv2dOpts {
-            stride,
-            padding: pad,
-            dilation: (1, 1),
-            groups,
-        };
-        check(
-            &dev,
-            &format!("conv2d groups={groups}"),
-            &[
-                (v(&mut rng, n * c * h * w), vec![n, c, h, w], true),
-                (
-                    v(&mut rng, o * c / groups * k.0 * k.1),
-                    vec![o, c / groups, k.0, k.1],
-                    true,
-                ),
-                (v(&mut rng, o), vec![o], true),
-            ],
-            &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
-            &move |x| cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups),
-        );
+        // Plain, with a ReLU fused into the product (its gradient from the saved output), and
+        // with an activation the epilogue does not have (run as its own op).
+        for act in [None, Some(Activation::Relu), Some(Activation::Tanh)] {
+            let opts = Conv2dOpts {
+                stride,
+                padding: pad,
+                dilation: (1, 1),
+                groups,
+                act,
+            };
+            check(
+                &dev,
+                &format!("conv2d groups={groups} {act:?}"),
+                &[
+                    (v(&mut rng, n * c * h * w), vec![n, c, h, w], true),
+                    (
+                        v(&mut rng, o * c / groups * k.0 * k.1),
+                        vec![o, c / groups, k.0, k.1],
+                        true,
+                    ),
+                    (v(&mut rng, o), vec![o], true),
+                ],
+                &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
+                &move |x| {
+                    let y = cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups);
+                    y.into_iter()
+                        .map(|v| act.map_or(v, |a| a.eval(v)))
+                        .collect()
+                },
+            );
+        }
     }
     let win = cpu::Window {
         n: 2,
@@ -455,6 +489,27 @@ fn conv_and_pool_gradients() {
     let x: Vec<f32> = (0..120)
         .map(|i| ((i * 37) % 120) as f32 / 120.0 - 0.5)
         .collect();
+    // Windows that tile the input exactly take their own backward kernel.
+    let tiled = cpu::Window {
+        n: 2,
+        c: 3,
+        h: 4,
+        w: 6,
+        k: (2, 2),
+        stride: (2, 2),
+        pad: (0, 0),
+        dil: (1, 1),
+    };
+    let xt: Vec<f32> = (0..144)
+        .map(|i| ((i * 53) % 144) as f32 / 144.0 - 0.5)
+        .collect();
+    check(
+        &dev,
+        "max_pool2d tiled",
+        &[(xt, vec![2, 3, 4, 6], true)],
+        &|t| t[0].max_pool2d((2, 2), (2, 2), (0, 0)),
+        &move |x| cpu::pool2d(&x[0], &tiled, true),
+    );
     check(
         &dev,
         "max_pool2d",

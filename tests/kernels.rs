@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use wgrad::kernels::matmul::Act;
+use wgrad::Activation;
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::reference as cpu;
 use wgrad::{DType, Error, Tensor};
@@ -285,7 +285,7 @@ fn matmul_case(
     ta: bool,
     tb: bool,
     bias: bool,
-    act: Act,
+    act: Option<Activation>,
 ) {
     let a = rng.vec(m * k);
     let b = rng.vec(k * n);
@@ -304,7 +304,7 @@ fn matmul_case(
                 trans_a: ta,
                 trans_b: tb,
                 bias: bias.then_some(&tbias),
-                act: Some(act),
+                act,
             },
         )
         .unwrap();
@@ -319,7 +319,7 @@ fn matmul_case(
         k,
         ta,
         tb,
-        act as u8,
+        act,
     );
     let (atol, rtol) = tol(dt);
     let t = (atol * (k as f64).sqrt(), rtol);
@@ -350,15 +350,21 @@ fn matmul_shapes() {
     ];
     for dt in DTYPES {
         for s in sizes {
-            matmul_case(&dev, &mut rng, dt, s, false, false, false, Act::None);
+            matmul_case(&dev, &mut rng, dt, s, false, false, false, None);
         }
         for (ta, tb) in [(true, false), (false, true), (true, true)] {
             // (128, 256, 48) takes the aligned tensor-core path where the adapter has one.
             for s in [(3, 17, 5), (130, 129, 65), (17, 1000, 3), (128, 256, 48)] {
-                matmul_case(&dev, &mut rng, dt, s, ta, tb, false, Act::None);
+                matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None);
             }
         }
-        for act in [Act::None, Act::Relu, Act::Gelu] {
+        let acts = [
+            None,
+            Some(Activation::Relu),
+            Some(Activation::Gelu),
+            Some(Activation::Tanh),
+        ];
+        for act in acts {
             matmul_case(&dev, &mut rng, dt, (33, 65, 17), false, true, true, act);
             matmul_case(&dev, &mut rng, dt, (200, 150, 40), false, true, true, act);
         }
@@ -415,7 +421,7 @@ fn matmul_batched_broadcast() {
                     k,
                     false,
                     false,
-                    0,
+                    None,
                 ));
             }
             let mut want_shape = batch.clone();
@@ -449,11 +455,14 @@ fn conv2d_geometries() {
             let x = rng.vec(n * c * h * w);
             let wt = rng.vec(o * (c / groups) * k.0 * k.1);
             let b = rng.vec(o);
+            // A fused ReLU on the grouped cases (and checked against the reference's).
+            let act = (groups > 1).then_some(Activation::Relu);
             let opts = Conv2dOpts {
                 stride,
                 padding: pad,
                 dilation: dil,
                 groups,
+                act,
             };
             let tb = tensor(&dev, &b, &[o], dt);
             let y = tensor(&dev, &x, &[n, c, h, w], dt)
@@ -484,6 +493,10 @@ fn conv2d_geometries() {
                 o,
                 groups,
             );
+            let want: Vec<f64> = want
+                .into_iter()
+                .map(|v| act.map_or(v, |a| a.eval(v)))
+                .collect();
             assert_close_tol(
                 &y.to_f32_vec().unwrap(),
                 &want,

@@ -132,7 +132,7 @@ fn matmul_with_a_long_contraction() {
             k,
             false,
             false,
-            0,
+            None,
         );
         // Sums of 40,000 products of size 1: absolute error grows like sqrt(k) ulps of ~100.
         let (_, rtol) = tol(dt);

@@ -41,7 +41,7 @@ fn linear_matches_reference_over_leading_dims() {
         5,
         false,
         true,
-        0,
+        None,
     );
     assert_close(&y.to_vec::<f32>().unwrap(), &want, DType::F32, "linear");
     let names: Vec<String> = Sequential::new()

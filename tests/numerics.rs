@@ -19,12 +19,21 @@ fn layer_norm_of_rows_with_a_large_offset() {
         let t = tensor(&dev, &x, &[rows, len], DType::F32);
         let gamma = Tensor::ones(&dev, &[len], DType::F32).unwrap();
         let beta = Tensor::zeros(&dev, &[len], DType::F32).unwrap();
-        let got = t.layer_norm(&gamma, &beta, 1e-5).unwrap().to_f32_vec().unwrap();
+        let got = t
+            .layer_norm(&gamma, &beta, 1e-5)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
         let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         let want = cpu::norm(&xd, &vec![1.0; len], Some(&vec![0.0; len]), rows, len, 1e-5);
         // Measured on lavapipe: 3e-7 at most; a plain two-pass mean gave 2e-4 (offset -1000)
         // and 5e-3 (offset 30000).
-        assert_close_tol(&got, &want, (1e-5, 1e-5), &format!("layer_norm offset {offset}"));
+        assert_close_tol(
+            &got,
+            &want,
+            (1e-5, 1e-5),
+            &format!("layer_norm offset {offset}"),
+        );
     }
 }
 
@@ -36,7 +45,14 @@ fn log_softmax_and_cross_entropy_far_from_zero() {
     let mut rng = Rng::new(2);
     let (rows, len) = (4, 1000);
     let x: Vec<f32> = (0..rows * len)
-        .map(|i| -30000.0 + if i % len == 0 { 0.0 } else { 0.01 * rng.uniform() })
+        .map(|i| {
+            -30000.0
+                + if i % len == 0 {
+                    0.0
+                } else {
+                    0.01 * rng.uniform()
+                }
+        })
         .collect();
     let t = tensor(&dev, &x, &[rows, len], DType::F32);
     let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
@@ -56,7 +72,11 @@ fn log_softmax_and_cross_entropy_far_from_zero() {
     let sm = cpu::softmax(&xd, rows, len, false);
     let want: Vec<f64> = (0..rows * len)
         .map(|i| {
-            let hot = if labels[i / len] as usize == i % len { 1.0 } else { 0.0 };
+            let hot = if labels[i / len] as usize == i % len {
+                1.0
+            } else {
+                0.0
+            };
             (sm[i] - hot) / rows as f64
         })
         .collect();
@@ -109,7 +129,12 @@ fn pow_gradients_at_negative_bases() {
     let xs = [-2.0f32, -1.25, -0.5];
     for n in [2.0f32, 3.0] {
         let x = tensor(&dev, &xs, &[3], DType::F32).variable();
-        x.pow_scalar(n).unwrap().sum_all().unwrap().backward().unwrap();
+        x.pow_scalar(n)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         let g = x.grad().unwrap().to_f32_vec().unwrap();
         let h = 1e-5;
         let want: Vec<f64> = xs
@@ -124,7 +149,12 @@ fn pow_gradients_at_negative_bases() {
         let x = tensor(&dev, &xs, &[3], DType::F32).variable();
         let e = tensor(&dev, &[n; 3], &[3], DType::F32);
         x.pow(&e).unwrap().sum_all().unwrap().backward().unwrap();
-        assert_close(&x.grad().unwrap().to_f32_vec().unwrap(), &want, DType::F32, "pow grad");
+        assert_close(
+            &x.grad().unwrap().to_f32_vec().unwrap(),
+            &want,
+            DType::F32,
+            "pow grad",
+        );
     }
 }
 
@@ -158,10 +188,18 @@ fn reductions_over_an_empty_axis() {
 #[test]
 fn nan_propagates_through_max_and_argmax() {
     let dev = poisoned();
-    let x = tensor(&dev, &[1.0, f32::NAN, 3.0, 2.0, 0.0, -1.0], &[2, 3], DType::F32);
+    let x = tensor(
+        &dev,
+        &[1.0, f32::NAN, 3.0, 2.0, 0.0, -1.0],
+        &[2, 3],
+        DType::F32,
+    );
     let m = x.max(1, false).unwrap().to_f32_vec().unwrap();
     assert!(m[0].is_nan() && m[1] == 2.0, "{m:?}");
-    assert_eq!(x.argmax(1, false).unwrap().to_vec::<u32>().unwrap(), vec![1, 0]);
+    assert_eq!(
+        x.argmax(1, false).unwrap().to_vec::<u32>().unwrap(),
+        vec![1, 0]
+    );
     let m = x.min(0, false).unwrap().to_f32_vec().unwrap();
     assert!(m[0] == 1.0 && m[1].is_nan() && m[2] == -1.0, "{m:?}");
 }

@@ -62,12 +62,13 @@ pub enum Op {
         trans_b: bool,
         relu_out: Option<Tensor>,
     },
-    /// 2-D convolution.
+    /// 2-D convolution; `relu_out` is the output when a ReLU was fused.
     Conv2d {
         x: Tensor,
         w: Tensor,
         bias: Option<Tensor>,
         opts: Conv2dOpts,
+        relu_out: Option<Tensor>,
     },
     /// Max pooling; `idx` holds the position of each window's maximum.
     MaxPool { x: Tensor, geom: Geom, idx: Tensor },

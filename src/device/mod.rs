@@ -10,11 +10,13 @@
 
 mod adapter;
 mod options;
+pub mod profile;
 mod readback;
 pub(crate) mod stream;
 
 pub use adapter::AdapterSummary;
 pub use options::{AdapterChoice, DeviceOptions, MemoryLimit, ShaderChecks};
+pub use profile::Profile;
 pub use readback::Readback;
 
 use crate::error::{Error, Result, fmt_bytes};
@@ -328,7 +330,7 @@ impl Device {
             caps: caps.clone(),
             missing,
         };
-        let stream = Stream::new(device.clone(), queue, caps.uniform_align);
+        let stream = Stream::new(device.clone(), queue, caps.uniform_align, memory.epoch());
         let downloads = DownloadPool::new(device.clone());
         Ok(Device {
             inner: Arc::new(DeviceInner {
@@ -535,15 +537,40 @@ impl Device {
         ))
     }
 
-    /// Opens a named memory scope without syncing (layers and the trainer use it); close it
-    /// with [`Device::end_scope`].
+    /// Opens a named scope without syncing (layers and the trainer use it): memory events
+    /// and profiled kernels inside carry its name. Close it with [`Device::end_scope`].
     pub fn begin_scope(&self, name: &str) {
         self.inner.memory.push_scope(name);
+        if let Some(p) = &mut lock(&self.inner.stream).prof {
+            p.scopes.push(name.into());
+        }
     }
 
     /// Closes the innermost scope and returns its peak of allocated bytes.
     pub fn end_scope(&self) -> u64 {
+        if let Some(p) = &mut lock(&self.inner.stream).prof {
+            p.scopes.pop();
+        }
         self.inner.memory.pop_scope()
+    }
+
+    // ----- profiling -----
+
+    /// Starts timing every dispatch: with GPU timestamps where the adapter has them (see
+    /// [`Profile`]), host round trips otherwise. Work recorded before is submitted first.
+    pub fn start_profiling(&self) -> Result<()> {
+        let ts = self.inner.caps.timestamps;
+        lock(&self.inner.stream).start_profiling(ts)
+    }
+
+    /// Stops the profiler and returns what it measured (empty if none was running).
+    pub fn stop_profiling(&self) -> Result<Profile> {
+        let (events, gpu_timestamps) = lock(&self.inner.stream).stop_profiling()?;
+        self.check()?;
+        Ok(Profile {
+            events,
+            gpu_timestamps,
+        })
     }
 
     // ----- random seeds -----

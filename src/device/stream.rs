@@ -11,9 +11,12 @@
 //! earlier one reusing the same slots is ordered after it on the queue, so no slot is
 //! overwritten while a kernel still reads it.
 
+use super::profile::{GpuTimer, KernelEvent, Profiling};
 use crate::error::{Error, Result};
 use crate::memory::staging::{CHUNK_SIZE, UploadBelt};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Dispatches per submit.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -102,10 +105,19 @@ pub(crate) struct Stream {
     pub(crate) submits: u64,
     /// Dispatches so far.
     pub(crate) dispatch_total: u64,
+    /// The profiler, while one runs.
+    pub(crate) prof: Option<Profiling>,
+    /// The clock profiles and the memory trace share.
+    epoch: Instant,
 }
 
 impl Stream {
-    pub(crate) fn new(device: wgpu::Device, queue: wgpu::Queue, param_align: u64) -> Self {
+    pub(crate) fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        param_align: u64,
+        epoch: Instant,
+    ) -> Self {
         let param_align = param_align.max(16) as usize;
         let cap = (MAX_BATCH * param_align.max(256)) as u64;
         let params_buf = device.create_buffer(&wgpu::BufferDescriptor {
@@ -126,7 +138,38 @@ impl Stream {
             last: None,
             submits: 0,
             dispatch_total: 0,
+            prof: None,
+            epoch,
         }
+    }
+
+    /// Starts profiling every dispatch (GPU timestamps when `timestamps`, host round trips
+    /// otherwise). What was recorded before is submitted first, unprofiled.
+    pub(crate) fn start_profiling(&mut self, timestamps: bool) -> Result<()> {
+        self.flush()?;
+        let gpu =
+            timestamps.then(|| GpuTimer::new(&self.device, &self.queue, 2 * MAX_BATCH as u32));
+        self.prof = Some(Profiling {
+            gpu,
+            pending: Vec::new(),
+            events: Vec::new(),
+            scopes: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Stops profiling; returns the events and whether they are GPU times.
+    pub(crate) fn stop_profiling(&mut self) -> Result<(Vec<KernelEvent>, bool)> {
+        self.flush()?;
+        Ok(self
+            .prof
+            .take()
+            .map(|p| (p.events, p.gpu.is_some()))
+            .unwrap_or_default())
+    }
+
+    fn now_us(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1e6
     }
 
     /// Records one dispatch of `pipe` with `params` in its uniform slot and `storage` bound
@@ -182,7 +225,38 @@ impl Stream {
         });
         self.dispatches += 1;
         self.dispatch_total += 1;
+        if let Some(p) = &mut self.prof {
+            let scope = p.scopes.last().cloned();
+            if p.gpu.is_some() {
+                p.pending.push((Arc::clone(&pipe.label), scope));
+            } else {
+                // Host timing: this dispatch alone, submitted and waited for.
+                let t0 = self.now_us();
+                if let Some(idx) = self.flush()? {
+                    self.wait(idx)?;
+                }
+                let t1 = self.now_us();
+                if let Some(p) = &mut self.prof {
+                    p.events.push(KernelEvent {
+                        kernel: Arc::clone(&pipe.label),
+                        scope,
+                        start_us: t0,
+                        dur_us: t1 - t0,
+                    });
+                }
+            }
+        }
         Ok(())
+    }
+
+    fn wait(&self, idx: wgpu::SubmissionIndex) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| Error::DeviceLost(e.to_string()))
     }
 
     /// Records a buffer-to-buffer copy (different buffers; sizes and offsets multiples of 4).
@@ -231,6 +305,71 @@ impl Stream {
         Ok(())
     }
 
+    /// Reads a profiled batch's timestamps back (waiting for the batch) into events.
+    fn collect_timestamps(&mut self, idx: wgpu::SubmissionIndex, n: u32) -> Result<()> {
+        let host_submit = self.now_us();
+        let Some(p) = self.prof.as_mut() else {
+            return Ok(());
+        };
+        let Some(t) = p.gpu.as_mut() else {
+            return Ok(());
+        };
+        let bytes = 16 * n as u64;
+        let done = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicBool::new(false));
+        {
+            let (done, ok) = (Arc::clone(&done), Arc::clone(&ok));
+            t.read
+                .slice(0..bytes)
+                .map_async(wgpu::MapMode::Read, move |r| {
+                    ok.store(r.is_ok(), Ordering::SeqCst);
+                    done.store(true, Ordering::SeqCst);
+                });
+        }
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map_err(|e| Error::DeviceLost(e.to_string()))?;
+        let t0 = Instant::now();
+        while !done.load(Ordering::SeqCst) {
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(Error::DeviceLost("profiler timestamps never mapped".into()));
+            }
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            std::thread::yield_now();
+        }
+        if !ok.load(Ordering::SeqCst) {
+            return Err(Error::DeviceLost(
+                "mapping profiler timestamps failed".into(),
+            ));
+        }
+        let ticks: Vec<u64> = {
+            let view = t
+                .read
+                .slice(0..bytes)
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(format!("profiler map: {e}")))?;
+            view.chunks_exact(8)
+                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()
+        };
+        t.read.unmap();
+        let (base, base_us) = *t.anchor.get_or_insert((ticks[0], host_submit));
+        let us = |tick: u64| base_us + (tick.wrapping_sub(base) as i64) as f64 * t.period * 1e-3;
+        for (k, (kernel, scope)) in p.pending.drain(..).enumerate() {
+            let (a, b) = (ticks[2 * k], ticks[2 * k + 1]);
+            p.events.push(KernelEvent {
+                kernel,
+                scope,
+                start_us: us(a),
+                dur_us: (b.saturating_sub(a)) as f64 * t.period * 1e-3,
+            });
+        }
+        Ok(())
+    }
+
     /// Encodes and submits everything recorded. Returns the submission, if anything was sent.
     pub(crate) fn flush(&mut self) -> Result<Option<wgpu::SubmissionIndex>> {
         if self.cmds.is_empty() && self.belt.is_empty() {
@@ -245,6 +384,9 @@ impl Stream {
             let piece = self.belt.write(&self.params)?;
             enc.copy_buffer_to_buffer(&piece.buffer, piece.offset, &self.params_buf, 0, piece.len);
         }
+        // With GPU profiling each dispatch gets a pass of its own, timestamped at both ends.
+        let timer = self.prof.as_ref().and_then(|p| p.gpu.as_ref());
+        let mut timed = 0u32;
         let mut i = 0;
         while i < self.cmds.len() {
             match &self.cmds[i] {
@@ -259,9 +401,14 @@ impl Stream {
                     i += 1;
                 }
                 Cmd::Dispatch { .. } => {
+                    let timestamp_writes = timer.map(|t| wgpu::ComputePassTimestampWrites {
+                        query_set: &t.set,
+                        beginning_of_pass_write_index: Some(2 * timed),
+                        end_of_pass_write_index: Some(2 * timed + 1),
+                    });
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                         label: None,
-                        timestamp_writes: None,
+                        timestamp_writes,
                     });
                     while let Some(Cmd::Dispatch {
                         pipeline,
@@ -273,9 +420,19 @@ impl Stream {
                         pass.set_bind_group(0, bind_group, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         i += 1;
+                        if timer.is_some() {
+                            timed += 1;
+                            break;
+                        }
                     }
                 }
             }
+        }
+        if let Some(t) = timer
+            && timed > 0
+        {
+            enc.resolve_query_set(&t.set, 0..2 * timed, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16 * timed as u64);
         }
         self.belt.finish();
         let idx = self.queue.submit([enc.finish()]);
@@ -285,6 +442,9 @@ impl Stream {
         self.dispatches = 0;
         self.submits += 1;
         self.last = Some(idx.clone());
+        if timed > 0 {
+            self.collect_timestamps(idx.clone(), timed)?;
+        }
         // Let finished maps (staging chunks coming back) run their callbacks; never blocks.
         self.device
             .poll(wgpu::PollType::Poll)

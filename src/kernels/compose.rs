@@ -142,6 +142,10 @@ pub struct Binding {
     pub elem: Elem,
     /// Whether the kernel writes it.
     pub write: bool,
+    /// Declared as an array of 4-element vectors (`vec4` on the signature line; read-only
+    /// float bindings): `ld4_x(j)` reads elements 4j .. 4j + 3 as one 16-byte (f32) or
+    /// 8-byte (f16) load, and `ld_x(i)` still reads one element.
+    pub vec4: bool,
 }
 
 /// An entry point's signature: its bindings and the constant sets it is checked with.
@@ -244,15 +248,24 @@ fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), S
         let kind = words.next().unwrap_or("");
         let elem = Elem::parse(kind)
             .ok_or_else(|| format!("binding {part:?} of {name}: unknown kind {kind:?}"))?;
-        let write = match words.next() {
-            None => false,
-            Some("mut") => true,
-            Some(w) => return Err(format!("binding {part:?} of {name}: unexpected {w:?}")),
-        };
+        let (mut write, mut vec4) = (false, false);
+        for w in words {
+            match w {
+                "mut" => write = true,
+                "vec4" => vec4 = true,
+                w => return Err(format!("binding {part:?} of {name}: unexpected {w:?}")),
+            }
+        }
+        if vec4 && (write || !matches!(elem, Elem::Data | Elem::F32 | Elem::F16)) {
+            return Err(format!(
+                "binding {part:?} of {name}: vec4 is for read-only float bindings"
+            ));
+        }
         bindings.push(Binding {
             name: bname.trim(),
             elem,
             write,
+            vec4,
         });
     }
     Ok((name, bindings))
@@ -359,7 +372,7 @@ pub fn compose(
     for (i, (b, &dt)) in sig.bindings.iter().zip(dtypes).enumerate() {
         declare(&mut s, target, storage_binding(i), b, dt);
     }
-    let mut body = format!("{common}{section}");
+    let mut body = unroll(&format!("{common}{section}"), wg, consts)?;
     // Shared helpers (shaders/common.wgsl) the kernel calls but does not define, and the
     // helpers they call in turn.
     loop {
@@ -392,6 +405,79 @@ pub fn compose(
     Some(s)
 }
 
+/// Expands `//! unroll NAME in A..B` ... `//! end` blocks: the lines between are repeated for
+/// NAME = A, A + 1, ..., B - 1, with each `$NAME` replaced by the value (`3u`). A and B are
+/// numbers or the names of the launch's constants (`WG` among them); blocks nest. Loops the
+/// kernels need unrolled are written this way because whether a driver unrolls a constant
+/// loop depends on its size: a store loop left rolled makes an accumulator array dynamically
+/// indexed, and lavapipe then keeps it in memory for the whole kernel (2.4x slower).
+pub fn unroll(src: &str, wg: u32, consts: &[(&str, u32)]) -> Option<String> {
+    const OPEN: &str = "//! unroll ";
+    const END: &str = "//! end";
+    let value = |t: &str| -> Option<u32> {
+        let t = t.trim().trim_end_matches('u');
+        t.parse().ok().or_else(|| {
+            if t == "WG" {
+                Some(wg)
+            } else {
+                consts.iter().find(|c| c.0 == t).map(|c| c.1)
+            }
+        })
+    };
+    let lines: Vec<&str> = src.lines().collect();
+    // Expands lines[start..end] (no unmatched blocks inside) into `out`.
+    fn expand(lines: &[&str], value: &dyn Fn(&str) -> Option<u32>, out: &mut String) -> Option<()> {
+        let mut i = 0;
+        while i < lines.len() {
+            let l = lines[i];
+            let Some(spec) = l.trim_start().strip_prefix(OPEN) else {
+                if l.trim_start().starts_with(END) {
+                    return None;
+                }
+                out.push_str(l);
+                out.push('\n');
+                i += 1;
+                continue;
+            };
+            let (name, range) = spec.split_once(" in ")?;
+            let (a, b) = range.split_once("..")?;
+            let (a, b) = (value(a)?, value(b)?);
+            // Find the matching end.
+            let mut depth = 1;
+            let mut j = i + 1;
+            while j < lines.len() {
+                let t = lines[j].trim_start();
+                if t.starts_with(OPEN) {
+                    depth += 1;
+                } else if t.starts_with(END) {
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                j += 1;
+            }
+            if depth != 0 {
+                return None;
+            }
+            let pat = format!("${}", name.trim());
+            for v in a..b {
+                let body: Vec<String> = lines[i + 1..j]
+                    .iter()
+                    .map(|l| l.replace(&pat, &format!("{v}u")))
+                    .collect();
+                let body: Vec<&str> = body.iter().map(String::as_str).collect();
+                expand(&body, value, out)?;
+            }
+            i = j + 1;
+        }
+        Some(())
+    }
+    let mut out = String::with_capacity(src.len());
+    expand(&lines, &value, &mut out)?;
+    Some(out)
+}
+
 /// The helpers of shaders/common.wgsl as (kind, name, code), one per `//! fn NAME` or
 /// `//! struct NAME` section.
 fn library() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
@@ -414,6 +500,23 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
         }
     }
     let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
+    if d.vec4 {
+        let decl = match (dtype, target.f16) {
+            (DType::F32, _) => format!(
+                "{at}: array<vec4<f32>>;\nfn ld4_{n}(j_: u32) -> vec4<f32> {{ return {n}[j_]; }}\nfn ld_{n}(i_: u32) -> f32 {{ return {n}[i_ >> 2u][i_ & 3u]; }}"
+            ),
+            (DType::F16, F16Mode::Native) => format!(
+                "{at}: array<vec4<f16>>;\nfn ld4_{n}(j_: u32) -> vec4<f32> {{ return vec4<f32>({n}[j_]); }}\nfn ld_{n}(i_: u32) -> f32 {{ return f32({n}[i_ >> 2u][i_ & 3u]); }}"
+            ),
+            (DType::F16, F16Mode::Packed) => format!(
+                "{at}: array<vec2<u32>>;\nfn ld4_{n}(j_: u32) -> vec4<f32> {{ let w_ = {n}[j_]; return vec4<f32>(unpack2x16float(w_.x), unpack2x16float(w_.y)); }}\nfn ld_{n}(i_: u32) -> f32 {{ return unpack2x16float({n}[i_ >> 2u][(i_ >> 1u) & 1u])[i_ & 1u]; }}"
+            ),
+            // The parser only allows vec4 on float bindings.
+            (DType::U32, _) => String::new(),
+        };
+        let _ = writeln!(s, "{decl}");
+        return;
+    }
     match (dtype, target.f16) {
         (DType::F32, _) => {
             let _ = writeln!(
@@ -542,12 +645,14 @@ mod tests {
                 Binding {
                     name: "x",
                     elem: Elem::Data,
-                    write: false
+                    write: false,
+                    vec4: false,
                 },
                 Binding {
                     name: "y",
                     elem: Elem::U32,
-                    write: true
+                    write: true,
+                    vec4: false,
                 }
             ]
         );
@@ -556,5 +661,26 @@ mod tests {
         assert!(e[0].accepts_consts(&[("Q", 7)]) && !e[0].accepts_consts(&[]));
         assert!(e[1].bindings.is_empty() && e[1].accepts_consts(&[]));
         assert!(parse_entries("//! entry z(x: float)\n").is_err());
+        assert!(parse_entries("//! entry z(x: data vec4)\n").is_ok_and(|e| e[0].bindings[0].vec4));
+        assert!(parse_entries("//! entry z(x: data mut vec4)\n").is_err());
+        assert!(parse_entries("//! entry z(x: u32 vec4)\n").is_err());
+    }
+
+    #[test]
+    fn unrolling() {
+        let src =
+            "a\n//! unroll i in 0..N\n//! unroll j in 1..3\nx[$i][$j];\n//! end\n//! end\nb\n";
+        assert_eq!(
+            unroll(src, 64, &[("N", 2)]).as_deref(),
+            Some("a\nx[0u][1u];\nx[0u][2u];\nx[1u][1u];\nx[1u][2u];\nb\n")
+        );
+        assert_eq!(
+            unroll("//! unroll i in 0..WG\n$i\n//! end\n", 2, &[]).as_deref(),
+            Some("0u\n1u\n")
+        );
+        // Unknown bounds and unbalanced blocks are refused.
+        assert!(unroll("//! unroll i in 0..Q\n//! end\n", 64, &[]).is_none());
+        assert!(unroll("//! unroll i in 0..2\n", 64, &[]).is_none());
+        assert!(unroll("//! end\n", 64, &[]).is_none());
     }
 }

@@ -85,7 +85,14 @@ pub(crate) fn get(
         return Ok(Arc::clone(p));
     }
     let label = format!("{:?}/{}", key.kernel, key.entry);
-    let p = Arc::new(build(dev, &label, n_storage, &source()?)?);
+    let src = source()?;
+    // WGRAD_DUMP_WGSL=DIR writes every composed shader there (for reading what runs).
+    if let Ok(dir) = std::env::var("WGRAD_DUMP_WGSL") {
+        let n = c.map.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let name = format!("{n:03}_{:?}_{}.wgsl", key.kernel, key.entry);
+        let _ = std::fs::write(std::path::Path::new(&dir).join(name), &src);
+    }
+    let p = Arc::new(build(dev, &label, n_storage, &src)?);
     c.map
         .lock()
         .unwrap_or_else(|e| e.into_inner())

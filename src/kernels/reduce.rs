@@ -63,12 +63,20 @@ fn init(op: ReduceOp) -> f32 {
     }
 }
 
+/// Whether contiguous rows take the workgroup-per-row kernels. CPU adapters run workgroup
+/// barriers as coroutine switches, so there one invocation walks each row instead (the
+/// `cols` kernels with inner = 1): MNIST's conv-bias gradient sums ran 10x faster that way
+/// on lavapipe.
+fn rows_path(dev: &Device, inner: usize) -> bool {
+    inner == 1 && !dev.info().is_cpu()
+}
+
 /// (chunk, number of chunks) for an axis of `len`.
-fn chunks(len: usize, inner: usize) -> Result<(usize, usize)> {
-    let chunk = if inner == 1 { ROWS_CHUNK } else { COLS_CHUNK };
+fn chunks(len: usize, rows: bool) -> Result<(usize, usize)> {
+    let chunk = if rows { ROWS_CHUNK } else { COLS_CHUNK };
     let n = len.div_ceil(chunk).max(1);
     // Row chunks go on the x axis of the grid.
-    if inner == 1 && n > 65535 {
+    if rows && n > 65535 {
         return Err(Error::LimitExceeded {
             what: format!("reduction over an axis of {len}"),
             requested: len as u64,
@@ -109,8 +117,8 @@ fn params(
     }
 }
 
-fn grid(outer: usize, n: usize, inner: usize) -> [u32; 3] {
-    if inner == 1 {
+fn grid(rows: bool, outer: usize, n: usize, inner: usize) -> [u32; 3] {
+    if rows {
         rows_grid(n, outer)
     } else {
         grid_1d(outer * n * inner, WG)
@@ -154,11 +162,12 @@ pub(crate) fn reduce(
     inner: usize,
 ) -> Result<()> {
     u32_len("reduce", outer * len * inner)?;
-    let entry = if inner == 1 { "rows" } else { "cols" };
+    let rows = rows_path(dev, inner);
+    let entry = if rows { "rows" } else { "cols" };
     let mut owned: Option<Block> = None;
     let mut len = len;
     loop {
-        let (chunk, n) = chunks(len, inner)?;
+        let (chunk, n) = chunks(len, rows)?;
         let src = Src {
             block: owned.as_ref().unwrap_or(x),
             dtype: if owned.is_some() { DType::F32 } else { dtype },
@@ -172,7 +181,7 @@ pub(crate) fn reduce(
                 entry,
                 p,
                 &[arg(src.block, src.dtype), arg(y, ydtype)],
-                grid(outer, 1, inner),
+                grid(rows, outer, 1, inner),
             );
         }
         let part = dev.alloc((outer * n * inner * 4) as u64)?;
@@ -181,7 +190,7 @@ pub(crate) fn reduce(
             entry,
             p,
             &[arg(src.block, src.dtype), arg(&part, DType::F32)],
-            grid(outer, n, inner),
+            grid(rows, outer, n, inner),
         )?;
         owned = Some(part);
         len = n;
@@ -205,12 +214,13 @@ pub(crate) fn arg_reduce(
         return Err(Error::Internal("arg_reduce of a sum".into()));
     }
     u32_len("argmax", outer * len * inner)?;
-    let entry = if inner == 1 { "arg_rows" } else { "arg_cols" };
+    let rows = rows_path(dev, inner);
+    let entry = if rows { "arg_rows" } else { "arg_cols" };
     // (values, indices) of the previous pass.
     let mut prev: Option<(Block, Block)> = None;
     let mut len = len;
     loop {
-        let (chunk, n) = chunks(len, inner)?;
+        let (chunk, n) = chunks(len, rows)?;
         let mut p = params(op, outer, len, inner, chunk, n);
         p.merge = prev.is_some() as u32;
         let (xv, xd, pidx) = match &prev {
@@ -236,7 +246,7 @@ pub(crate) fn arg_reduce(
                 arg(&vals, DType::F32),
                 arg(idx, DType::U32),
             ],
-            grid(outer, n, inner),
+            grid(rows, outer, n, inner),
         )?;
         match idx_owned {
             None => return Ok(()),

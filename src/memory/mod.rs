@@ -127,6 +127,11 @@ impl MemoryPool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The pool's clock origin (trace times count from it).
+    pub(crate) fn epoch(&self) -> Instant {
+        self.epoch
+    }
+
     fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
     }

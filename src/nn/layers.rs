@@ -7,30 +7,11 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// An elementwise activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// max(x, 0).
-    Relu,
-    /// GELU (erf form).
-    Gelu,
-    /// tanh.
-    Tanh,
-    /// Logistic sigmoid.
-    Sigmoid,
-    /// x * sigmoid(x).
-    Silu,
-}
+pub use crate::ops::Activation;
 
 impl Module for Activation {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Activation::Relu => x.relu(),
-            Activation::Gelu => x.gelu(),
-            Activation::Tanh => x.tanh(),
-            Activation::Sigmoid => x.sigmoid(),
-            Activation::Silu => x.silu(),
-        }
+        self.apply(x)
     }
     fn params(&self) -> Vec<(String, Tensor)> {
         Vec::new()

@@ -1,5 +1,6 @@
 //! 2-D convolution (im2col + batched matmul) and pooling, NCHW.
 
+use super::activation::Activation;
 use super::elementwise::{float_only, same_device, same_dtype};
 use crate::autograd::{Op, record};
 use crate::error::{Error, Result};
@@ -18,6 +19,9 @@ pub struct Conv2dOpts {
     pub dilation: (usize, usize),
     /// Channel groups.
     pub groups: usize,
+    /// An activation after the bias: ReLU (and GELU outside recording) runs in the
+    /// product's epilogue, the others as their own op.
+    pub act: Option<Activation>,
 }
 
 impl Default for Conv2dOpts {
@@ -27,6 +31,7 @@ impl Default for Conv2dOpts {
             padding: (0, 0),
             dilation: (1, 1),
             groups: 1,
+            act: None,
         }
     }
 }
@@ -132,26 +137,34 @@ impl Tensor {
         same_dtype("conv2d", self, weight)?;
         same_device("conv2d", self, weight)?;
         let d = conv_dims(self, weight, &opts)?;
-        if let Some(b) = bias
-            && b.shape() != [d.o]
-        {
-            return Err(Error::shape(
-                "conv2d",
-                format!("bias {:?} for {} output channels", b.shape(), d.o),
-            ));
+        if let Some(b) = bias {
+            same_dtype("conv2d", self, b)?;
+            if b.shape() != [d.o] {
+                return Err(Error::shape(
+                    "conv2d",
+                    format!("bias {:?} for {} output channels", b.shape(), d.o),
+                ));
+            }
         }
-        let out = conv_forward(self, weight, &d)?;
-        let out = match bias {
-            Some(b) => crate::autograd::no_grad(|| out.add(&b.reshape(&[1, d.o, 1, 1])?))?,
-            None => out,
-        };
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
+        let recording =
+            crate::autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+        if let Some(a) = opts.act
+            && (a.fused().is_none() || (recording && a == Activation::Gelu))
+        {
+            let plain = self.conv2d(weight, bias, Conv2dOpts { act: None, ..opts })?;
+            return a.apply(&plain);
+        }
+        let act = opts.act.and_then(Activation::fused).unwrap_or(Act::None);
+        // Bias and activation run in the product's epilogue.
+        let out = conv_forward(self, weight, bias, act, &d)?;
         let rec = record(&inputs, || Op::Conv2d {
             x: self.clone(),
             w: weight.clone(),
             bias: bias.cloned(),
             opts,
+            relu_out: (act == Act::Relu).then(|| out.detach()),
         });
         Ok(out.with_op(rec))
     }
@@ -237,8 +250,17 @@ fn pool_geom(
     Ok(g)
 }
 
-/// The product for images n0 .. n0 + cn: out[n, g] = w[g] x col[n, g] (batch index n*G + g).
-fn conv_forward(x: &Tensor, w: &Tensor, d: &ConvDims) -> Result<Tensor> {
+/// The product for images n0 .. n0 + cn: out[n, g] = act(w[g] x col[n, g] + bias[g]) (batch
+/// index n*G + g; the bias is per output row, a group's channels). One product per image: a
+/// single product over all images needs the output and its gradient copied between [N, O, HW]
+/// and [O, N*HW], which on lavapipe cost as much as the wider product saved.
+fn conv_forward(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    act: Act,
+    d: &ConvDims,
+) -> Result<Tensor> {
     let dev = x.device();
     let out = Tensor::uninit(dev, &[d.geom.n, d.o, d.ho, d.wo], x.dtype())?;
     let chunk = d.chunk(x);
@@ -258,7 +280,7 @@ fn conv_forward(x: &Tensor, w: &Tensor, d: &ConvDims) -> Result<Tensor> {
                 a: w.block(),
                 b: col.block(),
                 c: out.block(),
-                bias: None,
+                bias: bias.map(|b| b.block()),
                 dtype: x.dtype(),
                 m: d.og(),
                 n: d.hw(),
@@ -270,8 +292,10 @@ fn conv_forward(x: &Tensor, w: &Tensor, d: &ConvDims) -> Result<Tensor> {
                 b_bs: d.cg_kk() * d.hw(),
                 a_mod: d.groups,
                 b_mod: cn * d.groups,
-                act: Act::None,
+                act,
                 offsets: (0, 0, n0 * d.o * d.hw()),
+                bias_rows: true,
+                bias_bs: d.og(),
             },
         )?;
         n0 += cn;
@@ -279,14 +303,20 @@ fn conv_forward(x: &Tensor, w: &Tensor, d: &ConvDims) -> Result<Tensor> {
     Ok(out)
 }
 
-/// Gradients of conv2d for the inputs that need them.
+/// Gradients of conv2d for the inputs that need them; `relu_out` is the output when a ReLU
+/// was fused.
 pub(crate) fn conv_grads(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     opts: &Conv2dOpts,
+    relu_out: Option<&Tensor>,
     dy: Tensor,
 ) -> Result<Vec<(Tensor, Tensor)>> {
+    let dy = match relu_out {
+        Some(out) => crate::ops::matmul::relu_grad(out, &dy)?,
+        None => dy,
+    };
     let d = conv_dims(x, w, opts)?;
     let dev = x.device();
     let dt = x.dtype();
@@ -327,6 +357,8 @@ pub(crate) fn conv_grads(
                     b_mod: cn * d.groups,
                     act: Act::None,
                     offsets: (n0 * d.o * d.hw(), 0, 0),
+                    bias_rows: false,
+                    bias_bs: 0,
                 },
             )?;
             let s = part.sum(0, false)?;
@@ -358,6 +390,8 @@ pub(crate) fn conv_grads(
                     b_mod: cn * d.groups,
                     act: Act::None,
                     offsets: (0, n0 * d.o * d.hw(), 0),
+                    bias_rows: false,
+                    bias_bs: 0,
                 },
             )?;
             kc::col2im(dev, &g, n0, dcol.block(), dx.block(), dt)?;

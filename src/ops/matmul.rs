@@ -1,5 +1,6 @@
 //! Matrix products: batched, broadcasting, with transposes, bias and a fused activation.
 
+use super::activation::Activation;
 use super::elementwise::{broadcast_shape, float_only, same_device, same_dtype};
 use crate::autograd::{Op, record};
 use crate::error::{Error, Result};
@@ -15,8 +16,9 @@ pub struct MatmulOpts<'a> {
     pub trans_b: bool,
     /// Added to every row of the product (length N).
     pub bias: Option<&'a Tensor>,
-    /// Applied after the bias.
-    pub act: Option<Act>,
+    /// Applied after the bias: ReLU and GELU run in the product's epilogue (GELU only outside
+    /// recording, since its gradient needs its input), the others as their own op.
+    pub act: Option<Activation>,
 }
 
 /// (batch dims, rows, cols) of a matrix operand, with the transpose applied.
@@ -119,6 +121,8 @@ pub(crate) fn gemm(
             b_mod: batch,
             act,
             offsets: (0, 0, 0),
+            bias_rows: false,
+            bias_bs: 0,
         },
     )?;
     Ok(out)
@@ -132,7 +136,6 @@ impl Tensor {
 
     /// Matrix product with transposes, bias and activation fused into one kernel.
     pub fn matmul_with(&self, other: &Tensor, o: MatmulOpts<'_>) -> Result<Tensor> {
-        let act = o.act.unwrap_or(Act::None);
         let mut inputs = vec![self, other];
         if let Some(b) = o.bias {
             inputs.push(b);
@@ -140,12 +143,14 @@ impl Tensor {
         let recording =
             crate::autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
         // GELU's gradient needs its input, which the fused kernel does not keep: when
-        // recording, run it as a separate op (it saves what it needs).
-        if recording && act == Act::Gelu {
-            return self
-                .matmul_with(other, MatmulOpts { act: None, ..o })?
-                .gelu();
+        // recording, run it as a separate op (it saves what it needs); so do activations the
+        // epilogue has no code for.
+        if let Some(a) = o.act
+            && (a.fused().is_none() || (recording && a == Activation::Gelu))
+        {
+            return a.apply(&self.matmul_with(other, MatmulOpts { act: None, ..o })?);
         }
+        let act = o.act.and_then(Activation::fused).unwrap_or(Act::None);
         let out = gemm(self, other, o.trans_a, o.trans_b, o.bias, act)?;
         let rec = record(&inputs, || Op::Matmul {
             a: self.clone(),
@@ -182,21 +187,7 @@ pub(crate) fn matmul_grads(
     g: Tensor,
 ) -> Result<Vec<(Tensor, Tensor)>> {
     let g = match relu_out {
-        Some(out) => {
-            let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
-            crate::kernels::elementwise::unary_bwd(
-                g.device(),
-                crate::kernels::elementwise::Unary::Relu,
-                out.block(),
-                g.block(),
-                dx.block(),
-                g.dtype(),
-                g.numel(),
-                0.0,
-                0.0,
-            )?;
-            dx
-        }
+        Some(out) => relu_grad(out, &g)?,
         None => g,
     };
     let mut v = Vec::new();
@@ -223,4 +214,21 @@ pub(crate) fn matmul_grads(
         v.push((bias.clone(), g.reshape(&[g.numel() / n, n])?.sum(0, false)?));
     }
     Ok(v)
+}
+
+/// The gradient through a fused ReLU, from its output: g where out > 0, else 0.
+pub(crate) fn relu_grad(out: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
+    crate::kernels::elementwise::unary_bwd(
+        g.device(),
+        crate::kernels::elementwise::Unary::Relu,
+        out.block(),
+        g.block(),
+        dx.block(),
+        g.dtype(),
+        g.numel(),
+        0.0,
+        0.0,
+    )?;
+    Ok(dx)
 }
