@@ -278,3 +278,34 @@ fn poison_fills_new_tensors_with_nan() {
         );
     }
 }
+
+/// Devices opened, used and dropped from several threads at once, with read-backs (blocking
+/// and async) in flight: creation and teardown are serialised, and every read-back completes
+/// (the memory binary once hung here on an H200 with 8 test threads).
+#[test]
+fn devices_opened_used_and_dropped_from_many_threads() {
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for round in 0..4 {
+                    let dev = device();
+                    let n = 1000 + 17 * t + round;
+                    let x = Tensor::full(&dev, &[n], t as f32, DType::F32).unwrap();
+                    let y = x.add_scalar(1.0).unwrap().mul_scalar(2.0).unwrap();
+                    let fut = y.to_vec_async::<f32>().unwrap();
+                    let z = y.sum_all().unwrap().to_scalar().unwrap();
+                    let v = futures::executor::block_on(fut).unwrap();
+                    assert!(v.iter().all(|&e| e == 2.0 * (t as f32 + 1.0)));
+                    assert_eq!(z, 2.0 * (t as f32 + 1.0) * n as f32);
+                    // Drop with work still queued on every other round.
+                    if round % 2 == 1 {
+                        let _pending = y.exp().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
