@@ -44,7 +44,7 @@ fn allocation(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc");
     g.bench_function("cached 256KiB", |b| {
         b.iter(|| {
-            let block = wgrad::memory::bench_alloc(&dev, 256 << 10).unwrap();
+            let block = wgrad::testing::bench_alloc(&dev, 256 << 10).unwrap();
             black_box(block);
         })
     });

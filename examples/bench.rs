@@ -200,7 +200,7 @@ fn main() -> Result<()> {
             let x = Tensor::zeros(&dev, &[n], dt)?;
             let y = Tensor::zeros(&dev, &[n], dt)?;
             let bytes = 2.0 * x.nbytes() as f64;
-            let ms = time(&dev, a.ms, || wgrad::tensor::raw_copy(&x, &y))?;
+            let ms = time(&dev, a.ms, || wgrad::testing::raw_copy(&x, &y))?;
             emit(
                 rows,
                 Row {

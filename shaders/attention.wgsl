@@ -65,8 +65,39 @@ struct Params {
   last: u32,
   c0: u32,
   c1: u32,
-  _pad: u32,
+  // The BH index is (batch b, head h) with `heads` heads; q, k, v, o and dout (g) are read
+  // at off + b sb + h sh + row ss + column (any layout whose head dimension is contiguous:
+  // the heads of a fused QKV projection need no copy). Gradients dq, dk, dv, lse, delta and
+  // the chunk state are dense.
+  heads: u32,
+  q_off: u32,
+  q_sb: u32,
+  q_sh: u32,
+  q_ss: u32,
+  k_off: u32,
+  k_sb: u32,
+  k_sh: u32,
+  k_ss: u32,
+  v_off: u32,
+  v_sb: u32,
+  v_sh: u32,
+  v_ss: u32,
+  o_off: u32,
+  o_sb: u32,
+  o_sh: u32,
+  o_ss: u32,
+  g_off: u32,
+  g_sb: u32,
+  g_sh: u32,
+  g_ss: u32,
 }
+
+// Where row 0 of head `bh` starts in each strided input.
+fn base_q(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.q_off + t.x * p.q_sb + t.y * p.q_sh; }
+fn base_k(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.k_off + t.x * p.k_sb + t.y * p.k_sh; }
+fn base_v(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.v_off + t.x * p.v_sb + t.y * p.v_sh; }
+fn base_o(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.o_off + t.x * p.o_sb + t.y * p.o_sh; }
+fn base_g(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.g_off + t.x * p.g_sb + t.y * p.g_sh; }
 
 const RS: u32 = DMAX + 1u;
 
@@ -104,14 +135,15 @@ fn main(ids: Ids) {
   let l = t % TPR;
   let qi = q0 + r;
   let row_ok = qi < p.sq;
-  let qb = bh * p.sq * p.d;
-  let kb = bh * p.skv * p.d;
+  let qb = base_q(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
   let sb = (bh * p.sq + qi) * (DMAX + 2u);
   for (var e = t; e < BR * DMAX; e = e + WG) {
     let rr = e / DMAX;
     let dd = e % DMAX;
     var v = 0.0;
-    if (q0 + rr < p.sq && dd < p.d) { v = ld_q(qb + (q0 + rr) * p.d + dd); }
+    if (q0 + rr < p.sq && dd < p.d) { v = ld_q(qb + (q0 + rr) * p.q_ss + dd); }
     Qs[rr * RS + dd] = v;
   }
   var acc: array<f32, OPT>;
@@ -132,8 +164,8 @@ fn main(ids: Ids) {
       var kv = 0.0;
       var vv = 0.0;
       if (k0 + c < p.skv && dd < p.d) {
-        kv = ld_k(kb + (k0 + c) * p.d + dd);
-        vv = ld_v(kb + (k0 + c) * p.d + dd);
+        kv = ld_k(kb + (k0 + c) * p.k_ss + dd);
+        vv = ld_v(vb + (k0 + c) * p.v_ss + dd);
       }
       Ks[c * RS + dd] = kv;
       Vs[c * DMAX + dd] = vv;
@@ -162,9 +194,10 @@ fn main(ids: Ids) {
   if (row_ok) {
     if (p.last != 0u) {
       let inv = 1.0 / lsum;
+      let ob = base_o(bh);
       for (var j = 0u; j < OPT; j = j + 1u) {
         let dd = l + j * TPR;
-        if (dd < p.d) { st_o(qb + qi * p.d + dd, acc[j] * inv); }
+        if (dd < p.d) { st_o(ob + qi * p.o_ss + dd, acc[j] * inv); }
       }
       if (l == 0u) { st_lse(bh * p.sq + qi, m + log(lsum)); }
     } else {
@@ -183,8 +216,11 @@ fn main(ids: Ids) {
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.bh * p.sq) { return; }
+  let br = udivmod(i, p.sq);
+  let ob = base_o(br.x) + br.y * p.o_ss;
+  let gb = base_g(br.x) + br.y * p.g_ss;
   var s = 0.0;
-  for (var dd = 0u; dd < p.d; dd = dd + 1u) { s = fma(ld_dout(i * p.d + dd), ld_o(i * p.d + dd), s); }
+  for (var dd = 0u; dd < p.d; dd = dd + 1u) { s = fma(ld_dout(gb + dd), ld_o(ob + dd), s); }
   st_delta(i, s);
 }
 
@@ -213,8 +249,11 @@ fn main(ids: Ids) {
   let c = t / TPC;
   let l = t % TPC;
   let key_ok = k0 + c < p.skv;
-  let qb = bh * p.sq * p.d;
-  let kb = bh * p.skv * p.d;
+  let qb = base_q(bh);
+  let gb = base_g(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
+  let db = bh * p.skv * p.d;
   let sb = (bh * p.skv + k0 + c) * (2u * DMAX);
   for (var e = t; e < BC * DMAX; e = e + WG) {
     let cc = e / DMAX;
@@ -222,8 +261,8 @@ fn main(ids: Ids) {
     var kv = 0.0;
     var vv = 0.0;
     if (k0 + cc < p.skv && dd < p.d) {
-      kv = ld_k(kb + (k0 + cc) * p.d + dd);
-      vv = ld_v(kb + (k0 + cc) * p.d + dd);
+      kv = ld_k(kb + (k0 + cc) * p.k_ss + dd);
+      vv = ld_v(vb + (k0 + cc) * p.v_ss + dd);
     }
     Kt[cc * RS + dd] = kv;
     Vt[cc * RS + dd] = vv;
@@ -249,8 +288,8 @@ fn main(ids: Ids) {
       var qv = 0.0;
       var ov = 0.0;
       if (q0 + rr < p.sq && dd < p.d) {
-        qv = ld_q(qb + (q0 + rr) * p.d + dd);
-        ov = ld_dout(qb + (q0 + rr) * p.d + dd);
+        qv = ld_q(qb + (q0 + rr) * p.q_ss + dd);
+        ov = ld_dout(gb + (q0 + rr) * p.g_ss + dd);
       }
       Qt[rr * RS + dd] = qv;
       Ot[rr * RS + dd] = ov;
@@ -301,8 +340,8 @@ fn main(ids: Ids) {
       for (var j = 0u; j < KPT; j = j + 1u) {
         let dd = l + j * TPC;
         if (dd < p.d) {
-          st_dk(kb + (k0 + c) * p.d + dd, dk[j] * p.scale);
-          st_dv(kb + (k0 + c) * p.d + dd, dv[j]);
+          st_dk(db + (k0 + c) * p.d + dd, dk[j] * p.scale);
+          st_dv(db + (k0 + c) * p.d + dd, dv[j]);
         }
       }
     } else {
@@ -339,8 +378,11 @@ fn main(ids: Ids) {
   let l = t % TPR;
   let qi = q0 + r;
   let row_ok = qi < p.sq;
-  let qb = bh * p.sq * p.d;
-  let kb = bh * p.skv * p.d;
+  let qb = base_q(bh);
+  let gb = base_g(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
+  let db = bh * p.sq * p.d;
   let sb = (bh * p.sq + qi) * DMAX;
   for (var e = t; e < BR * DMAX; e = e + WG) {
     let rr = e / DMAX;
@@ -348,8 +390,8 @@ fn main(ids: Ids) {
     var qv = 0.0;
     var ov = 0.0;
     if (q0 + rr < p.sq && dd < p.d) {
-      qv = ld_q(qb + (q0 + rr) * p.d + dd);
-      ov = ld_dout(qb + (q0 + rr) * p.d + dd);
+      qv = ld_q(qb + (q0 + rr) * p.q_ss + dd);
+      ov = ld_dout(gb + (q0 + rr) * p.g_ss + dd);
     }
     Qt[rr * RS + dd] = qv;
     Ot[rr * RS + dd] = ov;
@@ -378,8 +420,8 @@ fn main(ids: Ids) {
       var kv = 0.0;
       var vv = 0.0;
       if (k0 + cc < p.skv && dd < p.d) {
-        kv = ld_k(kb + (k0 + cc) * p.d + dd);
-        vv = ld_v(kb + (k0 + cc) * p.d + dd);
+        kv = ld_k(kb + (k0 + cc) * p.k_ss + dd);
+        vv = ld_v(vb + (k0 + cc) * p.v_ss + dd);
       }
       Kt[cc * RS + dd] = kv;
       Vt[cc * RS + dd] = vv;
@@ -413,7 +455,7 @@ fn main(ids: Ids) {
     if (p.last != 0u) {
       for (var j = 0u; j < OPT; j = j + 1u) {
         let dd = l + j * TPR;
-        if (dd < p.d) { st_dq(qb + qi * p.d + dd, dq[j] * p.scale); }
+        if (dd < p.d) { st_dq(db + qi * p.d + dd, dq[j] * p.scale); }
       }
     } else {
       for (var j = 0u; j < OPT; j = j + 1u) { st_state(sb + l + j * TPR, dq[j]); }

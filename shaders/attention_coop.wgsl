@@ -30,7 +30,8 @@
 // iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
 // budget), longer sequences take attention.wgsl's chunked path.
 
-// The layout of attention.wgsl's Params (one host twin); the chunk fields are unused here.
+// The layout of attention.wgsl's Params (one host twin); this kernel reads dense q, k, v and
+// writes a dense o, so the chunk and stride fields are unused here.
 struct Params {
   bh: u32,
   sq: u32,
@@ -43,7 +44,27 @@ struct Params {
   last: u32,
   c0: u32,
   c1: u32,
-  _pad: u32,
+  heads: u32,
+  q_off: u32,
+  q_sb: u32,
+  q_sh: u32,
+  q_ss: u32,
+  k_off: u32,
+  k_sb: u32,
+  k_sh: u32,
+  k_ss: u32,
+  v_off: u32,
+  v_sb: u32,
+  v_sh: u32,
+  v_ss: u32,
+  o_off: u32,
+  o_sb: u32,
+  o_sh: u32,
+  o_ss: u32,
+  g_off: u32,
+  g_sb: u32,
+  g_sh: u32,
+  g_ss: u32,
 }
 
 const BR: u32 = 64u;

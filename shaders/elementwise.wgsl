@@ -12,7 +12,8 @@
 //   unary        y[i] = f(x[i]; a, b)
 //   unary_bwd    dx[i] = g[i] * f'(x[i] or y[i]; a, b)   (which one: see each op)
 //   binary       z[i] = f(x[i], y[i])                    same shapes, contiguous
-//   binary_bcast z[i] = f(x[ix(i)], y[iy(i)])            broadcasting through strides (0 = repeat)
+//   binary_bcast z[i] = f(x[ix(i)], y[iy(i)])            any input layouts: strides (0 = repeat)
+//                                                         and offsets (views, broadcasting)
 //   select       z[i] = c[ic(i)] != 0 ? x[ix(i)] : y[iy(i)]
 //
 // Bindings: on the signature lines; unary_bwd's x is the op's saved input or output.
@@ -26,9 +27,10 @@ struct Params {
   a: f32,
   b: f32,
   rank: u32,
-  _pad0: u32,
-  _pad1: u32,
-  _pad2: u32,
+  // Element offsets of the (up to three) strided inputs.
+  off0: u32,
+  off1: u32,
+  off2: u32,
   dims: array<vec4<u32>, 2>,
   s0: array<vec4<u32>, 2>,
   s1: array<vec4<u32>, 2>,
@@ -120,7 +122,7 @@ fn binary_op(op: u32, x: f32, y: f32) -> f32 {
 // Offsets of output element i in up to three broadcast inputs.
 fn bcast_offsets(i: u32) -> vec3<u32> {
   var rem = i;
-  var o = vec3<u32>(0u, 0u, 0u);
+  var o = vec3<u32>(p.off0, p.off1, p.off2);
   for (var k = i32(p.rank) - 1; k >= 0; k = k - 1) {
     let d = p.dims[k / 4][k % 4];
     let qr = udivmod(rem, d);

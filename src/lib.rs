@@ -7,12 +7,15 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod kernels;
+pub mod layout;
 pub mod memory;
 pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod reference;
 pub mod tensor;
+#[doc(hidden)]
+pub mod testing;
 pub mod train;
 
 pub use autograd::no_grad;

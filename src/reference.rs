@@ -30,10 +30,22 @@ pub fn matmul(
             if let Some(bias) = bias {
                 s += bias[j];
             }
-            c[i * n + j] = act.map_or(s, |a| a.eval(s));
+            c[i * n + j] = act.map_or(s, |a| activation(a, s));
         }
     }
     c
+}
+
+/// The value of activation `a` at `x`.
+pub fn activation(a: crate::ops::Activation, x: f64) -> f64 {
+    use crate::ops::Activation;
+    match a {
+        Activation::Relu => x.max(0.0),
+        Activation::Gelu => gelu(x),
+        Activation::Tanh => x.tanh(),
+        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        Activation::Silu => x / (1.0 + (-x).exp()),
+    }
 }
 
 /// GELU, erf form.

@@ -469,7 +469,7 @@ fn conv_and_pool_gradients() {
                 &move |x| {
                     let y = cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups);
                     y.into_iter()
-                        .map(|v| act.map_or(v, |a| a.eval(v)))
+                        .map(|v| act.map_or(v, |a| cpu::activation(a, v)))
                         .collect()
                 },
             );

@@ -270,7 +270,7 @@ fn poison_fills_new_tensors_with_nan() {
         drop(t);
         // A fresh tensor whose kernel writes nothing: exp of an empty... use a layout op on a
         // 0-element source to get an untouched block through the public API.
-        let raw = wgrad::tensor::poison_probe(&dev, &[7], dt).unwrap();
+        let raw = wgrad::testing::poison_probe(&dev, &[7], dt).unwrap();
         assert!(
             raw.to_f32_vec().unwrap().iter().all(|v| v.is_nan()),
             "{dt}: {:?}",

@@ -36,6 +36,9 @@ fn run(
             net.push(&format!("b{i}"), Box::new(blk));
         }
     }
+    // The blocks share the caller's weight tensors (variables are marked in place), so the
+    // gradients of an earlier run are cleared first.
+    net.params().iter().for_each(|(_, p)| p.zero_grad());
     dev.sync().unwrap();
     let start = dev.memory_stats().allocated;
     dev.reset_peak();

@@ -1,9 +1,9 @@
 //! Gradient checkpointing: run a segment without keeping its activations, recompute them in
 //! the backward pass.
 
-use super::{Op, enable_grad, is_grad_enabled, no_grad};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, enable_grad, is_grad_enabled, no_grad};
 use std::sync::Arc;
 
 /// A recomputable segment of a model.
@@ -22,42 +22,54 @@ pub fn checkpoint(segment: Segment, input: &Tensor) -> Result<Tensor> {
     }
     // The output needs gradients if the input does or the segment holds variables; the latter
     // cannot be seen from here, so a checkpoint always records.
-    let op = Op::Checkpoint {
+    Ok(out.with_node(Some(Box::new(CheckpointBack {
         x: input.clone(),
         segment,
         seed,
-    };
-    Ok(out.with_op(Some(op)))
+    }))))
 }
 
-/// The input gradient of a checkpointed segment; variables inside it accumulate their own.
-pub(crate) fn checkpoint_grad(
-    x: &Tensor,
-    segment: &Segment,
+struct CheckpointBack {
+    x: Tensor,
+    segment: Segment,
     seed: u64,
-    g: &Tensor,
-) -> Result<Tensor> {
-    let dev = x.device();
-    let resume = dev.seed_state();
-    dev.set_seed_state(seed);
-    // A fresh leaf standing for the input, so the recomputed graph ends here.
-    let xin = x.detach().variable();
-    let y = enable_grad(|| segment(&xin));
-    dev.set_seed_state(resume);
-    let y = y?;
-    if y.shape() != g.shape() {
-        return Err(Error::shape(
-            "checkpoint",
-            format!(
-                "recomputed output {:?} differs from the gradient {:?}",
-                y.shape(),
-                g.shape()
-            ),
-        ));
+}
+
+impl Backward for CheckpointBack {
+    fn name(&self) -> &'static str {
+        "checkpoint"
     }
-    y.backward_with(&g.to_dtype(y.dtype())?)?;
-    match xin.grad() {
-        Some(gx) => Ok(gx),
-        None => Tensor::zeros(dev, x.shape(), x.dtype()),
+
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+
+    /// The input gradient of the segment; variables inside it accumulate their own.
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let x = &self.x;
+        let dev = x.device();
+        let resume = dev.seed_state();
+        dev.set_seed_state(self.seed);
+        // A fresh leaf standing for the input, so the recomputed graph ends here.
+        let xin = x.detach().variable();
+        let y = enable_grad(|| (self.segment)(&xin));
+        dev.set_seed_state(resume);
+        let y = y?;
+        if y.shape() != g.shape() {
+            return Err(Error::shape(
+                "checkpoint",
+                format!(
+                    "recomputed output {:?} differs from the gradient {:?}",
+                    y.shape(),
+                    g.shape()
+                ),
+            ));
+        }
+        y.backward_with(&g.to_dtype(y.dtype())?)?;
+        let gx = match xin.grad() {
+            Some(gx) => gx,
+            None => Tensor::zeros(dev, x.shape(), x.dtype())?,
+        };
+        Ok(vec![Some(gx)])
     }
 }

@@ -1,63 +1,40 @@
-//! Reverse-mode automatic differentiation.
+//! Reverse-mode automatic differentiation: the walk over the recorded graph.
 //!
-//! Ops record an [`Op`] on their output only when an input requires gradients and recording is
-//! enabled (see [`no_grad`]), so inference pays nothing. [`backward`] walks the recorded graph
-//! from the root in reverse topological order. Each node's op is *taken* when its gradient is
-//! computed, which drops the references it held to saved activations: memory is released as the
-//! walk goes, not when the whole backward pass ends. The gradient rules are one `match` in
-//! `backward.rs` with no wildcard arm, so a new op without its gradient does not compile.
+//! Ops record a node ([`Backward`](crate::tensor::graph::Backward), implemented in each op's
+//! own file beside its forward pass) on their output only when an input requires gradients
+//! and recording is enabled (see [`no_grad`]), so inference pays nothing. [`backward`] walks
+//! the graph from the root in reverse topological order. Each node is *taken* when its
+//! gradient is computed, which drops the references it held to saved activations: memory is
+//! released as the walk goes, not when the whole backward pass ends.
 //!
-//! Autograd only calls tensor ops; it never touches wgpu.
+//! Autograd knows no op: it calls the nodes through the trait, and never touches wgpu.
 
-mod backward;
 mod checkpoint;
-mod op;
 
+pub use crate::tensor::graph::{Backward, is_grad_enabled, no_grad};
 pub use checkpoint::{Segment, checkpoint};
-pub use op::Op;
 
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId, lock};
-use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 
-thread_local! {
-    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
-}
+impl Tensor {
+    /// Computes gradients of this (scalar) tensor with respect to every variable it depends on
+    /// and adds them to their `grad()`. The graph is consumed: intermediate results are freed
+    /// as soon as the backward pass no longer needs them.
+    pub fn backward(&self) -> Result<()> {
+        backward(self, None)
+    }
 
-/// Runs `f` without recording the graph (evaluation, optimizer updates).
-pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
-    let prev = GRAD_ENABLED.with(|g| g.replace(false));
-    let out = f();
-    GRAD_ENABLED.with(|g| g.set(prev));
-    out
-}
-
-/// Runs `f` with recording on (inside `no_grad`, for recomputation).
-pub(crate) fn enable_grad<T>(f: impl FnOnce() -> T) -> T {
-    let prev = GRAD_ENABLED.with(|g| g.replace(true));
-    let out = f();
-    GRAD_ENABLED.with(|g| g.set(prev));
-    out
-}
-
-/// Whether ops record the graph on this thread.
-pub fn is_grad_enabled() -> bool {
-    GRAD_ENABLED.with(|g| g.get())
-}
-
-/// The op to attach to an output, or `None` when no input needs gradients or recording is off.
-pub(crate) fn record(inputs: &[&Tensor], make: impl FnOnce() -> Op) -> Option<Op> {
-    if is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
-        Some(make())
-    } else {
-        None
+    /// Like [`Tensor::backward`] with an explicit gradient of this tensor (any shape).
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        backward(self, Some(grad.clone()))
     }
 }
 
 /// Gradients of `root` (seeded with `grad`, or ones) accumulated into every variable it depends
 /// on. Consumes the graph.
-pub(crate) fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
+fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
     if !root.requires_grad() {
         return Err(Error::invalid(
             "backward",
@@ -101,17 +78,29 @@ pub(crate) fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
             let Some(g) = grads.remove(&node.id()) else {
                 continue;
             };
-            let op = lock(&node.0.op).take();
-            match op {
-                None if node.0.variable => accumulate_leaf(&node, g)?,
+            let rec = lock(&node.0.node).take();
+            match rec {
+                None if node.is_variable() => accumulate_leaf(&node, g)?,
                 None => {
                     return Err(Error::invalid(
                         "backward",
                         "the graph was already consumed by an earlier backward (run the forward pass again)",
                     ));
                 }
-                Some(op) => {
-                    for (input, gi) in backward::grads(&op, &node, g)? {
+                Some(rec) => {
+                    let inputs: Vec<Tensor> = rec.inputs().into_iter().cloned().collect();
+                    let gs = rec.backward(&node, g)?;
+                    if gs.len() != inputs.len() {
+                        return Err(Error::Internal(format!(
+                            "{}: {} gradients for {} inputs",
+                            rec.name(),
+                            gs.len(),
+                            inputs.len()
+                        )));
+                    }
+                    drop(rec);
+                    for (input, gi) in inputs.into_iter().zip(gs) {
+                        let Some(gi) = gi else { continue };
                         if !input.requires_grad() {
                             continue;
                         }
@@ -132,8 +121,8 @@ pub(crate) fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
 /// Casts a gradient to its input's dtype (mixed-precision graphs) and checks its shape.
 fn fit_grad(input: &Tensor, g: Tensor) -> Result<Tensor> {
     if g.shape() != input.shape() {
-        return Err(Error::Gpu(format!(
-            "internal: gradient of shape {:?} for an input of shape {:?}",
+        return Err(Error::Internal(format!(
+            "gradient of shape {:?} for an input of shape {:?}",
             g.shape(),
             input.shape()
         )));
@@ -142,6 +131,8 @@ fn fit_grad(input: &Tensor, g: Tensor) -> Result<Tensor> {
 }
 
 fn accumulate_leaf(leaf: &Tensor, g: Tensor) -> Result<()> {
+    // Kept dense: optimizers and users read gradients as plain buffers.
+    let g = g.contiguous()?;
     let mut slot = lock(&leaf.0.grad);
     *slot = Some(match slot.take() {
         Some(prev) => prev.add(&g)?,
@@ -150,7 +141,7 @@ fn accumulate_leaf(leaf: &Tensor, g: Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Every tensor reachable from `root` through recorded ops, root first, each after all the
+/// Every tensor reachable from `root` through recorded nodes, root first, each after all the
 /// tensors computed from it.
 fn topo_order(root: &Tensor) -> Vec<Tensor> {
     let mut seen = HashSet::new();
@@ -165,9 +156,9 @@ fn topo_order(root: &Tensor) -> Vec<Tensor> {
         if !seen.insert(t.id()) {
             continue;
         }
-        let inputs: Vec<Tensor> = lock(&t.0.op)
+        let inputs: Vec<Tensor> = lock(&t.0.node)
             .as_ref()
-            .map(|op| op.inputs().into_iter().cloned().collect())
+            .map(|n| n.inputs().into_iter().cloned().collect())
             .unwrap_or_default();
         stack.push((t, true));
         for i in inputs {

@@ -33,24 +33,83 @@ crate::params! {
         last: u32,
         c0: u32,
         c1: u32,
-        _pad: u32,
+        heads: u32,
+        q_off: u32,
+        q_sb: u32,
+        q_sh: u32,
+        q_ss: u32,
+        k_off: u32,
+        k_sb: u32,
+        k_sh: u32,
+        k_ss: u32,
+        v_off: u32,
+        v_sb: u32,
+        v_sh: u32,
+        v_ss: u32,
+        o_off: u32,
+        o_sb: u32,
+        o_sh: u32,
+        o_ss: u32,
+        g_off: u32,
+        g_sb: u32,
+        g_sh: u32,
+        g_ss: u32,
     }
 }
 
-/// Problem sizes of one attention call.
+/// Where a [batch, heads, seq, dim] operand's elements sit: element (b, h, s, c) at
+/// off + b sb + h sh + s ss + c (the head dimension contiguous).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HeadLayout {
+    pub off: usize,
+    pub sb: usize,
+    pub sh: usize,
+    pub ss: usize,
+}
+
+impl HeadLayout {
+    /// The dense layout of `heads` x `seq` x `d` per batch element.
+    pub fn dense(heads: usize, seq: usize, d: usize) -> HeadLayout {
+        HeadLayout {
+            off: 0,
+            sb: heads * seq * d,
+            sh: seq * d,
+            ss: d,
+        }
+    }
+
+    fn words(&self) -> Result<[u32; 4]> {
+        let w = |v: usize| u32_len("attention layout", v);
+        Ok([w(self.off)?, w(self.sb)?, w(self.sh)?, w(self.ss)?])
+    }
+}
+
+/// Problem sizes of one attention call, and the layouts of q, k, v, o and the output
+/// gradient (`g`, unused by the forward pass).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Dims {
     pub bh: usize,
+    pub heads: usize,
     pub sq: usize,
     pub skv: usize,
     pub d: usize,
     pub scale: f32,
     pub causal: bool,
+    pub q: HeadLayout,
+    pub k: HeadLayout,
+    pub v: HeadLayout,
+    pub o: HeadLayout,
+    pub g: HeadLayout,
 }
 
 impl Dims {
-    fn params(&self) -> AttnParams {
-        AttnParams {
+    fn params(&self) -> Result<AttnParams> {
+        let [q_off, q_sb, q_sh, q_ss] = self.q.words()?;
+        let [k_off, k_sb, k_sh, k_ss] = self.k.words()?;
+        let [v_off, v_sb, v_sh, v_ss] = self.v.words()?;
+        let [o_off, o_sb, o_sh, o_ss] = self.o.words()?;
+        let [g_off, g_sb, g_sh, g_ss] = self.g.words()?;
+        Ok(AttnParams {
             bh: self.bh as u32,
             sq: self.sq as u32,
             skv: self.skv as u32,
@@ -62,8 +121,38 @@ impl Dims {
             last: 1,
             c0: 0,
             c1: 0,
-            _pad: 0,
-        }
+            heads: self.heads.max(1) as u32,
+            q_off,
+            q_sb,
+            q_sh,
+            q_ss,
+            k_off,
+            k_sb,
+            k_sh,
+            k_ss,
+            v_off,
+            v_sb,
+            v_sh,
+            v_ss,
+            o_off,
+            o_sb,
+            o_sh,
+            o_ss,
+            g_off,
+            g_sb,
+            g_sh,
+            g_ss,
+        })
+    }
+
+    /// True when q, k and v are dense [bh, seq, d] and o is too (what the tensor-core kernel
+    /// reads and writes).
+    pub fn all_dense(&self) -> bool {
+        let h = self.heads.max(1);
+        self.q == HeadLayout::dense(h, self.sq, self.d)
+            && self.k == HeadLayout::dense(h, self.skv, self.d)
+            && self.v == HeadLayout::dense(h, self.skv, self.d)
+            && self.o == HeadLayout::dense(h, self.sq, self.d)
     }
 }
 
@@ -243,8 +332,8 @@ pub(crate) fn forward(
     dtype: DType,
 ) -> Result<()> {
     check(dev, a)?;
-    let p = a.params();
-    if uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
+    let p = a.params()?;
+    if a.all_dense() && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
         return launch(
             dev,
             &Launch {
@@ -303,7 +392,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     check(dev, a)?;
     let t = tiles(a.d)?;
     let consts = [("BR", t.bbr), ("BC", t.bbc), ("DMAX", t.dmax)];
-    let p = a.params();
+    let p = a.params()?;
     launch(
         dev,
         &Launch {

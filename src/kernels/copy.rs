@@ -111,3 +111,49 @@ pub(crate) fn strided(
     };
     run(dev, entry, p, &[arg(x, dtype), arg(y, dtype)])
 }
+
+/// `y = x` element by element between two layouts of the same shape (any strides and
+/// offsets): views made dense, slices written into larger tensors. Dimensions that are
+/// contiguous in both are merged first, so most copies run at rank 1 to 3.
+pub(crate) fn strided_layout(
+    dev: &Device,
+    x: &Block,
+    xl: &crate::layout::Layout,
+    y: &Block,
+    yl: &crate::layout::Layout,
+    dtype: DType,
+) -> Result<()> {
+    if xl.shape() != yl.shape() {
+        return Err(Error::Internal(format!(
+            "copy between shapes {:?} and {:?}",
+            xl.shape(),
+            yl.shape()
+        )));
+    }
+    if xl.numel() == 0 {
+        return Ok(());
+    }
+    let (dims, st) =
+        super::elementwise::simplify(xl.shape(), &[xl.strides().to_vec(), yl.strides().to_vec()]);
+    // A single element simplifies to rank 0.
+    let (dims, xs, ys) = if dims.is_empty() {
+        (vec![1], vec![1], vec![1])
+    } else {
+        (dims, st[0].clone(), st[1].clone())
+    };
+    strided(
+        dev,
+        x,
+        View {
+            strides: &xs,
+            offset: xl.offset(),
+        },
+        y,
+        View {
+            strides: &ys,
+            offset: yl.offset(),
+        },
+        dtype,
+        &dims,
+    )
+}

@@ -87,9 +87,9 @@ crate::params! {
         a: f32,
         b: f32,
         rank: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
+        off0: u32,
+        off1: u32,
+        off2: u32,
         dims: [[u32; 4]; 2],
         s0: [[u32; 4]; 2],
         s1: [[u32; 4]; 2],
@@ -162,23 +162,6 @@ pub(crate) fn unary_bwd(
     )
 }
 
-/// Element strides of a contiguous tensor of `shape` seen as `out` (right-aligned), with 0 for
-/// broadcast dimensions. The caller has checked that the shapes broadcast.
-pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; out.len()];
-    let mut acc = 1;
-    let off = out.len() - shape.len();
-    for k in (0..shape.len()).rev() {
-        strides[off + k] = if shape[k] == 1 && out[off + k] != 1 {
-            0
-        } else {
-            acc
-        };
-        acc *= shape[k];
-    }
-    strides
-}
-
 /// Drops size-1 dimensions and merges neighbours that are contiguous in every operand, so most
 /// broadcasts run at rank 1 to 3 (fewer divisions per element) and any rank up to
 /// [`MAX_RANK`] after merging works.
@@ -211,23 +194,51 @@ pub(crate) fn simplify(dims: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, V
     (d, s)
 }
 
-/// `z = op(x, y)` with broadcasting; shapes are right-aligned against `out`.
-#[allow(clippy::too_many_arguments)]
+/// An input of a broadcasting kernel: its block, and where its elements sit for each
+/// coordinate of the output (strides over the output's dimensions, 0 where it broadcasts, and
+/// its offset).
+pub(crate) struct Operand<'a> {
+    pub block: &'a Block,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+/// The merged iteration shape and strides of `ops` over `out`, or an error past MAX_RANK.
+fn plan(
+    op: &'static str,
+    out: &[usize],
+    ops: &[&Operand<'_>],
+) -> Result<(Vec<usize>, Vec<Vec<usize>>)> {
+    let strides: Vec<Vec<usize>> = ops.iter().map(|o| o.strides.clone()).collect();
+    let (dims, st) = simplify(out, &strides);
+    if dims.len() > MAX_RANK {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "operands over {out:?} need rank {} (> {MAX_RANK})",
+                dims.len()
+            ),
+        ));
+    }
+    Ok((dims, st))
+}
+
+/// `z = op(x, y)` over the dense output `z` of shape `out`, the inputs at any layout
+/// (broadcasting, views).
 pub(crate) fn binary(
     dev: &Device,
     op: Binary,
-    x: &Block,
-    xs: &[usize],
-    y: &Block,
-    ys: &[usize],
+    x: &Operand<'_>,
+    y: &Operand<'_>,
     z: &Block,
     out: &[usize],
     dtype: DType,
 ) -> Result<()> {
     let n: usize = out.iter().product();
     let n32 = u32_len("binary", n)?;
-    let args = [arg(x, dtype), arg(y, dtype), arg(z, dtype)];
-    if xs == out && ys == out {
+    let args = [arg(x.block, dtype), arg(y.block, dtype), arg(z, dtype)];
+    let dense = crate::layout::contiguous_strides(out);
+    if x.strides == dense && y.strides == dense && x.offset == 0 && y.offset == 0 {
         let p = EwParams {
             n: n32,
             op: op as u32,
@@ -235,23 +246,13 @@ pub(crate) fn binary(
         };
         return run(dev, "binary", p, &args);
     }
-    let (dims, st) = simplify(
-        out,
-        &[broadcast_strides(xs, out), broadcast_strides(ys, out)],
-    );
-    if dims.len() > MAX_RANK {
-        return Err(Error::invalid(
-            "binary",
-            format!(
-                "broadcast of {xs:?} and {ys:?} needs rank {} (> {MAX_RANK})",
-                dims.len()
-            ),
-        ));
-    }
+    let (dims, st) = plan("binary", out, &[x, y])?;
     let p = EwParams {
         n: n32,
         op: op as u32,
         rank: dims.len() as u32,
+        off0: u32_len("binary offset", x.offset)?,
+        off1: u32_len("binary offset", y.offset)?,
         dims: pack8(&dims),
         s0: pack8(&st[0]),
         s1: pack8(&st[1]),
@@ -260,40 +261,27 @@ pub(crate) fn binary(
     run(dev, "binary_bcast", p, &args)
 }
 
-/// `z = c != 0 ? x : y` with broadcasting.
+/// `z = c != 0 ? x : y` over the dense output `z`, the inputs at any layout.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn select(
     dev: &Device,
-    c: &Block,
-    cs: &[usize],
+    c: &Operand<'_>,
     cdt: DType,
-    x: &Block,
-    xs: &[usize],
-    y: &Block,
-    ys: &[usize],
+    x: &Operand<'_>,
+    y: &Operand<'_>,
     z: &Block,
     out: &[usize],
     dtype: DType,
 ) -> Result<()> {
     let n: usize = out.iter().product();
     let n32 = u32_len("where", n)?;
-    let (dims, st) = simplify(
-        out,
-        &[
-            broadcast_strides(cs, out),
-            broadcast_strides(xs, out),
-            broadcast_strides(ys, out),
-        ],
-    );
-    if dims.len() > MAX_RANK {
-        return Err(Error::invalid(
-            "where",
-            format!("broadcast needs rank {} (> {MAX_RANK})", dims.len()),
-        ));
-    }
+    let (dims, st) = plan("where", out, &[c, x, y])?;
     let p = EwParams {
         n: n32,
         rank: dims.len() as u32,
+        off0: u32_len("where offset", c.offset)?,
+        off1: u32_len("where offset", x.offset)?,
+        off2: u32_len("where offset", y.offset)?,
         dims: pack8(&dims),
         s0: pack8(&st[0]),
         s1: pack8(&st[1]),
@@ -304,7 +292,12 @@ pub(crate) fn select(
         dev,
         "select",
         p,
-        &[arg(c, cdt), arg(x, dtype), arg(y, dtype), arg(z, dtype)],
+        &[
+            arg(c.block, cdt),
+            arg(x.block, dtype),
+            arg(y.block, dtype),
+            arg(z, dtype),
+        ],
     )
 }
 
@@ -314,9 +307,6 @@ mod tests {
 
     #[test]
     fn strides_and_merging() {
-        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
-        assert_eq!(broadcast_strides(&[4], &[2, 3, 4]), vec![0, 0, 1]);
-        assert_eq!(broadcast_strides(&[2, 3, 4], &[2, 3, 4]), vec![12, 4, 1]);
         // [2,3,4] + [4]: the first two dims merge (x contiguous, y repeats).
         let (d, s) = simplify(&[2, 3, 4], &[vec![12, 4, 1], vec![0, 0, 1]]);
         assert_eq!(d, vec![6, 4]);

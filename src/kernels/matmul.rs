@@ -66,10 +66,10 @@ pub(crate) struct Gemm<'a> {
     pub n: usize,
     pub k: usize,
     pub batch: usize,
-    /// A is stored K x M (per batch).
-    pub trans_a: bool,
-    /// B is stored N x K.
-    pub trans_b: bool,
+    /// Element strides of op(A)'s rows (m) and columns (k); one of them must be 1.
+    pub a_strides: (usize, usize),
+    /// Element strides of op(B)'s rows (k) and columns (n); one of them must be 1.
+    pub b_strides: (usize, usize),
     /// Element offset between consecutive A matrices (0 broadcasts one matrix).
     pub a_bs: usize,
     pub b_bs: usize,
@@ -212,14 +212,38 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         "matmul",
         g.offsets.2 + g.batch.max(1) * g.m.max(1) * g.n.max(1),
     )?;
-    u32_len("matmul", g.offsets.0 + g.a_bs * g.a_mod.max(1) + g.m * g.k)?;
-    u32_len("matmul", g.offsets.1 + g.b_bs * g.b_mod.max(1) + g.n * g.k)?;
+    let extent =
+        |off: usize, bs: usize, md: usize, (r, c): (usize, usize), (sr, sc): (usize, usize)| {
+            off + bs * md.max(1) + r * sr + c * sc
+        };
+    u32_len(
+        "matmul",
+        extent(g.offsets.0, g.a_bs, g.a_mod, (g.m, g.k), g.a_strides),
+    )?;
+    u32_len(
+        "matmul",
+        extent(g.offsets.1, g.b_bs, g.b_mod, (g.k, g.n), g.b_strides),
+    )?;
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
     }
+    if (g.a_strides.0 != 1 && g.a_strides.1 != 1) || (g.b_strides.0 != 1 && g.b_strides.1 != 1) {
+        return Err(Error::Internal(format!(
+            "matmul operand strides {:?} and {:?}: one axis of each must be contiguous",
+            g.a_strides, g.b_strides
+        )));
+    }
     // The direct kernel loads whole 16 x 16 tiles without bounds checks: every operand offset
     // must also sit on an 8-element boundary (16 bytes), which cooperative loads assume.
-    let aligned = [g.offsets.0, g.offsets.1, g.a_bs, g.b_bs]
+    let (sam, sak) = g.a_strides;
+    let (sbk, sbn) = g.b_strides;
+    // op(A) is "transposed" when its columns (k) are the strided axis.
+    let (ta, tb) = (sak != 1, sbn != 1);
+    // The row pitch a cooperative load steps by: along k for a "transposed" A, along m
+    // otherwise; likewise for B.
+    let lda = if ta { sak } else { sam };
+    let ldb = if tb { sbn } else { sbk };
+    let aligned = [g.offsets.0, g.offsets.1, g.a_bs, g.b_bs, lda, ldb]
         .iter()
         .all(|v| v % 8 == 0);
     let mut config = choose(dev, g.dtype, g.m, g.n, g.k);
@@ -229,7 +253,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     if matches!(config, Config::Simt(..)) {
         // 4-element loads need 4-aligned element offsets along the loaded axis.
         let four = |v: &[usize]| v.iter().all(|x| x % 4 == 0);
-        if !g.trans_b && four(&[g.n, g.offsets.1, g.b_bs]) {
+        if sbn == 1 && four(&[sbk, g.offsets.1, g.b_bs]) {
             // Rows per invocation: the smallest of 2, 4, 8 that covers M in one tile. Two
             // column groups even where a quarter of the tile idles: on lavapipe MNIST's
             // 32 x 196 product ran 1.3x faster with 2 groups of 4 columns than with 1.
@@ -241,7 +265,9 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
                 8
             };
             config = Config::SimtN4(tm, if g.n >= 64 { 2 } else { 1 });
-        } else if !g.trans_a && g.trans_b && four(&[g.k, g.offsets.0, g.a_bs, g.offsets.1, g.b_bs])
+        } else if sak == 1
+            && sbk == 1
+            && four(&[g.k, sam, sbn, g.offsets.0, g.a_bs, g.offsets.1, g.b_bs])
         {
             config = Config::SimtK4(fit(g.m, &[4, 2, 1], 8), fit(g.n, &[4, 2, 1], 8));
         }
@@ -258,8 +284,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         });
     }
     // Strides of op(A)'s (m, k) and op(B)'s (k, n), and which axis is contiguous.
-    let (sam, sak, a_kfast) = if g.trans_a { (1, g.m, 0) } else { (g.k, 1, 1) };
-    let (sbk, sbn, b_nfast) = if g.trans_b { (1, g.k, 0) } else { (g.n, 1, 1) };
+    let (a_kfast, b_nfast) = ((sak == 1) as u32, (sbn == 1) as u32);
     let params = MatmulParams {
         m: g.m as u32,
         n: g.n as u32,
@@ -315,10 +340,10 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
             Kernel::MatmulCoop,
             "direct",
             vec![
-                ("SAG", if g.trans_a { g.m } else { g.k } as u32),
-                ("SBG", if g.trans_b { g.k } else { g.n } as u32),
-                ("TA", g.trans_a as u32),
-                ("TB", g.trans_b as u32),
+                ("SAG", lda as u32),
+                ("SBG", ldb as u32),
+                ("TA", ta as u32),
+                ("TB", tb as u32),
             ],
         ),
         Config::Coop => (Kernel::MatmulCoop, "main", vec![]),

@@ -32,13 +32,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use trace::Trace;
 
-/// Allocates and frees one block of `bytes` (for the allocation-latency benchmark).
-#[doc(hidden)]
-pub fn bench_alloc(dev: &crate::Device, bytes: u64) -> crate::Result<u64> {
-    let b = dev.alloc(bytes)?;
-    Ok(b.offset())
-}
-
 /// Trace events kept before the oldest are dropped.
 const TRACE_CAPACITY: usize = 1 << 20;
 

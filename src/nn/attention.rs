@@ -56,14 +56,17 @@ impl Module for MultiHeadAttention {
         }
         let (b, s, e) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let (h, d) = (self.heads, e / self.heads);
-        // [B, S, 3E] -> [3, B, H, S, D]: one permute, then three slices.
+        // [B, S, 3E] viewed as [3, B, H, S, D]; q, k and v are views of the projection (no
+        // copies), which the attention kernel reads in place.
         let qkv = self
             .qkv
             .forward(x)?
             .reshape(&[b, s, 3, h, d])?
             .permute(&[2, 0, 3, 1, 4])?;
-        let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape(&[b, h, s, d]);
+        let pick = |i: usize| qkv.narrow(0, i, 1)?.squeeze(0);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
+        // The output is a [B, H, S, D] view of [B, S, H, D] storage: merging the heads back
+        // is a view too.
         let o = Tensor::attention(&q, &k, &v, self.causal, None)?;
         let o = o.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
         self.out.forward(&o)

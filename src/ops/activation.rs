@@ -49,15 +49,4 @@ impl Activation {
             _ => None,
         }
     }
-
-    /// Its value at `x`, in f64 (the reference for tests).
-    pub fn eval(self, x: f64) -> f64 {
-        match self {
-            Activation::Relu => x.max(0.0),
-            Activation::Gelu => crate::reference::gelu(x),
-            Activation::Tanh => x.tanh(),
-            Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            Activation::Silu => x / (1.0 + (-x).exp()),
-        }
-    }
 }

@@ -1,11 +1,64 @@
 //! Fused scaled dot-product attention.
+//!
+//! q, k and v may be views (any layout whose head dimension is contiguous), so the heads of
+//! a fused QKV projection are read in place. The output is stored sequence-major
+//! ([batch, seq, heads, dim]) and returned as a [batch, heads, seq, dim] view of it, so
+//! merging the heads back (`permute(0, 2, 1, 3)` then `reshape`) costs no copy either.
 
 use super::elementwise::{float_only, same_device, same_dtype};
-use crate::autograd::{Op, record};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::attention::{self as ka, Dims, Grads};
-use crate::tensor::Tensor;
+use crate::kernels::attention::{self as ka, Dims, Grads, HeadLayout};
+use crate::tensor::graph::{Backward, record};
+use crate::tensor::{Layout, Tensor};
+
+/// (batch dims, heads, layout) of a [..., heads, seq, dim] (or [seq, dim]) operand, or `None`
+/// when its layout needs a copy (head dimension not contiguous, batch dimensions that do not
+/// collapse to one stride).
+fn heads_of(t: &Tensor) -> Option<(usize, HeadLayout)> {
+    let (shape, st) = (t.shape(), t.strides());
+    let r = shape.len();
+    if shape[r - 1] > 1 && st[r - 1] != 1 {
+        return None;
+    }
+    let ss = st[r - 2];
+    let (heads, sh) = if r >= 3 {
+        (shape[r - 3], st[r - 3])
+    } else {
+        (1, 0)
+    };
+    let live: Vec<(usize, usize)> = shape[..r.saturating_sub(3)]
+        .iter()
+        .zip(&st[..r.saturating_sub(3)])
+        .filter(|(d, _)| **d != 1)
+        .map(|(&d, &s)| (d, s))
+        .collect();
+    for w in live.windows(2) {
+        if w[0].1 != w[1].1 * w[1].0 {
+            return None;
+        }
+    }
+    let sb = live.last().map_or(0, |x| x.1);
+    Some((
+        heads,
+        HeadLayout {
+            off: t.layout().offset(),
+            sb,
+            sh,
+            ss,
+        },
+    ))
+}
+
+/// `t` and its head layout, made dense first when the kernels cannot read it as it is.
+fn readable(t: &Tensor) -> Result<(Tensor, HeadLayout)> {
+    if let Some((_, l)) = heads_of(t) {
+        return Ok((t.clone(), l));
+    }
+    let d = t.contiguous()?;
+    let (_, l) = heads_of(&d).ok_or_else(|| Error::Internal("dense attention operand".into()))?;
+    Ok((d, l))
+}
 
 fn dims(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> Result<Dims> {
     let op = "attention";
@@ -50,21 +103,93 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) ->
             format!("empty q {:?} or k {:?}", q.shape(), k.shape()),
         ));
     }
-    let bh = q.numel() / (sq * d);
+    let heads = if r >= 3 { q.shape()[r - 3] } else { 1 };
+    let dense = HeadLayout::dense(heads, sq, d);
     Ok(Dims {
-        bh,
+        bh: q.numel() / (sq * d),
+        heads,
         sq,
         skv,
         d,
         scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
         causal,
+        q: dense,
+        k: HeadLayout::dense(heads, skv, d),
+        v: HeadLayout::dense(heads, skv, d),
+        o: dense,
+        g: dense,
     })
+}
+
+/// Attention's gradients, recomputed from the saved output and log-sum-exp.
+struct AttentionBack {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    causal: bool,
+    scale: f32,
+}
+
+impl Backward for AttentionBack {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.q, &self.k, &self.v]
+    }
+
+    fn backward(&self, _out: &Tensor, dout: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (q, k, v) = (&self.q, &self.k, &self.v);
+        let mut a = dims(q, k, v, self.causal, Some(self.scale))?;
+        let (q, lq) = readable(q)?;
+        let (k, lk) = readable(k)?;
+        let (v, lv) = readable(v)?;
+        let (o, lo) = readable(&self.out)?;
+        let dout = dout.to_dtype(q.dtype())?;
+        let (g, lg) = readable(&dout)?;
+        (a.q, a.k, a.v, a.o, a.g) = (lq, lk, lv, lo, lg);
+        let dev = q.device();
+        let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
+        let dq = Tensor::uninit(dev, q.shape(), q.dtype())?;
+        let dk = Tensor::uninit(dev, k.shape(), q.dtype())?;
+        let dv = Tensor::uninit(dev, v.shape(), q.dtype())?;
+        let op = "attention backward";
+        ka::backward(
+            dev,
+            &a,
+            &Grads {
+                q: q.block(),
+                k: k.block(),
+                v: v.block(),
+                o: o.block(),
+                lse: self.lse.dense_block(op)?,
+                dout: g.block(),
+                delta: delta.dense_block(op)?,
+                dq: dq.dense_block(op)?,
+                dk: dk.dense_block(op)?,
+                dv: dv.dense_block(op)?,
+            },
+            q.dtype(),
+        )?;
+        Ok(vec![Some(dq), Some(dk), Some(dv)])
+    }
 }
 
 impl Tensor {
     /// softmax(scale * q k^T [+ causal mask]) v over [..., seq, head_dim] tensors (typically
     /// [batch, heads, seq, head_dim]); scale defaults to 1/sqrt(head_dim). The score matrix is
     /// never stored: memory is O(seq) per head.
+    ///
+    /// The causal mask is aligned to the bottom right: query i (of `sq`) sees key j (of
+    /// `skv`) when `j <= i + (skv - sq)`. With as many keys as queries that is the usual
+    /// lower triangle; with more keys (decoding with a cache) the queries are the last `sq`
+    /// positions of the sequence. Causal attention needs `skv >= sq`.
+    ///
+    /// q, k and v may be views whose head dimension is contiguous (no copy is made); the
+    /// result is a [..., heads, seq, dim] view of sequence-major storage.
     pub fn attention(
         q: &Tensor,
         k: &Tensor,
@@ -72,20 +197,75 @@ impl Tensor {
         causal: bool,
         scale: Option<f32>,
     ) -> Result<Tensor> {
-        let a = dims(q, k, v, causal, scale)?;
-        let out = Tensor::uninit(q.device(), q.shape(), q.dtype())?;
-        let lse = Tensor::uninit(q.device(), &[a.bh, a.sq], DType::F32)?;
-        ka::forward(
-            q.device(),
-            &a,
-            q.block(),
-            k.block(),
-            v.block(),
-            out.block(),
-            lse.block(),
-            q.dtype(),
-        )?;
-        let rec = record(&[q, k, v], || Op::Attention {
+        let mut a = dims(q, k, v, causal, scale)?;
+        let (qr, lq) = readable(q)?;
+        let (kr, lk) = readable(k)?;
+        let (vr, lv) = readable(v)?;
+        (a.q, a.k, a.v) = (lq, lk, lv);
+        let dev = q.device();
+        let r = q.rank();
+        // Storage [..., seq, heads, dim]; the result is its [..., heads, seq, dim] view.
+        let (storage, layout) = if r >= 3 {
+            let mut phys = q.shape().to_vec();
+            phys.swap(r - 3, r - 2);
+            let t = Tensor::uninit(dev, &phys, q.dtype())?;
+            let mut perm: Vec<usize> = (0..r).collect();
+            perm.swap(r - 3, r - 2);
+            let l = t.layout().permute(&perm);
+            (t, l)
+        } else {
+            let t = Tensor::uninit(dev, q.shape(), q.dtype())?;
+            let l = Layout::contiguous(q.shape());
+            (t, l)
+        };
+        a.o = HeadLayout {
+            off: 0,
+            sb: a.sq * a.heads * a.d,
+            sh: a.d,
+            ss: a.heads * a.d,
+        };
+        if r < 3 {
+            a.o = HeadLayout::dense(1, a.sq, a.d);
+        }
+        // The tensor-core forward reads and writes dense heads only: give it dense copies.
+        let coop = ka::uses_tensor_cores(dev, q.dtype(), a.sq, a.skv, a.d);
+        let lse = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
+        let op = "attention";
+        let out = if coop {
+            let (qd, kd, vd) = (qr.contiguous()?, kr.contiguous()?, vr.contiguous()?);
+            let o = Tensor::uninit(dev, q.shape(), q.dtype())?;
+            let mut ad = a;
+            (ad.q, ad.k, ad.v) = (
+                HeadLayout::dense(a.heads, a.sq, a.d),
+                HeadLayout::dense(a.heads, a.skv, a.d),
+                HeadLayout::dense(a.heads, a.skv, a.d),
+            );
+            ad.o = HeadLayout::dense(a.heads, a.sq, a.d);
+            ka::forward(
+                dev,
+                &ad,
+                qd.dense_block(op)?,
+                kd.dense_block(op)?,
+                vd.dense_block(op)?,
+                o.dense_block(op)?,
+                lse.dense_block(op)?,
+                q.dtype(),
+            )?;
+            o
+        } else {
+            ka::forward(
+                dev,
+                &a,
+                qr.block(),
+                kr.block(),
+                vr.block(),
+                storage.dense_block(op)?,
+                lse.dense_block(op)?,
+                q.dtype(),
+            )?;
+            storage.view(layout, None)
+        };
+        let rec = record(&[q, k, v], || AttentionBack {
             q: q.clone(),
             k: k.clone(),
             v: v.clone(),
@@ -94,45 +274,6 @@ impl Tensor {
             causal,
             scale: a.scale,
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
-}
-
-/// (dq, dk, dv) from the saved output and log-sum-exp.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_grads(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    out: &Tensor,
-    lse: &Tensor,
-    causal: bool,
-    scale: f32,
-    dout: &Tensor,
-) -> Result<[Tensor; 3]> {
-    let a = dims(q, k, v, causal, Some(scale))?;
-    let dev = q.device();
-    let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
-    let dq = Tensor::uninit(dev, q.shape(), q.dtype())?;
-    let dk = Tensor::uninit(dev, k.shape(), q.dtype())?;
-    let dv = Tensor::uninit(dev, v.shape(), q.dtype())?;
-    let dout = dout.to_dtype(q.dtype())?;
-    ka::backward(
-        dev,
-        &a,
-        &Grads {
-            q: q.block(),
-            k: k.block(),
-            v: v.block(),
-            o: out.block(),
-            lse: lse.block(),
-            dout: dout.block(),
-            delta: delta.block(),
-            dq: dq.block(),
-            dk: dk.block(),
-            dv: dv.block(),
-        },
-        q.dtype(),
-    )?;
-    Ok([dq, dk, dv])
 }

@@ -2,11 +2,11 @@
 
 use super::activation::Activation;
 use super::elementwise::{float_only, same_device, same_dtype};
-use crate::autograd::{Op, record};
 use crate::error::{Error, Result};
 use crate::kernels::conv::{self as kc, Geom};
 use crate::kernels::matmul::{self as km, Act, Gemm};
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record, recording};
 
 /// Convolution hyper-parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,25 +148,25 @@ impl Tensor {
         }
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
-        let recording =
-            crate::autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
         if let Some(a) = opts.act
-            && (a.fused().is_none() || (recording && a == Activation::Gelu))
+            && (a.fused().is_none() || (recording(&inputs) && a == Activation::Gelu))
         {
             let plain = self.conv2d(weight, bias, Conv2dOpts { act: None, ..opts })?;
             return a.apply(&plain);
         }
         let act = opts.act.and_then(Activation::fused).unwrap_or(Act::None);
         // Bias and activation run in the product's epilogue.
-        let out = conv_forward(self, weight, bias, act, &d)?;
-        let rec = record(&inputs, || Op::Conv2d {
-            x: self.clone(),
-            w: weight.clone(),
+        let (x, w) = (self.contiguous()?, weight.contiguous()?);
+        let b = bias.map(Tensor::contiguous).transpose()?;
+        let out = conv_forward(&x, &w, b.as_ref(), act, &d)?;
+        let rec = record(&inputs, || ConvBack {
+            x: x.clone(),
+            w: w.clone(),
             bias: bias.cloned(),
             opts,
             relu_out: (act == Act::Relu).then(|| out.detach()),
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 
     /// Max pooling over `k` windows.
@@ -178,22 +178,23 @@ impl Tensor {
     ) -> Result<Tensor> {
         let g = pool_geom("max_pool2d", self, k, stride, padding)?;
         let (ho, wo) = g.out().unwrap_or((0, 0));
+        let x = self.contiguous()?;
         let out = Tensor::uninit(self.device(), &[g.n, g.c, ho, wo], self.dtype())?;
         let idx = Tensor::uninit(self.device(), &[g.n, g.c, ho, wo], crate::DType::U32)?;
         kc::maxpool(
             self.device(),
             &g,
-            self.block(),
-            out.block(),
-            idx.block(),
+            x.dense_block("max_pool2d")?,
+            out.dense_block("max_pool2d")?,
+            idx.dense_block("max_pool2d")?,
             self.dtype(),
         )?;
-        let rec = record(&[self], || Op::MaxPool {
+        let rec = record(&[self], || MaxPoolBack {
             x: self.clone(),
             geom: g,
             idx,
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 
     /// Average pooling over `k` windows (zero padding counts in the average).
@@ -205,13 +206,20 @@ impl Tensor {
     ) -> Result<Tensor> {
         let g = pool_geom("avg_pool2d", self, k, stride, padding)?;
         let (ho, wo) = g.out().unwrap_or((0, 0));
+        let x = self.contiguous()?;
         let out = Tensor::uninit(self.device(), &[g.n, g.c, ho, wo], self.dtype())?;
-        kc::avgpool(self.device(), &g, self.block(), out.block(), self.dtype())?;
-        let rec = record(&[self], || Op::AvgPool {
+        kc::avgpool(
+            self.device(),
+            &g,
+            x.dense_block("avg_pool2d")?,
+            out.dense_block("avg_pool2d")?,
+            self.dtype(),
+        )?;
+        let rec = record(&[self], || AvgPoolBack {
             x: self.clone(),
             geom: g,
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 }
 
@@ -273,21 +281,31 @@ fn conv_forward(
             &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()],
             x.dtype(),
         )?;
-        kc::im2col(dev, &g, n0, x.block(), col.block(), x.dtype())?;
+        kc::im2col(
+            dev,
+            &g,
+            n0,
+            x.dense_block("conv2d")?,
+            col.dense_block("conv2d")?,
+            x.dtype(),
+        )?;
         km::matmul(
             dev,
             &Gemm {
-                a: w.block(),
-                b: col.block(),
-                c: out.block(),
-                bias: bias.map(|b| b.block()),
+                a: w.dense_block("conv2d")?,
+                b: col.dense_block("conv2d")?,
+                c: out.dense_block("conv2d")?,
+                bias: match bias {
+                    Some(b) => Some(b.dense_block("conv2d")?),
+                    None => None,
+                },
                 dtype: x.dtype(),
                 m: d.og(),
                 n: d.hw(),
                 k: d.cg_kk(),
                 batch: cn * d.groups,
-                trans_a: false,
-                trans_b: false,
+                a_strides: (d.cg_kk(), 1),
+                b_strides: (d.hw(), 1),
                 a_bs: d.og() * d.cg_kk(),
                 b_bs: d.cg_kk() * d.hw(),
                 a_mod: d.groups,
@@ -315,7 +333,7 @@ pub(crate) fn conv_grads(
 ) -> Result<Vec<(Tensor, Tensor)>> {
     let dy = match relu_out {
         Some(out) => crate::ops::matmul::relu_grad(out, &dy)?,
-        None => dy,
+        None => dy.contiguous()?,
     };
     let d = conv_dims(x, w, opts)?;
     let dev = x.device();
@@ -335,22 +353,29 @@ pub(crate) fn conv_grads(
         if w.requires_grad() {
             // dw[n*G+g] = dy[n, g] (Og x HW) x col[n, g]^T (HW x Cg*kk), then summed over n.
             let col = Tensor::uninit(dev, &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
-            kc::im2col(dev, &g, n0, x.block(), col.block(), dt)?;
+            kc::im2col(
+                dev,
+                &g,
+                n0,
+                x.dense_block("conv2d backward")?,
+                col.dense_block("conv2d backward")?,
+                dt,
+            )?;
             let part = Tensor::uninit(dev, &[cn, d.o * d.cg_kk()], dt)?;
             km::matmul(
                 dev,
                 &Gemm {
-                    a: dy.block(),
-                    b: col.block(),
-                    c: part.block(),
+                    a: dy.dense_block("conv2d backward")?,
+                    b: col.dense_block("conv2d backward")?,
+                    c: part.dense_block("conv2d backward")?,
                     bias: None,
                     dtype: dt,
                     m: d.og(),
                     n: d.cg_kk(),
                     k: d.hw(),
                     batch: cn * d.groups,
-                    trans_a: false,
-                    trans_b: true,
+                    a_strides: (d.hw(), 1),
+                    b_strides: (1, d.hw()),
                     a_bs: d.og() * d.hw(),
                     b_bs: d.cg_kk() * d.hw(),
                     a_mod: cn * d.groups,
@@ -373,17 +398,17 @@ pub(crate) fn conv_grads(
             km::matmul(
                 dev,
                 &Gemm {
-                    a: w.block(),
-                    b: dy.block(),
-                    c: dcol.block(),
+                    a: w.dense_block("conv2d backward")?,
+                    b: dy.dense_block("conv2d backward")?,
+                    c: dcol.dense_block("conv2d backward")?,
                     bias: None,
                     dtype: dt,
                     m: d.cg_kk(),
                     n: d.hw(),
                     k: d.og(),
                     batch: cn * d.groups,
-                    trans_a: true,
-                    trans_b: false,
+                    a_strides: (1, d.cg_kk()),
+                    b_strides: (d.hw(), 1),
                     a_bs: d.og() * d.cg_kk(),
                     b_bs: d.og() * d.hw(),
                     a_mod: d.groups,
@@ -394,7 +419,14 @@ pub(crate) fn conv_grads(
                     bias_bs: 0,
                 },
             )?;
-            kc::col2im(dev, &g, n0, dcol.block(), dx.block(), dt)?;
+            kc::col2im(
+                dev,
+                &g,
+                n0,
+                dcol.dense_block("conv2d backward")?,
+                dx.dense_block("conv2d backward")?,
+                dt,
+            )?;
         }
         n0 += cn;
     }
@@ -416,23 +448,99 @@ pub(crate) fn conv_grads(
     Ok(v)
 }
 
-/// Gradient of max pooling: each input gets the gradients of the windows it was the maximum of.
-pub(crate) fn maxpool_grad(x: &Tensor, g: &Geom, idx: &Tensor, dy: &Tensor) -> Result<Tensor> {
-    let dx = Tensor::uninit(x.device(), x.shape(), dy.dtype())?;
-    kc::maxpool_bwd(
-        x.device(),
-        g,
-        idx.block(),
-        dy.block(),
-        dx.block(),
-        dy.dtype(),
-    )?;
-    Ok(dx)
+/// Gradients of conv2d (from the dense inputs it ran on).
+struct ConvBack {
+    x: Tensor,
+    w: Tensor,
+    bias: Option<Tensor>,
+    opts: Conv2dOpts,
+    /// The output, when a ReLU was fused.
+    relu_out: Option<Tensor>,
 }
 
-/// Gradient of average pooling.
-pub(crate) fn avgpool_grad(x: &Tensor, g: &Geom, dy: &Tensor) -> Result<Tensor> {
-    let dx = Tensor::uninit(x.device(), x.shape(), dy.dtype())?;
-    kc::avgpool_bwd(x.device(), g, dy.block(), dx.block(), dy.dtype())?;
-    Ok(dx)
+impl Backward for ConvBack {
+    fn name(&self) -> &'static str {
+        "conv2d"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.x, &self.w];
+        v.extend(self.bias.as_ref());
+        v
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let mut got = conv_grads(
+            &self.x,
+            &self.w,
+            self.bias.as_ref(),
+            &self.opts,
+            self.relu_out.as_ref(),
+            g,
+        )?;
+        // conv_grads lists (input, gradient) for the inputs that need one.
+        let mut take = |t: &Tensor| -> Option<Tensor> {
+            let i = got.iter().position(|(x, _)| x.id() == t.id())?;
+            Some(got.swap_remove(i).1)
+        };
+        let mut v = vec![take(&self.x), take(&self.w)];
+        if let Some(b) = &self.bias {
+            v.push(take(b));
+        }
+        Ok(v)
+    }
+}
+
+/// Max pooling's gradient: each input gets the gradients of the windows it was the maximum of.
+struct MaxPoolBack {
+    x: Tensor,
+    geom: Geom,
+    idx: Tensor,
+}
+
+impl Backward for MaxPoolBack {
+    fn name(&self) -> &'static str {
+        "max_pool2d"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let dy = dy.contiguous()?;
+        let dx = Tensor::uninit(self.x.device(), self.x.shape(), dy.dtype())?;
+        kc::maxpool_bwd(
+            self.x.device(),
+            &self.geom,
+            self.idx.dense_block("max_pool2d backward")?,
+            dy.dense_block("max_pool2d backward")?,
+            dx.dense_block("max_pool2d backward")?,
+            dy.dtype(),
+        )?;
+        Ok(vec![Some(dx)])
+    }
+}
+
+/// Average pooling's gradient.
+struct AvgPoolBack {
+    x: Tensor,
+    geom: Geom,
+}
+
+impl Backward for AvgPoolBack {
+    fn name(&self) -> &'static str {
+        "avg_pool2d"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let dy = dy.contiguous()?;
+        let dx = Tensor::uninit(self.x.device(), self.x.shape(), dy.dtype())?;
+        kc::avgpool_bwd(
+            self.x.device(),
+            &self.geom,
+            dy.dense_block("avg_pool2d backward")?,
+            dx.dense_block("avg_pool2d backward")?,
+            dy.dtype(),
+        )?;
+        Ok(vec![Some(dx)])
+    }
 }

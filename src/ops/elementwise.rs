@@ -1,10 +1,139 @@
 //! Elementwise tensor ops: unary, scalar, binary with broadcasting, comparisons, `where`.
 
-use crate::autograd::{Op, record};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::elementwise::{self as ew, Binary, Unary};
+use crate::kernels::elementwise::{self as ew, Binary, Operand, Unary};
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record};
+
+/// A unary op's gradient, from its saved input or output (`Unary::grad_uses_output`).
+struct UnaryBack {
+    op: Unary,
+    x: Tensor,
+    a: f32,
+    b: f32,
+    saved: Tensor,
+}
+
+impl Backward for UnaryBack {
+    fn name(&self) -> &'static str {
+        "unary"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let g = g.contiguous()?;
+        let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
+        let saved = self.saved.to_dtype(g.dtype())?;
+        ew::unary_bwd(
+            g.device(),
+            self.op,
+            saved.dense_block("unary backward")?,
+            g.dense_block("unary backward")?,
+            dx.dense_block("unary backward")?,
+            g.dtype(),
+            g.numel(),
+            self.a,
+            self.b,
+        )?;
+        Ok(vec![Some(dx)])
+    }
+}
+
+/// A broadcasting binary op's gradients, summed back to each input's shape.
+struct BinaryBack {
+    op: Binary,
+    x: Tensor,
+    y: Tensor,
+}
+
+impl Backward for BinaryBack {
+    fn name(&self) -> &'static str {
+        "binary"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x, &self.y]
+    }
+    fn backward(&self, out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (x, y) = (&self.x, &self.y);
+        let (gx, gy) = match self.op {
+            Binary::Add => (g.clone(), g),
+            Binary::Sub => (g.clone(), g.neg()?),
+            Binary::Mul => (g.mul(y)?, g.mul(x)?),
+            Binary::Div => {
+                let gx = g.div(y)?;
+                (gx.clone(), gx.mul(x)?.div(y)?.neg()?)
+            }
+            Binary::Max | Binary::Min => {
+                // Ties split the gradient evenly, as PyTorch does.
+                let wins = if self.op == Binary::Max {
+                    x.gt(y)?
+                } else {
+                    x.lt(y)?
+                };
+                let ties = x.eq(y)?.mul_scalar(0.5)?;
+                let mx = wins.add(&ties)?;
+                let my = mx.rsub_scalar(1.0)?;
+                (g.mul(&mx)?, g.mul(&my)?)
+            }
+            Binary::Pow => {
+                // d/dx x^y = y x^(y-1); d/dy x^y = x^y ln x, taken as 0 where x = 0 and y >= 0
+                // (PyTorch's convention; 0 * -inf would be NaN).
+                let gx = g.mul(y)?.mul(&x.pow(&y.add_scalar(-1.0)?)?)?;
+                let zero_base = x.eq(&Tensor::zeros(x.device(), &[1], x.dtype())?)?;
+                let safe_log = x.add(&zero_base)?.log()?;
+                let gy = g.mul(out)?.mul(&safe_log)?;
+                (gx, gy)
+            }
+            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge => {
+                return Err(Error::Internal("a comparison was recorded".into()));
+            }
+        };
+        Ok(vec![
+            Some(gx.sum_to(x.shape())?),
+            Some(gy.sum_to(y.shape())?),
+        ])
+    }
+}
+
+/// `where`'s gradients: to the selected branch; the condition gets none.
+struct SelectBack {
+    c: Tensor,
+    x: Tensor,
+    y: Tensor,
+}
+
+impl Backward for SelectBack {
+    fn name(&self) -> &'static str {
+        "where"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x, &self.y]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let zero = Tensor::zeros(g.device(), &[1], g.dtype())?;
+        let gx = Tensor::where_cond(&self.c, &g, &zero)?;
+        let gy = Tensor::where_cond(&self.c, &zero, &g)?;
+        Ok(vec![
+            Some(gx.sum_to(self.x.shape())?),
+            Some(gy.sum_to(self.y.shape())?),
+        ])
+    }
+}
+
+/// `t` read as an input of a kernel over `out`: its strides broadcast to `out`.
+fn operand<'a>(t: &'a Tensor, out: &[usize]) -> Result<Operand<'a>> {
+    let l = t
+        .layout()
+        .broadcast_to(out)
+        .ok_or_else(|| Error::Internal(format!("{:?} does not broadcast to {out:?}", t.shape())))?;
+    Ok(Operand {
+        block: t.block(),
+        strides: l.strides().to_vec(),
+        offset: l.offset(),
+    })
+}
 
 /// The shape two shapes broadcast to (numpy rules, right-aligned), or an error naming `op`.
 pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
@@ -69,32 +198,30 @@ impl Tensor {
     /// Applies a unary op (`a`, `b` are its scalar arguments, where it has them).
     pub(crate) fn unary(&self, op: Unary, a: f32, b: f32) -> Result<Tensor> {
         float_only("unary op", self)?;
+        let x = self.contiguous()?;
         let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
         ew::unary(
             self.device(),
             op,
-            self.block(),
-            out.block(),
+            x.dense_block("unary")?,
+            out.dense_block("unary")?,
             self.dtype(),
             self.numel(),
             a,
             b,
         )?;
-        let rec = record(&[self], || {
-            let saved = if op.grad_uses_output() {
+        let rec = record(&[self], || UnaryBack {
+            op,
+            x: self.clone(),
+            a,
+            b,
+            saved: if op.grad_uses_output() {
                 out.detach()
             } else {
-                self.detach()
-            };
-            Op::Unary {
-                op,
-                x: self.clone(),
-                a,
-                b,
-                saved,
-            }
+                x.detach()
+            },
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 
     /// Applies a binary op with broadcasting.
@@ -108,28 +235,22 @@ impl Tensor {
         ew::binary(
             self.device(),
             op,
-            self.block(),
-            self.shape(),
-            other.block(),
-            other.shape(),
-            out.block(),
+            &operand(self, &shape)?,
+            &operand(other, &shape)?,
+            out.dense_block(name)?,
             &shape,
             dtype,
         )?;
-        let differentiable = !matches!(
-            op,
-            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge
-        );
-        let rec = if differentiable {
-            record(&[self, other], || Op::Binary {
+        let rec = if op.is_comparison() {
+            None
+        } else {
+            record(&[self, other], || BinaryBack {
                 op,
                 x: self.clone(),
                 y: other.clone(),
             })
-        } else {
-            None
         };
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 
     /// `self + other` (broadcasting).
@@ -156,7 +277,8 @@ impl Tensor {
     pub fn minimum(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(Binary::Min, other)
     }
-    /// `self ^ other` elementwise (for positive bases).
+    /// `self ^ other` elementwise, with C's rules for negative bases and zero
+    /// (`(-2)^3 = -8`, `0^0 = 1`).
     pub fn pow(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(Binary::Pow, other)
     }
@@ -267,13 +389,14 @@ impl Tensor {
     }
     /// 1.0 where `self > a` (not differentiable).
     pub fn gt_scalar(&self, a: f32) -> Result<Tensor> {
-        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
         float_only("gt_scalar", self)?;
+        let x = self.contiguous()?;
+        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
         ew::unary(
             self.device(),
             Unary::Step,
-            self.block(),
-            out.block(),
+            x.dense_block("gt_scalar")?,
+            out.dense_block("gt_scalar")?,
             self.dtype(),
             self.numel(),
             a,
@@ -297,23 +420,20 @@ impl Tensor {
         let out = Tensor::uninit(on_true.device(), &shape, dtype)?;
         ew::select(
             on_true.device(),
-            cond.block(),
-            cond.shape(),
+            &operand(cond, &shape)?,
             cond.dtype(),
-            on_true.block(),
-            on_true.shape(),
-            on_false.block(),
-            on_false.shape(),
-            out.block(),
+            &operand(on_true, &shape)?,
+            &operand(on_false, &shape)?,
+            out.dense_block(name)?,
             &shape,
             dtype,
         )?;
-        let rec = record(&[on_true, on_false], || Op::Select {
+        let rec = record(&[on_true, on_false], || SelectBack {
             c: cond.detach(),
             x: on_true.clone(),
             y: on_false.clone(),
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 }
 

@@ -1,11 +1,44 @@
-//! Embedding lookup and dropout.
+//! Embedding lookup.
 
 use super::elementwise::float_only;
-use crate::autograd::{Op, record};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::{embedding as ke, fill};
+use crate::kernels::embedding as ke;
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record};
+
+/// The table's gradient: a deterministic scatter-add of the output gradient's rows.
+struct EmbeddingBack {
+    w: Tensor,
+    idx: Tensor,
+}
+
+impl Backward for EmbeddingBack {
+    fn name(&self) -> &'static str {
+        "embedding"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.w]
+    }
+    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (w, idx) = (&self.w, &self.idx);
+        let (vocab, dim) = (w.shape()[0], w.shape()[1]);
+        let dy = dy.contiguous()?;
+        let dw = Tensor::uninit(w.device(), w.shape(), dy.dtype())?;
+        let op = "embedding backward";
+        ke::scatter_add(
+            w.device(),
+            idx.dense_block(op)?,
+            dy.dense_block(op)?,
+            dw.dense_block(op)?,
+            dy.dtype(),
+            idx.numel(),
+            dim,
+            vocab,
+        )?;
+        Ok(vec![Some(dw)])
+    }
+}
 
 impl Tensor {
     /// Rows of the table `self` [vocab, dim] at u32 `indices` (any shape): the result has
@@ -34,58 +67,25 @@ impl Tensor {
         }
         let mut shape = indices.shape().to_vec();
         shape.push(dim);
+        let (w, idx) = (self.contiguous()?, indices.contiguous()?);
         let out = Tensor::uninit(self.device(), &shape, self.dtype())?;
         ke::gather(
             self.device(),
-            self.block(),
-            indices.block(),
-            out.block(),
+            w.dense_block(op)?,
+            idx.dense_block(op)?,
+            out.dense_block(op)?,
             self.dtype(),
             indices.numel(),
             dim,
             vocab,
         )?;
-        let rec = record(&[self], || Op::Embedding {
+        let rec = record(&[self], || EmbeddingBack {
             w: self.clone(),
-            idx: indices.clone(),
+            idx,
         });
-        Ok(out.with_op(rec))
-    }
-
-    /// Zeroes each element with probability `p` and scales the rest by 1/(1-p). The mask comes
-    /// from a counter-based generator keyed by a seed drawn from the device, so the backward
-    /// pass (and a checkpoint's recomputation) regenerates it instead of storing it.
-    pub fn dropout(&self, p: f32) -> Result<Tensor> {
-        float_only("dropout", self)?;
-        if !(0.0..1.0).contains(&p) {
-            return Err(Error::invalid(
-                "dropout",
-                format!("probability {p} is not in [0, 1)"),
-            ));
-        }
-        if p == 0.0 {
-            return Ok(self.clone());
-        }
-        let seed = self.device().next_seed();
-        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
-        fill::dropout(
-            self.device(),
-            self.block(),
-            out.block(),
-            self.dtype(),
-            self.numel(),
-            p,
-            seed,
-        )?;
-        let rec = record(&[self], || Op::Dropout {
-            x: self.clone(),
-            p,
-            seed,
-        });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 }
-
 /// Errors unless every index in `idx` (u32) is below `limit`: the checked mode's host-side
 /// test (a read-back, so a sync).
 pub(crate) fn check_indices(op: &'static str, idx: &Tensor, limit: usize) -> Result<()> {
@@ -97,36 +97,4 @@ pub(crate) fn check_indices(op: &'static str, idx: &Tensor, limit: usize) -> Res
         ));
     }
     Ok(())
-}
-
-/// d table from d output: a deterministic scatter-add.
-pub(crate) fn embedding_grad(w: &Tensor, idx: &Tensor, dy: &Tensor) -> Result<Tensor> {
-    let (vocab, dim) = (w.shape()[0], w.shape()[1]);
-    let dw = Tensor::uninit(w.device(), w.shape(), dy.dtype())?;
-    ke::scatter_add(
-        w.device(),
-        idx.block(),
-        dy.block(),
-        dw.block(),
-        dy.dtype(),
-        idx.numel(),
-        dim,
-        vocab,
-    )?;
-    Ok(dw)
-}
-
-/// The dropout mask applied again, to the gradient.
-pub(crate) fn dropout_grad(dy: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
-    let dx = Tensor::uninit(dy.device(), dy.shape(), dy.dtype())?;
-    fill::dropout(
-        dy.device(),
-        dy.block(),
-        dx.block(),
-        dy.dtype(),
-        dy.numel(),
-        p,
-        seed,
-    )?;
-    Ok(dx)
 }

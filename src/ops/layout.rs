@@ -1,22 +1,189 @@
-//! Layout ops that move elements: permute, transpose, broadcast, narrow, concatenate.
-//! Each is one strided-copy kernel into a new contiguous tensor.
+//! Layout ops: reshape, permute, transpose, broadcast and narrow are views (no copy; only the
+//! layout changes), `contiguous` makes a dense copy of a view, `cat` and dtype conversion
+//! write new tensors.
 
-use crate::autograd::{Op, record};
 use crate::error::{Error, Result};
-use crate::kernels::copy::{self as kc, View};
-use crate::tensor::Tensor;
+use crate::kernels::copy as kc;
+use crate::tensor::graph::{Backward, record};
+use crate::tensor::{Tensor, check_numel};
 
-/// Row-major element strides of `shape`.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * shape[k + 1];
+/// Gradient of a reshape: the gradient reshaped back.
+struct ReshapeBack {
+    x: Tensor,
+}
+
+impl Backward for ReshapeBack {
+    fn name(&self) -> &'static str {
+        "reshape"
     }
-    s
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(g.reshape(self.x.shape())?)])
+    }
+}
+
+/// Gradient of a dtype conversion (or a same-dtype copy): the gradient converted back.
+struct CastBack {
+    x: Tensor,
+}
+
+impl Backward for CastBack {
+    fn name(&self) -> &'static str {
+        "cast"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(g.to_dtype(self.x.dtype())?)])
+    }
+}
+
+/// Gradient of a permutation: the inverse permutation.
+struct PermuteBack {
+    x: Tensor,
+    perm: Vec<usize>,
+}
+
+impl Backward for PermuteBack {
+    fn name(&self) -> &'static str {
+        "permute"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let mut inv = vec![0; self.perm.len()];
+        for (k, &p) in self.perm.iter().enumerate() {
+            inv[p] = k;
+        }
+        Ok(vec![Some(g.permute(&inv)?)])
+    }
+}
+
+/// Gradient of a broadcast: summed over the repeated dimensions.
+struct ExpandBack {
+    x: Tensor,
+}
+
+impl Backward for ExpandBack {
+    fn name(&self) -> &'static str {
+        "broadcast_to"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some(g.sum_to(self.x.shape())?)])
+    }
+}
+
+/// Gradient of a slice: zeros with the gradient written at the slice.
+struct NarrowBack {
+    x: Tensor,
+    axis: usize,
+    start: usize,
+}
+
+impl Backward for NarrowBack {
+    fn name(&self) -> &'static str {
+        "narrow"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let gx = Tensor::zeros(g.device(), self.x.shape(), g.dtype())?;
+        gx.write_slice(&g, self.axis, self.start)?;
+        Ok(vec![Some(gx)])
+    }
+}
+
+/// Gradient of a concatenation: the gradient's slices.
+struct CatBack {
+    xs: Vec<Tensor>,
+    axis: usize,
+}
+
+impl Backward for CatBack {
+    fn name(&self) -> &'static str {
+        "cat"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        self.xs.iter().collect()
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let mut at = 0;
+        let mut v = Vec::with_capacity(self.xs.len());
+        for x in &self.xs {
+            let len = x.shape()[self.axis];
+            v.push(Some(g.narrow(self.axis as isize, at, len)?));
+            at += len;
+        }
+        Ok(v)
+    }
 }
 
 impl Tensor {
-    /// Reorders dimensions: output dimension `k` is input dimension `perm[k]`.
+    /// The same elements in row-major order with a new shape (same count): a view when the
+    /// strides allow (always for a contiguous tensor), else a dense copy.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        check_numel("reshape", self.shape(), shape)?;
+        let base = match self.layout().reshape(shape) {
+            Some(_) => self.clone(),
+            None => self.contiguous()?,
+        };
+        let layout = base.layout().reshape(shape).ok_or_else(|| {
+            Error::Internal(format!("reshape of dense {:?} to {shape:?}", base.shape()))
+        })?;
+        let rec = record(&[&base], || ReshapeBack { x: base.clone() });
+        Ok(base.view(layout, rec))
+    }
+
+    /// A dense copy when this is a view (a strided layout or an offset), else the same tensor.
+    /// Kernels without strides run on dense tensors; ops call this for them.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.layout().is_dense() {
+            return Ok(self.clone());
+        }
+        let out = self.dense_copy()?;
+        let rec = record(&[self], || ReshapeBack { x: self.clone() });
+        Ok(out.with_node(rec))
+    }
+
+    /// Converts to another dtype (a new tensor; the same handle when the dtype already matches).
+    pub fn to_dtype(&self, dtype: crate::DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let x = self.contiguous()?;
+        let out = Tensor::uninit(self.device(), self.shape(), dtype)?;
+        kc::cast(
+            self.device(),
+            x.dense_block("to_dtype")?,
+            self.dtype(),
+            out.dense_block("to_dtype")?,
+            dtype,
+            self.numel(),
+        )?;
+        let rec = if dtype.is_float() && self.dtype().is_float() {
+            record(&[self], || CastBack { x: self.clone() })
+        } else {
+            None
+        };
+        Ok(out.with_node(rec))
+    }
+
+    /// A dense copy with its own storage.
+    pub fn copy(&self) -> Result<Tensor> {
+        let out = self.dense_copy()?;
+        let rec = record(&[self], || ReshapeBack { x: self.clone() });
+        Ok(out.with_node(rec))
+    }
+
+    /// Reorders dimensions (a view): output dimension `k` is input dimension `perm[k]`.
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let r = self.rank();
         let mut seen = vec![false; r];
@@ -30,33 +197,14 @@ impl Tensor {
                 format!("{perm:?} is not a permutation of {r} axes"),
             ));
         }
-        let xs = contiguous_strides(self.shape());
-        let dims: Vec<usize> = perm.iter().map(|&p| self.shape()[p]).collect();
-        let strides: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
-        let out = Tensor::uninit(self.device(), &dims, self.dtype())?;
-        kc::strided(
-            self.device(),
-            self.block(),
-            View {
-                strides: &strides,
-                offset: 0,
-            },
-            out.block(),
-            View {
-                strides: &contiguous_strides(&dims),
-                offset: 0,
-            },
-            self.dtype(),
-            &dims,
-        )?;
-        let rec = record(&[self], || Op::Permute {
+        let rec = record(&[self], || PermuteBack {
             x: self.clone(),
             perm: perm.to_vec(),
         });
-        Ok(out.with_op(rec))
+        Ok(self.view(self.layout().permute(perm), rec))
     }
 
-    /// Swaps two dimensions (negative counts from the end).
+    /// Swaps two dimensions (negative counts from the end); a view.
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
         let a = self.axis(a, "transpose")?;
         let b = self.axis(b, "transpose")?;
@@ -65,103 +213,81 @@ impl Tensor {
         self.permute(&perm)
     }
 
-    /// Repeats size-1 (or missing leading) dimensions up to `shape`.
+    /// Repeats size-1 (or missing leading) dimensions up to `shape`; a view (stride 0).
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
         if self.shape() == shape {
             return Ok(self.clone());
         }
-        let ok = shape.len() >= self.rank()
-            && self
-                .shape()
-                .iter()
-                .rev()
-                .zip(shape.iter().rev())
-                .all(|(&a, &b)| a == b || a == 1);
-        if !ok {
+        let Some(layout) = self.layout().broadcast_to(shape) else {
             return Err(Error::shape(
                 "broadcast_to",
                 format!("{:?} cannot broadcast to {shape:?}", self.shape()),
             ));
-        }
-        let strides = crate::kernels::elementwise::broadcast_strides(self.shape(), shape);
-        let out = Tensor::uninit(self.device(), shape, self.dtype())?;
-        kc::strided(
-            self.device(),
-            self.block(),
-            View {
-                strides: &strides,
-                offset: 0,
-            },
-            out.block(),
-            View {
-                strides: &contiguous_strides(shape),
-                offset: 0,
-            },
-            self.dtype(),
-            shape,
-        )?;
-        let rec = record(&[self], || Op::Expand { x: self.clone() });
-        Ok(out.with_op(rec))
+        };
+        let rec = record(&[self], || ExpandBack { x: self.clone() });
+        Ok(self.view(layout, rec))
     }
 
-    /// `len` elements of `axis` starting at `start`.
+    /// `len` elements of `axis` starting at `start`; a view.
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
         let a = self.axis(axis, "narrow")?;
-        if start + len > self.shape()[a] {
+        if start.checked_add(len).is_none_or(|e| e > self.shape()[a]) {
             return Err(Error::shape(
                 "narrow",
                 format!(
                     "{start}..{} out of axis {a} of {:?}",
-                    start + len,
+                    start.saturating_add(len),
                     self.shape()
                 ),
             ));
         }
-        let xs = contiguous_strides(self.shape());
-        let mut dims = self.shape().to_vec();
-        dims[a] = len;
-        let out = Tensor::uninit(self.device(), &dims, self.dtype())?;
-        kc::strided(
-            self.device(),
-            self.block(),
-            View {
-                strides: &xs,
-                offset: start * xs[a],
-            },
-            out.block(),
-            View {
-                strides: &contiguous_strides(&dims),
-                offset: 0,
-            },
-            self.dtype(),
-            &dims,
-        )?;
-        let rec = record(&[self], || Op::Narrow {
+        let rec = record(&[self], || NarrowBack {
             x: self.clone(),
             axis: a,
             start,
         });
-        Ok(out.with_op(rec))
+        Ok(self.view(self.layout().narrow(a, start, len), rec))
     }
 
-    /// Writes `src` into a copy of `self` at `start` along `axis` (the gradient of narrow;
-    /// also how `cat` fills its output).
+    /// Removes dimension `axis`, which must have size 1; a view.
+    pub fn squeeze(&self, axis: isize) -> Result<Tensor> {
+        let a = self.axis(axis, "squeeze")?;
+        if self.shape()[a] != 1 {
+            return Err(Error::shape(
+                "squeeze",
+                format!("axis {a} of {:?} is not 1", self.shape()),
+            ));
+        }
+        let mut s = self.shape().to_vec();
+        s.remove(a);
+        self.reshape(&s)
+    }
+
+    /// Inserts a dimension of size 1 at `axis` (0..=rank); a view.
+    pub fn unsqueeze(&self, axis: usize) -> Result<Tensor> {
+        if axis > self.rank() {
+            return Err(Error::invalid(
+                "unsqueeze",
+                format!("axis {axis} past rank {}", self.rank()),
+            ));
+        }
+        let mut s = self.shape().to_vec();
+        s.insert(axis, 1);
+        self.reshape(&s)
+    }
+
+    /// Writes `src` into this (dense) tensor at `start` along `axis` (the gradient of narrow;
+    /// also how `cat` fills its output). Not recorded.
     pub(crate) fn write_slice(&self, src: &Tensor, axis: usize, start: usize) -> Result<()> {
-        let ys = contiguous_strides(self.shape());
-        kc::strided(
+        self.dense_block("write_slice")?;
+        let dst = self.layout().narrow(axis, start, src.shape()[axis]);
+        kc::strided_layout(
             self.device(),
             src.block(),
-            View {
-                strides: &contiguous_strides(src.shape()),
-                offset: 0,
-            },
+            src.layout(),
             self.block(),
-            View {
-                strides: &ys,
-                offset: start * ys[axis],
-            },
+            &dst,
             self.dtype(),
-            src.shape(),
         )
     }
 
@@ -201,10 +327,10 @@ impl Tensor {
             out.write_slice(t, a, at)?;
             at += t.shape()[a];
         }
-        let rec = record(xs, || Op::Cat {
+        let rec = record(xs, || CatBack {
             xs: xs.iter().map(|t| (*t).clone()).collect(),
             axis: a,
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 }

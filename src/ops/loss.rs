@@ -1,11 +1,46 @@
 //! Losses: cross-entropy from logits, mean squared error.
 
 use super::elementwise::float_only;
-use crate::autograd::{Op, record};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::loss as kl;
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record};
+
+/// Cross-entropy's gradient, softmax minus one-hot, from the saved row statistics.
+struct CrossEntropyBack {
+    x: Tensor,
+    labels: Tensor,
+    stats: Tensor,
+}
+
+impl Backward for CrossEntropyBack {
+    fn name(&self) -> &'static str {
+        "cross_entropy"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let x = &self.x;
+        let (rows, classes) = (x.shape()[0], x.shape()[1]);
+        let dx = Tensor::uninit(x.device(), x.shape(), x.dtype())?;
+        let g = g.to_dtype(x.dtype())?.contiguous()?;
+        let op = "cross_entropy backward";
+        kl::backward(
+            x.device(),
+            x.dense_block(op)?,
+            self.labels.dense_block(op)?,
+            self.stats.dense_block(op)?,
+            g.dense_block(op)?,
+            dx.dense_block(op)?,
+            x.dtype(),
+            rows,
+            classes,
+        )?;
+        Ok(vec![Some(dx)])
+    }
+}
 
 impl Tensor {
     /// Per-row cross-entropy of logits [rows, classes] against u32 class labels [rows]. A
@@ -39,24 +74,26 @@ impl Tensor {
         if dev.is_checked() {
             crate::ops::embedding::check_indices(op, labels, classes)?;
         }
+        let (x, labels) = (self.contiguous()?, labels.contiguous()?);
         let loss = Tensor::uninit(dev, &[rows], self.dtype())?;
         let stats = Tensor::uninit(dev, &[rows, 2], DType::F32)?;
         kl::forward(
             dev,
-            self.block(),
-            labels.block(),
-            loss.block(),
-            stats.block(),
+            x.dense_block(op)?,
+            labels.dense_block(op)?,
+            loss.dense_block(op)?,
+            stats.dense_block(op)?,
             self.dtype(),
             rows,
             classes,
         )?;
-        let rec = record(&[self], || Op::CrossEntropy {
-            x: self.clone(),
-            labels: labels.clone(),
+        // The node keeps the dense logits it ran on (the same tensor when it was dense).
+        let rec = record(&[&x], || CrossEntropyBack {
+            x: x.clone(),
+            labels,
             stats,
         });
-        Ok(loss.with_op(rec))
+        Ok(loss.with_node(rec))
     }
 
     /// Mean cross-entropy of logits [rows, classes] against u32 labels [rows].
@@ -74,28 +111,4 @@ impl Tensor {
         }
         self.sub(target)?.square()?.mean_all()
     }
-}
-
-/// d logits from the per-row loss gradient g.
-pub(crate) fn cross_entropy_grad(
-    x: &Tensor,
-    labels: &Tensor,
-    stats: &Tensor,
-    g: &Tensor,
-) -> Result<Tensor> {
-    let (rows, classes) = (x.shape()[0], x.shape()[1]);
-    let dx = Tensor::uninit(x.device(), x.shape(), x.dtype())?;
-    let g = g.to_dtype(x.dtype())?;
-    kl::backward(
-        x.device(),
-        x.block(),
-        labels.block(),
-        stats.block(),
-        g.block(),
-        dx.block(),
-        x.dtype(),
-        rows,
-        classes,
-    )?;
-    Ok(dx)
 }

@@ -1,11 +1,15 @@
 //! Matrix products: batched, broadcasting, with transposes, bias and a fused activation.
+//!
+//! Operands may be views: the kernels read any layout whose matrix has one contiguous axis
+//! (a transpose is a stride swap) and whose batch dimensions collapse to one stride, so
+//! `x.matmul(&w.transpose(0, 1)?)` and the heads of a fused projection cost no copy.
 
 use super::activation::Activation;
 use super::elementwise::{broadcast_shape, float_only, same_device, same_dtype};
-use crate::autograd::{Op, record};
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as km, Act, Gemm};
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record, recording};
 
 /// Everything `Tensor::matmul_with` can fuse.
 #[derive(Clone, Copy, Debug, Default)]
@@ -21,24 +25,71 @@ pub struct MatmulOpts<'a> {
     pub act: Option<Activation>,
 }
 
-/// (batch dims, rows, cols) of a matrix operand, with the transpose applied.
-fn mat_dims(op: &'static str, t: &Tensor, trans: bool) -> Result<(Vec<usize>, usize, usize)> {
-    if t.rank() < 2 {
-        return Err(Error::shape(
-            op,
-            format!(
-                "operand of shape {:?} needs at least 2 dimensions",
-                t.shape()
-            ),
-        ));
-    }
+/// How the kernels read one operand: op(X)'s rows, columns and their element strides, the
+/// batch dimensions collapsed to one stride, and the offset.
+struct MatView {
+    batch: Vec<usize>,
+    count: usize,
+    rows: usize,
+    cols: usize,
+    strides: (usize, usize),
+    batch_stride: usize,
+    offset: usize,
+}
+
+/// `t` (possibly transposed) as the kernels read it, or `None` when its layout needs a copy
+/// first (neither matrix axis contiguous, or batch dimensions that do not collapse).
+fn mat_view(t: &Tensor, trans: bool) -> Option<MatView> {
     let r = t.rank();
-    let (a, b) = (t.shape()[r - 2], t.shape()[r - 1]);
-    Ok((
-        t.shape()[..r - 2].to_vec(),
-        if trans { b } else { a },
-        if trans { a } else { b },
-    ))
+    let (shape, st) = (t.shape(), t.strides());
+    let (mut sr, mut sc) = (st[r - 2], st[r - 1]);
+    let (h, w) = (shape[r - 2], shape[r - 1]);
+    // A size-1 axis may carry any stride: give it the one that makes the matrix contiguous.
+    if w == 1 {
+        sc = 1;
+    }
+    if h == 1 {
+        sr = if sc == 1 { w.max(1) } else { 1 };
+    }
+    if sr != 1 && sc != 1 {
+        return None;
+    }
+    // Batch dimensions: all broadcast (one matrix), or a run that collapses to one stride.
+    let bdims = &shape[..r - 2];
+    let bstr = &st[..r - 2];
+    let count: usize = bdims.iter().product();
+    let batch_stride = {
+        let live: Vec<(usize, usize)> = bdims
+            .iter()
+            .zip(bstr)
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, &s)| (d, s))
+            .collect();
+        if live.is_empty() {
+            0
+        } else {
+            for w2 in live.windows(2) {
+                if w2[0].1 != w2[1].1 * w2[1].0 {
+                    return None;
+                }
+            }
+            live[live.len() - 1].1
+        }
+    };
+    let (rows, cols, strides) = if trans {
+        (w, h, (sc, sr))
+    } else {
+        (h, w, (sr, sc))
+    };
+    Some(MatView {
+        batch: bdims.to_vec(),
+        count,
+        rows,
+        cols,
+        strides,
+        batch_stride,
+        offset: t.layout().offset(),
+    })
 }
 
 /// The product without recording: shared by the forward op and by gradients.
@@ -54,8 +105,37 @@ pub(crate) fn gemm(
     let dtype = same_dtype(op, a, b)?;
     same_device(op, a, b)?;
     float_only(op, a)?;
-    let (ab, m, k) = mat_dims(op, a, trans_a)?;
-    let (bb, k2, n) = mat_dims(op, b, trans_b)?;
+    for t in [a, b] {
+        if t.rank() < 2 {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "operand of shape {:?} needs at least 2 dimensions",
+                    t.shape()
+                ),
+            ));
+        }
+    }
+    // Layouts the kernels cannot read are made dense (always possible).
+    let (a, va) = match mat_view(a, trans_a) {
+        Some(v) => (a.clone(), v),
+        None => {
+            let d = a.contiguous()?;
+            let v = mat_view(&d, trans_a)
+                .ok_or_else(|| Error::Internal("dense matmul operand".into()))?;
+            (d, v)
+        }
+    };
+    let (b, vb) = match mat_view(b, trans_b) {
+        Some(v) => (b.clone(), v),
+        None => {
+            let d = b.contiguous()?;
+            let v = mat_view(&d, trans_b)
+                .ok_or_else(|| Error::Internal("dense matmul operand".into()))?;
+            (d, v)
+        }
+    };
+    let (m, k, k2, n) = (va.rows, va.cols, vb.rows, vb.cols);
     if k != k2 {
         return Err(Error::shape(
             op,
@@ -68,64 +148,136 @@ pub(crate) fn gemm(
             ),
         ));
     }
-    if let Some(bias) = bias {
-        same_dtype(op, a, bias)?;
-        if bias.shape() != [n] {
-            return Err(Error::shape(
-                op,
-                format!("bias of shape {:?} for {n} output columns", bias.shape()),
+    let bias = match bias {
+        Some(t) => {
+            same_dtype(op, &a, t)?;
+            if t.shape() != [n] {
+                return Err(Error::shape(
+                    op,
+                    format!("bias of shape {:?} for {n} output columns", t.shape()),
+                ));
+            }
+            Some(t.contiguous()?)
+        }
+        None => None,
+    };
+    let batch_shape = broadcast_shape(op, &va.batch, &vb.batch)?;
+    let batch: usize = batch_shape.iter().product();
+    // An operand either has the full batch or a single matrix (stride 0); other broadcasts
+    // are materialised.
+    let fit = |t: Tensor, v: MatView, trans: bool| -> Result<(Tensor, MatView)> {
+        if v.count == batch || v.count == 1 {
+            let bs = if v.count == 1 { 0 } else { v.batch_stride };
+            return Ok((
+                t,
+                MatView {
+                    batch_stride: bs,
+                    ..v
+                },
             ));
         }
-    }
-    let batch_shape = broadcast_shape(op, &ab, &bb)?;
-    let batch: usize = batch_shape.iter().product();
-    // An operand either has the full batch (stride one matrix) or a single matrix (stride 0);
-    // other broadcasts are materialised.
-    let fit = |t: &Tensor, dims: &[usize]| -> Result<(Tensor, usize)> {
-        let count: usize = dims.iter().product();
-        let mat = t.shape()[t.rank() - 2] * t.shape()[t.rank() - 1];
-        // Broadcasting only repeats, so an operand with as many matrices as the output batch
-        // already has the output's batch layout.
-        if count == batch {
-            Ok((t.clone(), mat))
-        } else if count == 1 {
-            Ok((t.clone(), 0))
-        } else {
-            let mut full = batch_shape.clone();
-            full.extend_from_slice(&t.shape()[t.rank() - 2..]);
-            Ok((t.broadcast_to(&full)?, mat))
-        }
+        let mut full = batch_shape.clone();
+        full.extend_from_slice(&t.shape()[t.rank() - 2..]);
+        let d = t.broadcast_to(&full)?.contiguous()?;
+        let v =
+            mat_view(&d, trans).ok_or_else(|| Error::Internal("dense matmul operand".into()))?;
+        Ok((d, v))
     };
-    let (a2, a_bs) = fit(a, &ab)?;
-    let (b2, b_bs) = fit(b, &bb)?;
+    let (a, va) = fit(a, va, trans_a)?;
+    let (b, vb) = fit(b, vb, trans_b)?;
     let mut out_shape = batch_shape.clone();
     out_shape.extend_from_slice(&[m, n]);
     let out = Tensor::uninit(a.device(), &out_shape, dtype)?;
     km::matmul(
         a.device(),
         &Gemm {
-            a: a2.block(),
-            b: b2.block(),
-            c: out.block(),
-            bias: bias.map(|t| t.block()),
+            a: a.block(),
+            b: b.block(),
+            c: out.dense_block(op)?,
+            bias: match &bias {
+                Some(t) => Some(t.dense_block(op)?),
+                None => None,
+            },
             dtype,
             m,
             n,
             k,
             batch,
-            trans_a,
-            trans_b,
-            a_bs,
-            b_bs,
+            a_strides: va.strides,
+            b_strides: vb.strides,
+            a_bs: va.batch_stride,
+            b_bs: vb.batch_stride,
             a_mod: batch,
             b_mod: batch,
             act,
-            offsets: (0, 0, 0),
+            offsets: (va.offset, vb.offset, 0),
             bias_rows: false,
             bias_bs: 0,
         },
     )?;
     Ok(out)
+}
+
+/// Gradients of `C = act(op(A) op(B) + bias)`.
+struct MatmulBack {
+    a: Tensor,
+    b: Tensor,
+    bias: Option<Tensor>,
+    trans_a: bool,
+    trans_b: bool,
+    /// The output, when a ReLU was fused (its gradient mask).
+    relu_out: Option<Tensor>,
+}
+
+impl Backward for MatmulBack {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn inputs(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.a, &self.b];
+        v.extend(self.bias.as_ref());
+        v
+    }
+
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (a, b) = (&self.a, &self.b);
+        let (ta, tb) = (self.trans_a, self.trans_b);
+        let g = match &self.relu_out {
+            Some(out) => relu_grad(out, &g)?,
+            None => g,
+        };
+        let ga = if a.requires_grad() {
+            let ga = if ta {
+                gemm(b, &g, tb, true, None, Act::None)?
+            } else {
+                gemm(&g, b, false, !tb, None, Act::None)?
+            };
+            Some(ga.sum_to(a.shape())?)
+        } else {
+            None
+        };
+        let gb = if b.requires_grad() {
+            let gb = if tb {
+                gemm(&g, a, true, ta, None, Act::None)?
+            } else {
+                gemm(a, &g, !ta, false, None, Act::None)?
+            };
+            Some(gb.sum_to(b.shape())?)
+        } else {
+            None
+        };
+        let mut v = vec![ga, gb];
+        if let Some(bias) = &self.bias {
+            v.push(if bias.requires_grad() {
+                let n = bias.numel();
+                Some(g.reshape(&[g.numel() / n.max(1), n])?.sum(0, false)?)
+            } else {
+                None
+            });
+        }
+        Ok(v)
+    }
 }
 
 impl Tensor {
@@ -140,19 +292,17 @@ impl Tensor {
         if let Some(b) = o.bias {
             inputs.push(b);
         }
-        let recording =
-            crate::autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
         // GELU's gradient needs its input, which the fused kernel does not keep: when
         // recording, run it as a separate op (it saves what it needs); so do activations the
         // epilogue has no code for.
         if let Some(a) = o.act
-            && (a.fused().is_none() || (recording && a == Activation::Gelu))
+            && (a.fused().is_none() || (recording(&inputs) && a == Activation::Gelu))
         {
             return a.apply(&self.matmul_with(other, MatmulOpts { act: None, ..o })?);
         }
         let act = o.act.and_then(Activation::fused).unwrap_or(Act::None);
         let out = gemm(self, other, o.trans_a, o.trans_b, o.bias, act)?;
-        let rec = record(&inputs, || Op::Matmul {
+        let rec = record(&inputs, || MatmulBack {
             a: self.clone(),
             b: other.clone(),
             bias: o.bias.cloned(),
@@ -160,7 +310,7 @@ impl Tensor {
             trans_b: o.trans_b,
             relu_out: (act == Act::Relu).then(|| out.detach()),
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 
     /// `self x weight^T + bias` with weight [out, in] (PyTorch's Linear layout).
@@ -176,55 +326,16 @@ impl Tensor {
     }
 }
 
-/// Gradients of `C = act(op(A) op(B) + bias)` for the inputs that need them.
-pub(crate) fn matmul_grads(
-    a: &Tensor,
-    b: &Tensor,
-    bias: Option<&Tensor>,
-    trans_a: bool,
-    trans_b: bool,
-    relu_out: Option<&Tensor>,
-    g: Tensor,
-) -> Result<Vec<(Tensor, Tensor)>> {
-    let g = match relu_out {
-        Some(out) => relu_grad(out, &g)?,
-        None => g,
-    };
-    let mut v = Vec::new();
-    if a.requires_grad() {
-        let ga = if trans_a {
-            gemm(b, &g, trans_b, true, None, Act::None)?
-        } else {
-            gemm(&g, b, false, !trans_b, None, Act::None)?
-        };
-        v.push((a.clone(), ga.sum_to(a.shape())?));
-    }
-    if b.requires_grad() {
-        let gb = if trans_b {
-            gemm(&g, a, true, trans_a, None, Act::None)?
-        } else {
-            gemm(a, &g, !trans_a, false, None, Act::None)?
-        };
-        v.push((b.clone(), gb.sum_to(b.shape())?));
-    }
-    if let Some(bias) = bias
-        && bias.requires_grad()
-    {
-        let n = bias.numel();
-        v.push((bias.clone(), g.reshape(&[g.numel() / n, n])?.sum(0, false)?));
-    }
-    Ok(v)
-}
-
 /// The gradient through a fused ReLU, from its output: g where out > 0, else 0.
 pub(crate) fn relu_grad(out: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let g = g.contiguous()?;
     let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
     crate::kernels::elementwise::unary_bwd(
         g.device(),
         crate::kernels::elementwise::Unary::Relu,
-        out.block(),
-        g.block(),
-        dx.block(),
+        out.dense_block("relu backward")?,
+        g.dense_block("relu backward")?,
+        dx.dense_block("relu backward")?,
         g.dtype(),
         g.numel(),
         0.0,

@@ -1,9 +1,11 @@
-//! Differentiable tensor ops: each computes through `kernels` and records its `Op` when an
-//! input needs gradients.
+//! Differentiable tensor ops. Each op's file holds its forward pass (through `kernels`), what
+//! it saves, and its backward pass (a [`Backward`](crate::tensor::graph::Backward) recorded on
+//! the output when an input needs gradients).
 
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod dropout;
 pub mod elementwise;
 pub mod embedding;
 pub mod layout;

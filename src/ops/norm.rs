@@ -1,11 +1,74 @@
 //! LayerNorm and RMSNorm over the last axis.
 
 use super::elementwise::{float_only, same_dtype};
-use crate::autograd::{Op, record};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::norm::{self as kn, Norm};
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record};
+
+/// LayerNorm's (or RMSNorm's) gradients from the saved per-row statistics.
+struct NormBack {
+    x: Tensor,
+    gamma: Tensor,
+    beta: Option<Tensor>,
+    stats: Tensor,
+    eps: f32,
+}
+
+impl Backward for NormBack {
+    fn name(&self) -> &'static str {
+        if self.beta.is_some() {
+            "layer_norm"
+        } else {
+            "rms_norm"
+        }
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.x, &self.gamma];
+        v.extend(self.beta.as_ref());
+        v
+    }
+    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (x, gamma) = (&self.x, &self.gamma);
+        let len = gamma.numel();
+        let dev = x.device();
+        let dx = Tensor::uninit(dev, x.shape(), x.dtype())?;
+        let dparams = Tensor::uninit(dev, &[2, len], x.dtype())?;
+        let dy = dy.to_dtype(x.dtype())?.contiguous()?;
+        let (xg, gg) = (x.contiguous()?, gamma.contiguous()?);
+        let n = Norm {
+            x: xg.dense_block("norm backward")?,
+            gamma: gg.dense_block("norm backward")?,
+            beta: None,
+            stats: self.stats.dense_block("norm backward")?,
+            dtype: x.dtype(),
+            rows: x.numel() / len.max(1),
+            len,
+            eps: self.eps,
+        };
+        let n = Norm {
+            beta: if self.beta.is_some() {
+                Some(n.gamma)
+            } else {
+                None
+            },
+            ..n
+        };
+        kn::backward(
+            dev,
+            &n,
+            dy.dense_block("norm backward")?,
+            dx.dense_block("norm backward")?,
+            dparams.dense_block("norm backward")?,
+        )?;
+        let mut v = vec![Some(dx), Some(dparams.narrow(0, 0, 1)?.reshape(&[len])?)];
+        if self.beta.is_some() {
+            v.push(Some(dparams.narrow(0, 1, 1)?.reshape(&[len])?));
+        }
+        Ok(v)
+    }
+}
 
 impl Tensor {
     fn norm_impl(&self, gamma: &Tensor, beta: Option<&Tensor>, eps: f32) -> Result<Tensor> {
@@ -41,29 +104,34 @@ impl Tensor {
         }
         let rows = self.numel() / len;
         let dev = self.device();
+        let (x, g) = (self.contiguous()?, gamma.contiguous()?);
+        let b = beta.map(Tensor::contiguous).transpose()?;
         let out = Tensor::uninit(dev, self.shape(), self.dtype())?;
         let stats = Tensor::uninit(dev, &[rows, 3], DType::F32)?;
         let n = Norm {
-            x: self.block(),
-            gamma: gamma.block(),
-            beta: beta.map(|b| b.block()),
-            stats: stats.block(),
+            x: x.dense_block(op)?,
+            gamma: g.dense_block(op)?,
+            beta: match &b {
+                Some(b) => Some(b.dense_block(op)?),
+                None => None,
+            },
+            stats: stats.dense_block(op)?,
             dtype: self.dtype(),
             rows,
             len,
             eps,
         };
-        kn::forward(dev, &n, out.block())?;
+        kn::forward(dev, &n, out.dense_block(op)?)?;
         let mut inputs = vec![self, gamma];
         inputs.extend(beta);
-        let rec = record(&inputs, || Op::Norm {
+        let rec = record(&inputs, || NormBack {
             x: self.clone(),
             gamma: gamma.clone(),
             beta: beta.cloned(),
             stats,
             eps,
         });
-        Ok(out.with_op(rec))
+        Ok(out.with_node(rec))
     }
 
     /// LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta.
@@ -75,34 +143,4 @@ impl Tensor {
     pub fn rms_norm(&self, gamma: &Tensor, eps: f32) -> Result<Tensor> {
         self.norm_impl(gamma, None, eps)
     }
-}
-
-/// (dx, dgamma, dbeta) from the saved statistics.
-pub(crate) fn norm_grads(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: Option<&Tensor>,
-    stats: &Tensor,
-    eps: f32,
-    dy: &Tensor,
-) -> Result<[Tensor; 3]> {
-    let len = gamma.numel();
-    let dev = x.device();
-    let dx = Tensor::uninit(dev, x.shape(), x.dtype())?;
-    let dparams = Tensor::uninit(dev, &[2, len], x.dtype())?;
-    let dy = dy.to_dtype(x.dtype())?;
-    let n = Norm {
-        x: x.block(),
-        gamma: gamma.block(),
-        beta: beta.map(|b| b.block()),
-        stats: stats.block(),
-        dtype: x.dtype(),
-        rows: x.numel() / len.max(1),
-        len,
-        eps,
-    };
-    kn::backward(dev, &n, dy.block(), dx.block(), dparams.block())?;
-    let dgamma = dparams.narrow(0, 0, 1)?.reshape(&[len])?;
-    let dbeta = dparams.narrow(0, 1, 1)?.reshape(&[len])?;
-    Ok([dx, dgamma, dbeta])
 }

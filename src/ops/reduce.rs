@@ -1,11 +1,62 @@
 //! Reductions: sum, mean, max, argmax along an axis or over everything.
 
 use super::elementwise::float_only;
-use crate::autograd::{Op, record};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::reduce::{self as kr, ReduceOp};
 use crate::tensor::Tensor;
+use crate::tensor::graph::{Backward, record};
+
+/// A scaled sum's gradient: the output gradient repeated along the axis, times the scale.
+struct SumBack {
+    x: Tensor,
+    axis: usize,
+    scale: f32,
+}
+
+impl Backward for SumBack {
+    fn name(&self) -> &'static str {
+        "sum"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let mut keep = self.x.shape().to_vec();
+        keep[self.axis] = 1;
+        let gx = g.reshape(&keep)?.broadcast_to(self.x.shape())?;
+        let gx = if self.scale == 1.0 {
+            gx
+        } else {
+            gx.mul_scalar(self.scale)?
+        };
+        Ok(vec![Some(gx)])
+    }
+}
+
+/// A max's (or min's) gradient: split evenly among the elements equal to the result.
+struct ExtremumBack {
+    x: Tensor,
+    axis: usize,
+    out: Tensor,
+}
+
+impl Backward for ExtremumBack {
+    fn name(&self) -> &'static str {
+        "max"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let mut keep = self.x.shape().to_vec();
+        keep[self.axis] = 1;
+        let mask = self.x.eq(&self.out.reshape(&keep)?)?;
+        let count = mask.sum(self.axis as isize, true)?;
+        let gx = mask.mul(&g.reshape(&keep)?.div(&count)?)?;
+        Ok(vec![Some(gx)])
+    }
+}
 
 /// [outer, len, inner] around `axis`.
 pub(crate) fn split3(shape: &[usize], axis: usize) -> (usize, usize, usize) {
@@ -48,42 +99,40 @@ impl Tensor {
             }
             let v = if scale.is_finite() { 0.0 } else { f32::NAN };
             let out = Tensor::full(self.device(), &shape, v, self.dtype())?;
-            let rec = record(&[self], || Op::Sum {
+            let rec = record(&[self], || SumBack {
                 x: self.clone(),
                 axis: a,
-                keepdim,
                 scale: 0.0,
             });
-            return Ok(out.with_op(rec));
+            return Ok(out.with_node(rec));
         }
+        let x = self.contiguous()?;
         let out = Tensor::uninit(self.device(), &shape, self.dtype())?;
         kr::reduce(
             self.device(),
             op,
             scale,
-            self.block(),
+            x.dense_block(name)?,
             self.dtype(),
-            out.block(),
+            out.dense_block(name)?,
             self.dtype(),
             outer,
             len,
             inner,
         )?;
-        let rec = record(&[self], || match op {
-            ReduceOp::Sum => Op::Sum {
+        let rec = match op {
+            ReduceOp::Sum => record(&[self], || SumBack {
                 x: self.clone(),
                 axis: a,
-                keepdim,
                 scale,
-            },
-            ReduceOp::Max | ReduceOp::Min => Op::Max {
+            }),
+            ReduceOp::Max | ReduceOp::Min => record(&[self], || ExtremumBack {
                 x: self.clone(),
                 axis: a,
-                keepdim,
                 out: out.detach(),
-            },
-        });
-        Ok(out.with_op(rec))
+            }),
+        };
+        Ok(out.with_node(rec))
     }
 
     /// Sum along `axis` (negative counts from the end).
@@ -143,6 +192,7 @@ impl Tensor {
                 format!("empty axis {a} of {:?}", self.shape()),
             ));
         }
+        let x = self.contiguous()?;
         let out = Tensor::uninit(
             self.device(),
             &reduced_shape(self.shape(), a, keepdim),
@@ -151,8 +201,8 @@ impl Tensor {
         kr::arg_reduce(
             self.device(),
             op,
-            self.block(),
-            out.block(),
+            x.dense_block(name)?,
+            out.dense_block(name)?,
             self.dtype(),
             outer,
             len,

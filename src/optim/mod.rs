@@ -74,6 +74,15 @@ impl Slotted {
                 format!("parameter {name} is not a variable (make it with .variable())"),
             ));
         }
+        if !p.layout().is_dense() {
+            return Err(Error::invalid(
+                "optimizer",
+                format!(
+                    "parameter {name} is a view ({:?}); give the optimizer the tensor it views",
+                    p.shape()
+                ),
+            ));
+        }
         let master = match p.dtype() {
             DType::F16 => Some(crate::autograd::no_grad(|| p.to_dtype(DType::F32))?),
             DType::F32 => None,
@@ -101,20 +110,27 @@ impl Slotted {
         let Some(g) = self.p.grad() else {
             return Ok(());
         };
-        let g = g.to_dtype(self.p.dtype())?;
+        let g = g.to_dtype(self.p.dtype())?.contiguous()?;
+        let op = "optimizer step";
         // Without state or master weights the kernel still binds something there; the
         // parameter itself is valid memory of the right size and is never written through it.
-        let dummy = self.master.as_ref().unwrap_or(&self.p).block();
+        let dummy = self.master.as_ref().unwrap_or(&self.p).dense_block(op)?;
         let state: Vec<_> = if self.state.is_empty() {
             vec![dummy]
         } else {
-            self.state.iter().map(|t| t.block()).collect()
+            self.state
+                .iter()
+                .map(|t| t.dense_block(op))
+                .collect::<Result<Vec<_>>>()?
         };
         let slot = Slot {
-            p: self.p.block(),
+            p: self.p.dense_block(op)?,
             p_dtype: self.p.dtype(),
-            g: g.block(),
-            master: self.master.as_ref().map(|m| m.block()),
+            g: g.dense_block(op)?,
+            master: match &self.master {
+                Some(m) => Some(m.dense_block(op)?),
+                None => None,
+            },
             n: self.p.numel(),
         };
         ko::step(self.p.device(), &slot, rule, lr, wd, gmul, &state)
@@ -127,9 +143,16 @@ pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f32> {
     let mut parts = Vec::new();
     for (_, p) in params {
         let Some(g) = p.grad() else { continue };
+        let g = g.contiguous()?;
         let n = g.numel();
         let partial = Tensor::uninit(g.device(), &[ko::sumsq_parts(n)], DType::F32)?;
-        ko::sumsq(g.device(), g.block(), g.dtype(), n, partial.block())?;
+        ko::sumsq(
+            g.device(),
+            g.dense_block("grad_norm")?,
+            g.dtype(),
+            n,
+            partial.dense_block("grad_norm")?,
+        )?;
         parts.push(partial);
     }
     if parts.is_empty() {

@@ -1,24 +1,30 @@
-//! Tensors: a shape, a dtype and contiguous storage in the device's memory pool.
+//! Tensors: a layout (shape, strides, offset) over storage in the device's memory pool.
 //!
-//! A [`Tensor`] is a cheap handle (`Arc`). Views that keep the element order (reshape) share
-//! storage; everything else writes a new tensor. Dropping the last handle returns the block to
-//! the pool at once: commands already queued that read it are ordered before any later use of
-//! the block (see `memory`).
+//! A [`Tensor`] is a cheap handle (`Arc`). Views (reshape, permute, transpose, narrow,
+//! broadcast) share storage and only change the layout; ops that need a plain buffer make a
+//! dense copy first (`contiguous`), the others read strides. Dropping the last handle to a
+//! storage returns its block to the pool at once: commands already queued that read it are
+//! ordered before any later use of the block (see `memory`).
 //!
-//! Autograd state lives here too, as in candle: `requires_grad`, the op that made the tensor
-//! (recorded only when an input needs gradients) and, for leaves, the accumulated gradient. The
-//! differentiable ops are in `ops/`; their gradients in `autograd/`.
+//! Autograd state lives here too, as in candle: `requires_grad`, the node an op recorded
+//! (only when an input needs gradients; see [`graph`]) and, for leaves, the accumulated
+//! gradient. The differentiable ops are in `ops/`; the backward walk in `autograd/`.
 
-use crate::autograd::{self, Op};
+pub mod graph;
+
+pub(crate) use crate::layout::check_numel;
+pub use crate::layout::{Layout, contiguous_strides};
+
 use crate::device::{Device, Readback};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kernels::fill::Dist;
 use crate::memory::Block;
+use graph::Backward;
 use half::f16;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -27,6 +33,12 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TensorId(u64);
 
+impl TensorId {
+    fn fresh() -> TensorId {
+        TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// An n-dimensional array on a device.
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<TensorInner>);
@@ -34,16 +46,16 @@ pub struct Tensor(pub(crate) Arc<TensorInner>);
 pub(crate) struct TensorInner {
     pub(crate) id: TensorId,
     pub(crate) dev: Device,
-    pub(crate) shape: Vec<usize>,
+    pub(crate) layout: Layout,
     pub(crate) dtype: DType,
     pub(crate) storage: Arc<Block>,
     /// Gradients flow to (or through) this tensor.
-    pub(crate) requires_grad: bool,
-    /// A leaf whose gradient is accumulated (a parameter), made by `variable()`.
-    pub(crate) variable: bool,
+    pub(crate) requires_grad: AtomicBool,
+    /// A leaf whose gradient is accumulated (a parameter).
+    pub(crate) variable: AtomicBool,
     /// How the tensor was computed, when recorded. Taken (and so freed) by `backward`.
-    pub(crate) op: Mutex<Option<Op>>,
-    /// Accumulated gradient of a leaf that requires grad.
+    pub(crate) node: Mutex<Option<Box<dyn Backward>>>,
+    /// Accumulated gradient of a variable.
     pub(crate) grad: Mutex<Option<Tensor>>,
 }
 
@@ -67,7 +79,8 @@ pub(crate) fn numel_of(op: &'static str, shape: &[usize]) -> Result<usize> {
 impl Tensor {
     // ----- construction -----
 
-    /// A tensor of `shape` and `dtype` whose contents are not initialised.
+    /// A dense tensor of `shape` and `dtype` whose contents are not initialised (NaN on a
+    /// poisoning device).
     pub(crate) fn uninit(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n = numel_of("alloc", shape)?;
         let block = dev.alloc(dtype.bytes(n))?;
@@ -76,33 +89,45 @@ impl Tensor {
         }
         Ok(Tensor::from_parts(
             dev,
-            shape.to_vec(),
+            Layout::contiguous(shape),
             dtype,
             Arc::new(block),
             None,
         ))
     }
 
-    /// Wraps storage; `op` is kept only when an input needs gradients (the caller checks).
+    /// Wraps storage; `node` is the op's record, present only when it records (the caller
+    /// checked).
     pub(crate) fn from_parts(
         dev: &Device,
-        shape: Vec<usize>,
+        layout: Layout,
         dtype: DType,
         storage: Arc<Block>,
-        op: Option<Op>,
+        node: Option<Box<dyn Backward>>,
     ) -> Tensor {
-        let requires_grad = op.is_some();
+        let requires_grad = node.is_some();
         Tensor(Arc::new(TensorInner {
-            id: TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+            id: TensorId::fresh(),
             dev: dev.clone(),
-            shape,
+            layout,
             dtype,
             storage,
-            requires_grad,
-            variable: false,
-            op: Mutex::new(op),
+            requires_grad: AtomicBool::new(requires_grad),
+            variable: AtomicBool::new(false),
+            node: Mutex::new(node),
             grad: Mutex::new(None),
         }))
+    }
+
+    /// A view of this tensor's storage with another layout, recording `node`.
+    pub(crate) fn view(&self, layout: Layout, node: Option<Box<dyn Backward>>) -> Tensor {
+        Tensor::from_parts(
+            self.device(),
+            layout,
+            self.dtype(),
+            Arc::clone(&self.0.storage),
+            node,
+        )
     }
 
     /// A tensor holding `data` (row-major) with `shape`; the dtype is `T`'s.
@@ -186,8 +211,9 @@ impl Tensor {
         Tensor::random(dev, shape, dtype, Dist::Normal(mean, std))
     }
 
-    /// Overwrites the elements with `data` (same count and dtype). The upload is ordered after
-    /// every command already queued, so kernels queued earlier still see the old values.
+    /// Overwrites the elements with `data` (same count and dtype; the tensor must own dense
+    /// storage, not be a view). The upload is ordered after every command already queued, so
+    /// kernels queued earlier still see the old values.
     pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
         if T::DTYPE != self.dtype() {
             return Err(Error::DType {
@@ -213,6 +239,7 @@ impl Tensor {
                 ),
             ));
         }
+        self.dense_block("write")?;
         self.device().upload(&self.0.storage, 0, bytes)
     }
 
@@ -267,26 +294,66 @@ impl Tensor {
     }
 
     fn read_async<T: Element>(&self) -> Result<Readback<T>> {
-        self.device()
-            .read_block(&self.0.storage, 0, self.dtype().bytes(self.numel()))
+        // A contiguous layout reads straight from its offset when that is word-aligned;
+        // anything else is copied dense first.
+        let l = self.layout();
+        let byte_off = self.dtype().bytes(l.offset());
+        if l.is_contiguous() && byte_off.is_multiple_of(4) {
+            return self.device().read_block(
+                &self.0.storage,
+                byte_off,
+                self.dtype().bytes(self.numel()),
+            );
+        }
+        self.dense_copy()?.read_async()
+    }
+
+    /// A dense copy of the elements (not recorded; `contiguous` is the differentiable one).
+    pub(crate) fn dense_copy(&self) -> Result<Tensor> {
+        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
+        kernels::copy::strided_layout(
+            self.device(),
+            self.block(),
+            self.layout(),
+            out.block(),
+            out.layout(),
+            self.dtype(),
+        )?;
+        Ok(out)
     }
 
     // ----- metadata -----
 
     /// The dimensions.
     pub fn shape(&self) -> &[usize] {
-        &self.0.shape
+        self.0.layout.shape()
+    }
+
+    /// Elements between neighbours along each dimension (views have other strides than
+    /// row-major ones; 0 for a broadcast dimension).
+    pub fn strides(&self) -> &[usize] {
+        self.0.layout.strides()
+    }
+
+    /// Shape, strides and offset.
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+
+    /// Row-major without gaps (possibly from an offset).
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
     }
 
     /// Number of dimensions.
     pub fn rank(&self) -> usize {
-        self.0.shape.len()
+        self.shape().len()
     }
 
     /// Size of dimension `d`; negative counts from the end.
     pub fn dim(&self, d: isize) -> Result<usize> {
         let a = self.axis(d, "dim")?;
-        Ok(self.0.shape[a])
+        Ok(self.shape()[a])
     }
 
     /// Resolves a possibly negative axis against the rank.
@@ -309,7 +376,7 @@ impl Tensor {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.0.shape.iter().product()
+        self.0.layout.numel()
     }
 
     /// Bytes of the elements (not counting block rounding).
@@ -327,8 +394,22 @@ impl Tensor {
         self.0.id
     }
 
+    /// The storage block, whatever the layout (kernels that read strides take it with the
+    /// layout).
     pub(crate) fn block(&self) -> &Block {
         &self.0.storage
+    }
+
+    /// The storage block of a dense tensor (row-major from element 0), which is what kernels
+    /// without strides read; an internal error otherwise (an op forgot `contiguous`).
+    pub(crate) fn dense_block(&self, op: &'static str) -> Result<&Block> {
+        if !self.0.layout.is_dense() {
+            return Err(Error::Internal(format!(
+                "{op}: a {:?} view reached a kernel that needs dense storage",
+                self.shape()
+            )));
+        }
+        Ok(&self.0.storage)
     }
 
     /// (page, byte offset) of the tensor's storage in the memory pool; for tests of reuse.
@@ -346,38 +427,34 @@ impl Tensor {
 
     /// Whether gradients are tracked for this tensor.
     pub fn requires_grad(&self) -> bool {
-        self.0.requires_grad
+        self.0.requires_grad.load(Ordering::Relaxed)
     }
 
-    /// A leaf that requires grad: the same storage, tracked as a variable (a parameter).
+    /// Makes this tensor a variable (a parameter): a leaf whose gradient accumulates in
+    /// [`Tensor::grad`], like PyTorch's `requires_grad_()`. The change is in place, so every
+    /// handle to this tensor (the one returned and the caller's) sees the gradient. A tensor
+    /// computed by a recorded op is not a leaf: for it this returns a new leaf on the same
+    /// storage, cut from the graph, and only that handle gets gradients.
     pub fn variable(&self) -> Tensor {
-        Tensor(Arc::new(TensorInner {
-            id: TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
-            dev: self.0.dev.clone(),
-            shape: self.0.shape.clone(),
-            dtype: self.0.dtype,
-            storage: Arc::clone(&self.0.storage),
-            requires_grad: true,
-            variable: true,
-            op: Mutex::new(None),
-            grad: Mutex::new(None),
-        }))
+        if lock(&self.0.node).is_some() {
+            let t = self.detach();
+            t.0.requires_grad.store(true, Ordering::Relaxed);
+            t.0.variable.store(true, Ordering::Relaxed);
+            return t;
+        }
+        self.0.requires_grad.store(true, Ordering::Relaxed);
+        self.0.variable.store(true, Ordering::Relaxed);
+        self.clone()
     }
 
-    /// The same storage, cut from the graph (no gradient flows through it).
+    /// The same elements, cut from the graph (no gradient flows through it).
     pub fn detach(&self) -> Tensor {
-        Tensor::from_parts(
-            &self.0.dev,
-            self.0.shape.clone(),
-            self.0.dtype,
-            Arc::clone(&self.0.storage),
-            None,
-        )
+        self.view(self.layout().clone(), None)
     }
 
     /// True for a variable (a leaf whose gradient is kept).
     pub fn is_variable(&self) -> bool {
-        self.0.variable
+        self.0.variable.load(Ordering::Relaxed)
     }
 
     /// The accumulated gradient of a leaf variable.
@@ -395,128 +472,34 @@ impl Tensor {
         self.set_grad(None);
     }
 
-    /// Computes gradients of this (scalar) tensor with respect to every variable it depends on
-    /// and adds them to their `grad()`. The graph is consumed: intermediate results are freed
-    /// as soon as the backward pass no longer needs them.
-    pub fn backward(&self) -> Result<()> {
-        autograd::backward(self, None)
-    }
-
-    /// Like [`Tensor::backward`] with an explicit gradient of this tensor (any shape).
-    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
-        autograd::backward(self, Some(grad.clone()))
-    }
-
-    // ----- layout -----
-
-    /// The same elements with a new shape (same count); shares storage.
-    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        let n = numel_of("reshape", shape)?;
-        if n != self.numel() {
-            return Err(Error::shape(
-                "reshape",
-                format!("cannot view {:?} as {shape:?}", self.shape()),
-            ));
-        }
-        let op = autograd::record(&[self], || Op::Reshape { x: self.clone() });
-        Ok(Tensor::from_parts(
-            self.device(),
-            shape.to_vec(),
-            self.dtype(),
-            Arc::clone(&self.0.storage),
-            op,
-        ))
-    }
-
-    /// Converts to another dtype (a new tensor; the same handle when the dtype already matches).
-    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
-        if dtype == self.dtype() {
-            return Ok(self.clone());
-        }
-        let out = Tensor::uninit(self.device(), self.shape(), dtype)?;
-        kernels::copy::cast(
-            self.device(),
-            self.block(),
-            self.dtype(),
-            out.block(),
-            dtype,
-            self.numel(),
-        )?;
-        let op = if dtype.is_float() && self.dtype().is_float() {
-            autograd::record(&[self], || Op::Cast { x: self.clone() })
-        } else {
-            None
-        };
-        Ok(out.with_op(op))
-    }
-
-    /// A copy with its own storage.
-    pub fn copy(&self) -> Result<Tensor> {
-        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
-        kernels::copy::cast(
-            self.device(),
-            self.block(),
-            self.dtype(),
-            out.block(),
-            self.dtype(),
-            self.numel(),
-        )?;
-        let op = autograd::record(&[self], || Op::Reshape { x: self.clone() });
-        Ok(out.with_op(op))
-    }
-
-    /// Attaches a recorded op to a freshly computed tensor.
-    pub(crate) fn with_op(self, op: Option<Op>) -> Tensor {
-        match op {
+    /// Attaches a recorded node to a freshly computed tensor.
+    pub(crate) fn with_node(self, node: Option<Box<dyn Backward>>) -> Tensor {
+        match node {
             None => self,
-            Some(op) => match Arc::try_unwrap(self.0) {
+            Some(node) => match Arc::try_unwrap(self.0) {
                 Ok(mut inner) => {
-                    inner.requires_grad = true;
-                    *inner.op.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(op);
+                    *inner.requires_grad.get_mut() = true;
+                    *inner.node.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(node);
                     Tensor(Arc::new(inner))
                 }
-                Err(shared) => {
-                    let t = Tensor(shared);
-                    Tensor::from_parts(
-                        t.device(),
-                        t.shape().to_vec(),
-                        t.dtype(),
-                        Arc::clone(&t.0.storage),
-                        Some(op),
-                    )
-                }
+                Err(shared) => Tensor(shared).view_with(node),
             },
         }
     }
-}
 
-/// Copies `src` into `dst` with the driver's buffer copy (not a kernel); both must hold the
-/// same number of bytes in different pages. For measuring memory bandwidth.
-#[doc(hidden)]
-pub fn raw_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
-    if src.nbytes() != dst.nbytes() {
-        return Err(Error::shape(
-            "raw_copy",
-            format!("{} vs {} bytes", src.nbytes(), dst.nbytes()),
-        ));
+    fn view_with(&self, node: Box<dyn Backward>) -> Tensor {
+        self.view(self.layout().clone(), Some(node))
     }
-    src.device()
-        .copy_blocks(src.block(), dst.block(), src.nbytes())
-}
-
-/// An uninitialised tensor (poisoned when the device poisons); for tests of poisoning.
-#[doc(hidden)]
-pub fn poison_probe(dev: &Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    Tensor::uninit(dev, shape, dtype)
 }
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Tensor({:?}, {}{})",
+            "Tensor({:?}, {}{}{})",
             self.shape(),
             self.dtype(),
+            if self.is_contiguous() { "" } else { ", view" },
             if self.requires_grad() { ", grad" } else { "" }
         )
     }
