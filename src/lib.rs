@@ -14,6 +14,7 @@ pub mod ops;
 pub mod optim;
 pub mod reference;
 pub mod tensor;
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
 pub mod train;

@@ -4,8 +4,10 @@
 
 mod common;
 
+use common::ops::{binary_case, sample, unary_case};
 use common::*;
 use wgrad::Activation;
+use wgrad::kernels::elementwise::{Binary, Unary};
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::optim::{Adam, Optimizer, Sgd};
 use wgrad::reference as cpu;
@@ -100,67 +102,25 @@ fn away(rng: &mut Rng, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn sig(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 #[test]
 fn unary_gradients() {
     let dev = device();
     let mut rng = Rng::new(30);
-    type U = (
-        &'static str,
-        fn(&Tensor) -> wgrad::Result<Tensor>,
-        fn(f64) -> f64,
-        u8,
-    );
-    let ops: [U; 19] = [
-        ("neg", |t| t.neg(), |x| -x, 0),
-        ("exp", |t| t.exp(), f64::exp, 0),
-        ("log", |t| t.log(), f64::ln, 1),
-        ("sqrt", |t| t.sqrt(), f64::sqrt, 1),
-        ("relu", |t| t.relu(), |x| x.max(0.0), 2),
-        ("gelu", |t| t.gelu(), cpu::gelu, 0),
-        ("tanh", |t| t.tanh(), f64::tanh, 0),
-        ("sigmoid", |t| t.sigmoid(), sig, 0),
-        ("silu", |t| t.silu(), |x| x * sig(x), 0),
-        ("abs", |t| t.abs(), f64::abs, 2),
-        ("square", |t| t.square(), |x| x * x, 0),
-        ("recip", |t| t.recip(), |x| 1.0 / x, 1),
-        ("add_scalar", |t| t.add_scalar(0.3), |x| x + 0.3, 0),
-        ("mul_scalar", |t| t.mul_scalar(-2.0), |x| -2.0 * x, 0),
-        ("pow_scalar", |t| t.pow_scalar(2.5), |x| x.powf(2.5), 1),
-        ("rsub_scalar", |t| t.rsub_scalar(1.0), |x| 1.0 - x, 0),
-        ("affine", |t| t.affine(0.5, 2.0), |x| 0.5 * x + 2.0, 0),
-        ("clamp", |t| t.clamp(-0.5, 0.5), |x| x.clamp(-0.5, 0.5), 3),
-        (
-            "maximum_scalar",
-            |t| t.maximum_scalar(0.25),
-            |x| x.max(0.25),
-            3,
-        ),
-    ];
-    for (name, g, c, domain) in ops {
+    for &op in Unary::ALL {
+        let case = unary_case(op);
+        if !case.differentiable {
+            continue;
+        }
         let n = 17;
-        let x = match domain {
-            1 => pos(&mut rng, n),
-            2 => away(&mut rng, n),
-            // keep clear of the clamp bounds
-            _ => rng
-                .vec(n)
-                .into_iter()
-                .map(|x| {
-                    if (x.abs() - 0.5).abs() < 0.05 || (x - 0.25).abs() < 0.05 {
-                        x * 0.5
-                    } else {
-                        x
-                    }
-                })
-                .collect(),
-        };
-        check(&dev, name, &[(x, vec![n], true)], &|t| g(&t[0]), &|x| {
-            x[0].iter().map(|&v| c(v)).collect()
-        });
+        let x = sample(&mut rng, case.domain, n);
+        let c = case.cpu;
+        check(
+            &dev,
+            case.name,
+            &[(x, vec![n], true)],
+            &|t| (case.run)(&t[0]),
+            &|x| x[0].iter().map(|&v| c(v)).collect(),
+        );
     }
 }
 
@@ -168,21 +128,12 @@ fn unary_gradients() {
 fn binary_gradients_with_broadcast() {
     let dev = device();
     let mut rng = Rng::new(31);
-    type B = (
-        &'static str,
-        fn(&Tensor, &Tensor) -> wgrad::Result<Tensor>,
-        fn(f64, f64) -> f64,
-    );
-    let ops: [B; 7] = [
-        ("add", |a, b| a.add(b), |a, b| a + b),
-        ("sub", |a, b| a.sub(b), |a, b| a - b),
-        ("mul", |a, b| a.mul(b), |a, b| a * b),
-        ("div", |a, b| a.div(b), |a, b| a / b),
-        ("maximum", |a, b| a.maximum(b), f64::max),
-        ("minimum", |a, b| a.minimum(b), f64::min),
-        ("pow", |a, b| a.pow(b), f64::powf),
-    ];
-    for (name, g, c) in ops {
+    for &op in Binary::ALL {
+        let case = binary_case(op);
+        if !case.differentiable {
+            continue;
+        }
+        let (name, g, c) = (case.name, case.run, case.cpu);
         for (sa, sb) in [
             (vec![3, 4], vec![3, 4]),
             (vec![3, 4], vec![4]),

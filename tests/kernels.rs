@@ -3,8 +3,10 @@
 
 mod common;
 
+use common::ops::{binary_case, sample, unary_case};
 use common::*;
 use wgrad::Activation;
+use wgrad::kernels::elementwise::{Binary, Unary};
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::reference as cpu;
 use wgrad::{DType, Error, Tensor};
@@ -17,52 +19,15 @@ fn f(v: &[f64]) -> Vec<f64> {
 fn unary_ops() {
     let dev = poisoned();
     let mut rng = Rng::new(10);
-    type Op = (
-        &'static str,
-        fn(&Tensor) -> wgrad::Result<Tensor>,
-        fn(f64) -> f64,
-        bool,
-    );
-    let ops: [Op; 16] = [
-        ("neg", |t| t.neg(), |x| -x, false),
-        ("exp", |t| t.exp(), f64::exp, false),
-        ("log", |t| t.log(), f64::ln, true),
-        ("sqrt", |t| t.sqrt(), f64::sqrt, true),
-        ("relu", |t| t.relu(), |x| x.max(0.0), false),
-        ("gelu", |t| t.gelu(), cpu::gelu, false),
-        ("tanh", |t| t.tanh(), f64::tanh, false),
-        (
-            "sigmoid",
-            |t| t.sigmoid(),
-            |x| 1.0 / (1.0 + (-x).exp()),
-            false,
-        ),
-        ("silu", |t| t.silu(), |x| x / (1.0 + (-x).exp()), false),
-        ("abs", |t| t.abs(), f64::abs, false),
-        ("square", |t| t.square(), |x| x * x, false),
-        ("recip", |t| t.recip(), |x| 1.0 / x, true),
-        ("add_scalar", |t| t.add_scalar(0.75), |x| x + 0.75, false),
-        ("mul_scalar", |t| t.mul_scalar(-1.5), |x| x * -1.5, false),
-        ("pow_scalar", |t| t.pow_scalar(1.7), |x| x.powf(1.7), true),
-        (
-            "clamp",
-            |t| t.clamp(-0.3, 0.4),
-            |x| x.clamp(-0.3, 0.4),
-            false,
-        ),
-    ];
     for dt in DTYPES {
         for n in SIZES {
-            for (name, op, reference, positive) in ops {
-                let x: Vec<f32> = rng
-                    .vec(n)
-                    .into_iter()
-                    .map(|v| if positive { v.abs() + 0.1 } else { v * 3.0 })
-                    .collect();
+            for &op in Unary::ALL {
+                let case = unary_case(op);
+                let x = sample(&mut rng, case.domain, n);
                 let t = tensor(&dev, &x, &[n], dt);
-                let y = op(&t).unwrap().to_f32_vec().unwrap();
-                let want: Vec<f64> = rounded(&x, dt).into_iter().map(reference).collect();
-                assert_close(&y, &want, dt, &format!("{name} n={n} {dt}"));
+                let y = (case.run)(&t).unwrap().to_f32_vec().unwrap();
+                let want: Vec<f64> = rounded(&x, dt).into_iter().map(case.cpu).collect();
+                assert_close(&y, &want, dt, &format!("{} n={n} {dt}", case.name));
             }
         }
     }
@@ -81,55 +46,44 @@ fn binary_ops_broadcast() {
         (&[1000], &[1000]),
         (&[2, 3, 4, 5, 6], &[3, 1, 5, 1]),
     ];
-    type Op = (
-        &'static str,
-        fn(&Tensor, &Tensor) -> wgrad::Result<Tensor>,
-        fn(f64, f64) -> f64,
-    );
-    let ops: [Op; 9] = [
-        ("add", |a, b| a.add(b), |a, b| a + b),
-        ("sub", |a, b| a.sub(b), |a, b| a - b),
-        ("mul", |a, b| a.mul(b), |a, b| a * b),
-        ("div", |a, b| a.div(b), |a, b| a / b),
-        ("maximum", |a, b| a.maximum(b), f64::max),
-        ("minimum", |a, b| a.minimum(b), f64::min),
-        (
-            "pow",
-            |a, b| a.abs()?.add_scalar(0.5)?.pow(b),
-            |a, b| (a.abs() + 0.5).powf(b),
-        ),
-        ("lt", |a, b| a.lt(b), |a, b| (a < b) as u8 as f64),
-        ("ge", |a, b| a.ge(b), |a, b| (a >= b) as u8 as f64),
-    ];
     for dt in DTYPES {
         for (sa, sb) in shapes {
             let na: usize = sa.iter().product();
             let nb: usize = sb.iter().product();
-            let a = rng.vec(na);
-            let b: Vec<f32> = rng
-                .vec(nb)
-                .into_iter()
-                .map(|v| v + 2.0 * v.signum())
-                .collect();
-            let (ta, tb) = (tensor(&dev, &a, sa, dt), tensor(&dev, &b, sb, dt));
             let out_shape = wgrad::ops::elementwise::broadcast_shape("t", sa, sb).unwrap();
-            let ra = rounded(&a, dt);
-            let rb = rounded(&b, dt);
-            for (name, op, reference) in ops {
-                let y = op(&ta, &tb).unwrap();
-                assert_eq!(y.shape(), out_shape.as_slice());
-                let want = broadcast_apply(&ra, sa, &rb, sb, &out_shape, reference);
-                // pow with an f16 base rounded through abs+0.5 in f32 on the GPU: compare loosely.
-                let tolr = if name == "pow" && dt == DType::F16 {
-                    (1e-2, 1e-2)
+            for &op in Binary::ALL {
+                let case = binary_case(op);
+                let (a, b): (Vec<f32>, Vec<f32>) = if !case.differentiable {
+                    // Comparisons: values on a coarse grid, so that ties occur.
+                    let grid = |v: f32| (v * 4.0).round() / 2.0;
+                    (
+                        rng.vec(na).into_iter().map(grid).collect(),
+                        rng.vec(nb).into_iter().map(grid).collect(),
+                    )
                 } else {
-                    tol(dt)
+                    let a = rng.vec(na);
+                    // |b| >= 2 keeps division well conditioned.
+                    let b = rng
+                        .vec(nb)
+                        .into_iter()
+                        .map(|v| v + 2.0 * v.signum())
+                        .collect();
+                    if op == Binary::Pow {
+                        (a.into_iter().map(|v| v.abs() + 0.5).collect(), b)
+                    } else {
+                        (a, b)
+                    }
                 };
-                assert_close_tol(
+                let (ta, tb) = (tensor(&dev, &a, sa, dt), tensor(&dev, &b, sb, dt));
+                let y = (case.run)(&ta, &tb).unwrap();
+                assert_eq!(y.shape(), out_shape.as_slice());
+                let (ra, rb) = (rounded(&a, dt), rounded(&b, dt));
+                let want = broadcast_apply(&ra, sa, &rb, sb, &out_shape, case.cpu);
+                assert_close(
                     &y.to_f32_vec().unwrap(),
                     &want,
-                    tolr,
-                    &format!("{name} {sa:?} {sb:?} {dt}"),
+                    dt,
+                    &format!("{} {sa:?} {sb:?} {dt}", case.name),
                 );
             }
         }

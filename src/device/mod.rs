@@ -627,6 +627,7 @@ impl Device {
     /// Records a plain buffer-to-buffer copy of `bytes` between two blocks, which must not
     /// share a page (wgpu forbids copies within one buffer). The bench uses it as the
     /// device's memory-bandwidth ceiling.
+    #[cfg(feature = "testing")]
     pub(crate) fn copy_blocks(&self, src: &Block, dst: &Block, bytes: u64) -> Result<()> {
         if src.buffer() == dst.buffer() {
             return Err(Error::invalid(

@@ -1,6 +1,8 @@
 //! Shared test helpers: a device, random data, the tolerance check, CPU references in f64.
 #![allow(dead_code)]
 
+pub mod ops;
+
 use wgrad::{Device, DeviceOptions};
 
 /// A fresh device with options from the environment (so CI can run the suite with
