@@ -143,18 +143,7 @@ impl Profile {
 
 fn json_str(v: &str) -> String {
     let mut o = String::with_capacity(v.len() + 2);
-    o.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
+    crate::memory::trace::json_string(&mut o, v);
     o
 }
 

@@ -1,6 +1,6 @@
 //! Host side of `shaders/copy.wgsl`: cast, bit copies and strided copies.
 
-use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, arg, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -33,18 +33,7 @@ pub(crate) fn pack8(v: &[usize]) -> [[u32; 4]; 2] {
 }
 
 fn run(dev: &Device, entry: &'static str, p: CopyParams, args: &[Arg<'_>]) -> Result<()> {
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Copy,
-            entry,
-            wg: WG,
-            consts: &[],
-            params: p,
-            args,
-            groups: grid_1d(p.n as usize, WG),
-        },
-    )
+    launch_flat(dev, Kernel::Copy, entry, WG, p, args, p.n as usize)
 }
 
 /// `y = x` for `n` contiguous elements, converting dtypes. Same-dtype copies move raw words, so

@@ -1,7 +1,7 @@
 //! Host side of `shaders/elementwise.wgsl`.
 
 use super::copy::pack8;
-use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, arg, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -98,18 +98,7 @@ crate::params! {
 }
 
 fn run(dev: &Device, entry: &'static str, p: EwParams, args: &[Arg<'_>]) -> Result<()> {
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Elementwise,
-            entry,
-            wg: WG,
-            consts: &[],
-            params: p,
-            args,
-            groups: grid_1d(p.n as usize, WG),
-        },
-    )
+    launch_flat(dev, Kernel::Elementwise, entry, WG, p, args, p.n as usize)
 }
 
 /// `y = op(x; a, b)` over `n` elements.

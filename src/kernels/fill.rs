@@ -1,6 +1,6 @@
 //! Host side of `shaders/fill.wgsl`: constants, random numbers, dropout.
 
-use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, arg, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -20,19 +20,8 @@ crate::params! {
     }
 }
 
-fn run(dev: &Device, entry: &'static str, p: FillParams, args: &[super::Arg<'_>]) -> Result<()> {
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Fill,
-            entry,
-            wg: WG,
-            consts: &[],
-            params: p,
-            args,
-            groups: grid_1d(p.n as usize, WG),
-        },
-    )
+fn run(dev: &Device, entry: &'static str, p: FillParams, args: &[Arg<'_>]) -> Result<()> {
+    launch_flat(dev, Kernel::Fill, entry, WG, p, args, p.n as usize)
 }
 
 /// A distribution for [`random`].

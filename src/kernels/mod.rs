@@ -193,6 +193,31 @@ pub(crate) fn target(dev: &Device) -> Target {
 }
 
 /// Compiles (once) and records one launch.
+/// Launches `entry` of `kernel` over `n` threads in a 1-D grid of `wg`-thread workgroups, with
+/// no compile-time constants: the shape of the elementwise, copy and fill launches.
+pub(crate) fn launch_flat<P: KernelParams>(
+    dev: &Device,
+    kernel: Kernel,
+    entry: &'static str,
+    wg: u32,
+    params: P,
+    args: &[Arg<'_>],
+    n: usize,
+) -> Result<()> {
+    launch(
+        dev,
+        &Launch {
+            kernel,
+            entry,
+            wg,
+            consts: &[],
+            params,
+            args,
+            groups: grid_1d(n, wg),
+        },
+    )
+}
+
 pub(crate) fn launch<P: KernelParams>(dev: &Device, l: &Launch<'_, P>) -> Result<()> {
     let key = pipeline::Key::new(l.kernel, l.entry, l.wg, l.consts, l.args)?;
     let pipe = pipeline::get(dev, &key, l.args.len(), || {

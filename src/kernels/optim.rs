@@ -1,6 +1,6 @@
 //! Host side of `shaders/optim.wgsl`.
 
-use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
+use super::{Kernel, Launch, arg, grid_1d, launch, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -75,26 +75,23 @@ pub(crate) fn step(
         ..Default::default()
     };
     match rule {
-        Rule::Sgd { momentum, nesterov } => launch(
+        Rule::Sgd { momentum, nesterov } => launch_flat(
             dev,
-            &Launch {
-                kernel: Kernel::Optim,
-                entry: "sgd",
-                wg: WG,
-                consts: &[],
-                params: OptimParams {
-                    beta1: momentum,
-                    nesterov: nesterov as u32,
-                    ..base
-                },
-                args: &[
-                    arg(slot.g, slot.p_dtype),
-                    arg(slot.p, slot.p_dtype),
-                    arg(master, DType::F32),
-                    arg(state[0], DType::F32),
-                ],
-                groups: grid_1d(slot.n, WG),
+            Kernel::Optim,
+            "sgd",
+            WG,
+            OptimParams {
+                beta1: momentum,
+                nesterov: nesterov as u32,
+                ..base
             },
+            &[
+                arg(slot.g, slot.p_dtype),
+                arg(slot.p, slot.p_dtype),
+                arg(master, DType::F32),
+                arg(state[0], DType::F32),
+            ],
+            slot.n,
         ),
         Rule::Adam {
             beta1,
@@ -106,31 +103,28 @@ pub(crate) fn step(
             let t = step.max(1) as i32;
             let c1 = 1.0 / (1.0 - beta1.powi(t));
             let c2 = 1.0 / (1.0 - beta2.powi(t));
-            launch(
+            launch_flat(
                 dev,
-                &Launch {
-                    kernel: Kernel::Optim,
-                    entry: "adam",
-                    wg: WG,
-                    consts: &[],
-                    params: OptimParams {
-                        beta1,
-                        beta2,
-                        eps,
-                        c1,
-                        c2,
-                        decoupled: decoupled as u32,
-                        ..base
-                    },
-                    args: &[
-                        arg(slot.g, slot.p_dtype),
-                        arg(slot.p, slot.p_dtype),
-                        arg(master, DType::F32),
-                        arg(state[0], DType::F32),
-                        arg(state[1], DType::F32),
-                    ],
-                    groups: grid_1d(slot.n, WG),
+                Kernel::Optim,
+                "adam",
+                WG,
+                OptimParams {
+                    beta1,
+                    beta2,
+                    eps,
+                    c1,
+                    c2,
+                    decoupled: decoupled as u32,
+                    ..base
                 },
+                &[
+                    arg(slot.g, slot.p_dtype),
+                    arg(slot.p, slot.p_dtype),
+                    arg(master, DType::F32),
+                    arg(state[0], DType::F32),
+                    arg(state[1], DType::F32),
+                ],
+                slot.n,
             )
         }
     }

@@ -19,7 +19,7 @@ pub mod arena;
 pub(crate) mod staging;
 mod stats;
 mod timeline;
-mod trace;
+pub(crate) mod trace;
 
 pub use stats::{MemoryReport, MemoryStats};
 pub use timeline::timeline_svg;

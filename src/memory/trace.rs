@@ -125,7 +125,8 @@ impl Trace {
     }
 }
 
-fn json_string(out: &mut String, v: &str) {
+/// Appends `v` as a JSON string literal.
+pub(crate) fn json_string(out: &mut String, v: &str) {
     out.push('"');
     for c in v.chars() {
         match c {

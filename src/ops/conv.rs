@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::kernels::conv::{self as kc, Geom};
 use crate::kernels::matmul::{self as km, Act, Gemm};
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record, recording};
+use crate::tensor::graph::{Backward, record, record_fn, recording};
 
 /// Convolution hyper-parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,10 +189,8 @@ impl Tensor {
             idx.dense_block("max_pool2d")?,
             self.dtype(),
         )?;
-        let rec = record(&[self], || MaxPoolBack {
-            x: self.clone(),
-            geom: g,
-            idx,
+        let rec = record_fn("max_pool2d", self, move |x, dy| {
+            max_pool_grad(x, &g, &idx, dy)
         });
         Ok(out.with_node(rec))
     }
@@ -215,10 +213,7 @@ impl Tensor {
             out.dense_block("avg_pool2d")?,
             self.dtype(),
         )?;
-        let rec = record(&[self], || AvgPoolBack {
-            x: self.clone(),
-            geom: g,
-        });
+        let rec = record_fn("avg_pool2d", self, move |x, dy| avg_pool_grad(x, &g, dy));
         Ok(out.with_node(rec))
     }
 }
@@ -490,57 +485,30 @@ impl Backward for ConvBack {
 }
 
 /// Max pooling's gradient: each input gets the gradients of the windows it was the maximum of.
-struct MaxPoolBack {
-    x: Tensor,
-    geom: Geom,
-    idx: Tensor,
-}
-
-impl Backward for MaxPoolBack {
-    fn name(&self) -> &'static str {
-        "max_pool2d"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let dy = dy.contiguous()?;
-        let dx = Tensor::uninit(self.x.device(), self.x.shape(), dy.dtype())?;
-        kc::maxpool_bwd(
-            self.x.device(),
-            &self.geom,
-            self.idx.dense_block("max_pool2d backward")?,
-            dy.dense_block("max_pool2d backward")?,
-            dx.dense_block("max_pool2d backward")?,
-            dy.dtype(),
-        )?;
-        Ok(vec![Some(dx)])
-    }
+fn max_pool_grad(x: &Tensor, geom: &Geom, idx: &Tensor, dy: Tensor) -> Result<Tensor> {
+    let dy = dy.contiguous()?;
+    let dx = Tensor::uninit(x.device(), x.shape(), dy.dtype())?;
+    kc::maxpool_bwd(
+        x.device(),
+        geom,
+        idx.dense_block("max_pool2d backward")?,
+        dy.dense_block("max_pool2d backward")?,
+        dx.dense_block("max_pool2d backward")?,
+        dy.dtype(),
+    )?;
+    Ok(dx)
 }
 
 /// Average pooling's gradient.
-struct AvgPoolBack {
-    x: Tensor,
-    geom: Geom,
-}
-
-impl Backward for AvgPoolBack {
-    fn name(&self) -> &'static str {
-        "avg_pool2d"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let dy = dy.contiguous()?;
-        let dx = Tensor::uninit(self.x.device(), self.x.shape(), dy.dtype())?;
-        kc::avgpool_bwd(
-            self.x.device(),
-            &self.geom,
-            dy.dense_block("avg_pool2d backward")?,
-            dx.dense_block("avg_pool2d backward")?,
-            dy.dtype(),
-        )?;
-        Ok(vec![Some(dx)])
-    }
+fn avg_pool_grad(x: &Tensor, geom: &Geom, dy: Tensor) -> Result<Tensor> {
+    let dy = dy.contiguous()?;
+    let dx = Tensor::uninit(x.device(), x.shape(), dy.dtype())?;
+    kc::avgpool_bwd(
+        x.device(),
+        geom,
+        dy.dense_block("avg_pool2d backward")?,
+        dx.dense_block("avg_pool2d backward")?,
+        dy.dtype(),
+    )?;
+    Ok(dx)
 }

@@ -4,7 +4,7 @@ use super::elementwise::float_only;
 use crate::error::{Error, Result};
 use crate::kernels::fill;
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::record_fn;
 
 /// y = x * mask / (1 - p) for the mask drawn from `seed`.
 fn apply(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
@@ -20,25 +20,6 @@ fn apply(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
         seed,
     )?;
     Ok(out)
-}
-
-/// The gradient: the same mask (same seed) applied to it.
-struct DropoutBack {
-    x: Tensor,
-    p: f32,
-    seed: u64,
-}
-
-impl Backward for DropoutBack {
-    fn name(&self) -> &'static str {
-        "dropout"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(apply(&g, self.p, self.seed)?)])
-    }
 }
 
 impl Tensor {
@@ -58,11 +39,8 @@ impl Tensor {
         }
         let seed = self.device().next_seed();
         let out = apply(self, p, seed)?;
-        let rec = record(&[self], || DropoutBack {
-            x: self.clone(),
-            p,
-            seed,
-        });
+        // The gradient: the same mask (same seed) applied to it.
+        let rec = record_fn("dropout", self, move |_, g| apply(&g, p, seed));
         Ok(out.with_node(rec))
     }
 }

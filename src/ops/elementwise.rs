@@ -4,41 +4,26 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::{self as ew, Binary, Operand, Unary};
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::{Backward, record, record_fn};
 
-/// A unary op's gradient, from its saved input or output (`Unary::grad_uses_output`).
-struct UnaryBack {
-    op: Unary,
-    x: Tensor,
-    a: f32,
-    b: f32,
-    saved: Tensor,
-}
-
-impl Backward for UnaryBack {
-    fn name(&self) -> &'static str {
-        "unary"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let g = g.contiguous()?;
-        let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
-        let saved = self.saved.to_dtype(g.dtype())?;
-        ew::unary_bwd(
-            g.device(),
-            self.op,
-            saved.dense_block("unary backward")?,
-            g.dense_block("unary backward")?,
-            dx.dense_block("unary backward")?,
-            g.dtype(),
-            g.numel(),
-            self.a,
-            self.b,
-        )?;
-        Ok(vec![Some(dx)])
-    }
+/// A unary op's gradient, from its saved input or output (`Unary::grad_uses_output`), which
+/// must be dense.
+fn unary_grad(op: Unary, a: f32, b: f32, saved: &Tensor, g: Tensor) -> Result<Tensor> {
+    let g = g.contiguous()?;
+    let dx = Tensor::uninit(g.device(), g.shape(), g.dtype())?;
+    let saved = saved.to_dtype(g.dtype())?;
+    ew::unary_bwd(
+        g.device(),
+        op,
+        saved.dense_block("unary backward")?,
+        g.dense_block("unary backward")?,
+        dx.dense_block("unary backward")?,
+        g.dtype(),
+        g.numel(),
+        a,
+        b,
+    )?;
+    Ok(dx)
 }
 
 /// A broadcasting binary op's gradients, summed back to each input's shape.
@@ -210,17 +195,12 @@ impl Tensor {
             a,
             b,
         )?;
-        let rec = record(&[self], || UnaryBack {
-            op,
-            x: self.clone(),
-            a,
-            b,
-            saved: if op.grad_uses_output() {
-                out.detach()
-            } else {
-                x.detach()
-            },
-        });
+        let saved = if op.grad_uses_output() {
+            out.detach()
+        } else {
+            x.detach()
+        };
+        let rec = record_fn("unary", self, move |_, g| unary_grad(op, a, b, &saved, g));
         Ok(out.with_node(rec))
     }
 

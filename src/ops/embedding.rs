@@ -5,39 +5,25 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::embedding as ke;
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::record_fn;
 
 /// The table's gradient: a deterministic scatter-add of the output gradient's rows.
-struct EmbeddingBack {
-    w: Tensor,
-    idx: Tensor,
-}
-
-impl Backward for EmbeddingBack {
-    fn name(&self) -> &'static str {
-        "embedding"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.w]
-    }
-    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (w, idx) = (&self.w, &self.idx);
-        let (vocab, dim) = (w.shape()[0], w.shape()[1]);
-        let dy = dy.contiguous()?;
-        let dw = Tensor::uninit(w.device(), w.shape(), dy.dtype())?;
-        let op = "embedding backward";
-        ke::scatter_add(
-            w.device(),
-            idx.dense_block(op)?,
-            dy.dense_block(op)?,
-            dw.dense_block(op)?,
-            dy.dtype(),
-            idx.numel(),
-            dim,
-            vocab,
-        )?;
-        Ok(vec![Some(dw)])
-    }
+fn embedding_grad(w: &Tensor, idx: &Tensor, dy: Tensor) -> Result<Tensor> {
+    let (vocab, dim) = (w.shape()[0], w.shape()[1]);
+    let dy = dy.contiguous()?;
+    let dw = Tensor::uninit(w.device(), w.shape(), dy.dtype())?;
+    let op = "embedding backward";
+    ke::scatter_add(
+        w.device(),
+        idx.dense_block(op)?,
+        dy.dense_block(op)?,
+        dw.dense_block(op)?,
+        dy.dtype(),
+        idx.numel(),
+        dim,
+        vocab,
+    )?;
+    Ok(dw)
 }
 
 impl Tensor {
@@ -79,10 +65,7 @@ impl Tensor {
             dim,
             vocab,
         )?;
-        let rec = record(&[self], || EmbeddingBack {
-            w: self.clone(),
-            idx,
-        });
+        let rec = record_fn("embedding", self, move |w, g| embedding_grad(w, &idx, g));
         Ok(out.with_node(rec))
     }
 }

@@ -4,102 +4,8 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::copy as kc;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::{Backward, record, record_fn};
 use crate::tensor::{Tensor, check_numel};
-
-/// Gradient of a reshape: the gradient reshaped back.
-struct ReshapeBack {
-    x: Tensor,
-}
-
-impl Backward for ReshapeBack {
-    fn name(&self) -> &'static str {
-        "reshape"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(g.reshape(self.x.shape())?)])
-    }
-}
-
-/// Gradient of a dtype conversion (or a same-dtype copy): the gradient converted back.
-struct CastBack {
-    x: Tensor,
-}
-
-impl Backward for CastBack {
-    fn name(&self) -> &'static str {
-        "cast"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(g.to_dtype(self.x.dtype())?)])
-    }
-}
-
-/// Gradient of a permutation: the inverse permutation.
-struct PermuteBack {
-    x: Tensor,
-    perm: Vec<usize>,
-}
-
-impl Backward for PermuteBack {
-    fn name(&self) -> &'static str {
-        "permute"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let mut inv = vec![0; self.perm.len()];
-        for (k, &p) in self.perm.iter().enumerate() {
-            inv[p] = k;
-        }
-        Ok(vec![Some(g.permute(&inv)?)])
-    }
-}
-
-/// Gradient of a broadcast: summed over the repeated dimensions.
-struct ExpandBack {
-    x: Tensor,
-}
-
-impl Backward for ExpandBack {
-    fn name(&self) -> &'static str {
-        "broadcast_to"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some(g.sum_to(self.x.shape())?)])
-    }
-}
-
-/// Gradient of a slice: zeros with the gradient written at the slice.
-struct NarrowBack {
-    x: Tensor,
-    axis: usize,
-    start: usize,
-}
-
-impl Backward for NarrowBack {
-    fn name(&self) -> &'static str {
-        "narrow"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let gx = Tensor::zeros(g.device(), self.x.shape(), g.dtype())?;
-        gx.write_slice(&g, self.axis, self.start)?;
-        Ok(vec![Some(gx)])
-    }
-}
 
 /// Gradient of a concatenation: the gradient's slices.
 struct CatBack {
@@ -138,7 +44,7 @@ impl Tensor {
         let layout = base.layout().reshape(shape).ok_or_else(|| {
             Error::Internal(format!("reshape of dense {:?} to {shape:?}", base.shape()))
         })?;
-        let rec = record(&[&base], || ReshapeBack { x: base.clone() });
+        let rec = record_fn("reshape", &base, |x, g| g.reshape(x.shape()));
         Ok(base.view(layout, rec))
     }
 
@@ -149,8 +55,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         let out = self.dense_copy()?;
-        let rec = record(&[self], || ReshapeBack { x: self.clone() });
-        Ok(out.with_node(rec))
+        Ok(out.with_node(record_fn("contiguous", self, |_, g| Ok(g))))
     }
 
     /// Converts to another dtype (a new tensor; the same handle when the dtype already matches).
@@ -169,7 +74,7 @@ impl Tensor {
             self.numel(),
         )?;
         let rec = if dtype.is_float() && self.dtype().is_float() {
-            record(&[self], || CastBack { x: self.clone() })
+            record_fn("to_dtype", self, |x, g| g.to_dtype(x.dtype()))
         } else {
             None
         };
@@ -179,8 +84,7 @@ impl Tensor {
     /// A dense copy with its own storage.
     pub fn copy(&self) -> Result<Tensor> {
         let out = self.dense_copy()?;
-        let rec = record(&[self], || ReshapeBack { x: self.clone() });
-        Ok(out.with_node(rec))
+        Ok(out.with_node(record_fn("copy", self, |_, g| Ok(g))))
     }
 
     /// Reorders dimensions (a view): output dimension `k` is input dimension `perm[k]`.
@@ -197,10 +101,11 @@ impl Tensor {
                 format!("{perm:?} is not a permutation of {r} axes"),
             ));
         }
-        let rec = record(&[self], || PermuteBack {
-            x: self.clone(),
-            perm: perm.to_vec(),
-        });
+        let mut inv = vec![0; r];
+        for (k, &p) in perm.iter().enumerate() {
+            inv[p] = k;
+        }
+        let rec = record_fn("permute", self, move |_, g| g.permute(&inv));
         Ok(self.view(self.layout().permute(perm), rec))
     }
 
@@ -224,7 +129,7 @@ impl Tensor {
                 format!("{:?} cannot broadcast to {shape:?}", self.shape()),
             ));
         };
-        let rec = record(&[self], || ExpandBack { x: self.clone() });
+        let rec = record_fn("broadcast_to", self, |x, g| g.sum_to(x.shape()));
         Ok(self.view(layout, rec))
     }
 
@@ -241,10 +146,11 @@ impl Tensor {
                 ),
             ));
         }
-        let rec = record(&[self], || NarrowBack {
-            x: self.clone(),
-            axis: a,
-            start,
+        // The gradient: zeros with the output's gradient written at the slice.
+        let rec = record_fn("narrow", self, move |x, g| {
+            let gx = Tensor::zeros(g.device(), x.shape(), g.dtype())?;
+            gx.write_slice(&g, a, start)?;
+            Ok(gx)
         });
         Ok(self.view(self.layout().narrow(a, start, len), rec))
     }

@@ -5,41 +5,27 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::loss as kl;
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::record_fn;
 
-/// Cross-entropy's gradient, softmax minus one-hot, from the saved row statistics.
-struct CrossEntropyBack {
-    x: Tensor,
-    labels: Tensor,
-    stats: Tensor,
-}
-
-impl Backward for CrossEntropyBack {
-    fn name(&self) -> &'static str {
-        "cross_entropy"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let x = &self.x;
-        let (rows, classes) = (x.shape()[0], x.shape()[1]);
-        let dx = Tensor::uninit(x.device(), x.shape(), x.dtype())?;
-        let g = g.to_dtype(x.dtype())?.contiguous()?;
-        let op = "cross_entropy backward";
-        kl::backward(
-            x.device(),
-            x.dense_block(op)?,
-            self.labels.dense_block(op)?,
-            self.stats.dense_block(op)?,
-            g.dense_block(op)?,
-            dx.dense_block(op)?,
-            x.dtype(),
-            rows,
-            classes,
-        )?;
-        Ok(vec![Some(dx)])
-    }
+/// Cross-entropy's gradient, softmax minus one-hot, from the dense logits and the saved row
+/// statistics.
+fn cross_entropy_grad(x: &Tensor, labels: &Tensor, stats: &Tensor, g: Tensor) -> Result<Tensor> {
+    let (rows, classes) = (x.shape()[0], x.shape()[1]);
+    let dx = Tensor::uninit(x.device(), x.shape(), x.dtype())?;
+    let g = g.to_dtype(x.dtype())?.contiguous()?;
+    let op = "cross_entropy backward";
+    kl::backward(
+        x.device(),
+        x.dense_block(op)?,
+        labels.dense_block(op)?,
+        stats.dense_block(op)?,
+        g.dense_block(op)?,
+        dx.dense_block(op)?,
+        x.dtype(),
+        rows,
+        classes,
+    )?;
+    Ok(dx)
 }
 
 impl Tensor {
@@ -88,10 +74,8 @@ impl Tensor {
             classes,
         )?;
         // The node keeps the dense logits it ran on (the same tensor when it was dense).
-        let rec = record(&[&x], || CrossEntropyBack {
-            x: x.clone(),
-            labels,
-            stats,
+        let rec = record_fn("cross_entropy", &x, move |x, g| {
+            cross_entropy_grad(x, &labels, &stats, g)
         });
         Ok(loss.with_node(rec))
     }

@@ -5,57 +5,27 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::reduce::{self as kr, ReduceOp};
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::record_fn;
 
 /// A scaled sum's gradient: the output gradient repeated along the axis, times the scale.
-struct SumBack {
-    x: Tensor,
-    axis: usize,
-    scale: f32,
-}
-
-impl Backward for SumBack {
-    fn name(&self) -> &'static str {
-        "sum"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let mut keep = self.x.shape().to_vec();
-        keep[self.axis] = 1;
-        let gx = g.reshape(&keep)?.broadcast_to(self.x.shape())?;
-        let gx = if self.scale == 1.0 {
-            gx
-        } else {
-            gx.mul_scalar(self.scale)?
-        };
-        Ok(vec![Some(gx)])
+fn sum_grad(x: &Tensor, axis: usize, scale: f32, g: Tensor) -> Result<Tensor> {
+    let mut keep = x.shape().to_vec();
+    keep[axis] = 1;
+    let gx = g.reshape(&keep)?.broadcast_to(x.shape())?;
+    if scale == 1.0 {
+        Ok(gx)
+    } else {
+        gx.mul_scalar(scale)
     }
 }
 
 /// A max's (or min's) gradient: split evenly among the elements equal to the result.
-struct ExtremumBack {
-    x: Tensor,
-    axis: usize,
-    out: Tensor,
-}
-
-impl Backward for ExtremumBack {
-    fn name(&self) -> &'static str {
-        "max"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let mut keep = self.x.shape().to_vec();
-        keep[self.axis] = 1;
-        let mask = self.x.eq(&self.out.reshape(&keep)?)?;
-        let count = mask.sum(self.axis as isize, true)?;
-        let gx = mask.mul(&g.reshape(&keep)?.div(&count)?)?;
-        Ok(vec![Some(gx)])
-    }
+fn extremum_grad(x: &Tensor, axis: usize, out: &Tensor, g: Tensor) -> Result<Tensor> {
+    let mut keep = x.shape().to_vec();
+    keep[axis] = 1;
+    let mask = x.eq(&out.reshape(&keep)?)?;
+    let count = mask.sum(axis as isize, true)?;
+    mask.mul(&g.reshape(&keep)?.div(&count)?)
 }
 
 /// [outer, len, inner] around `axis`.
@@ -99,11 +69,7 @@ impl Tensor {
             }
             let v = if scale.is_finite() { 0.0 } else { f32::NAN };
             let out = Tensor::full(self.device(), &shape, v, self.dtype())?;
-            let rec = record(&[self], || SumBack {
-                x: self.clone(),
-                axis: a,
-                scale: 0.0,
-            });
+            let rec = record_fn(name, self, move |x, g| sum_grad(x, a, 0.0, g));
             return Ok(out.with_node(rec));
         }
         let x = self.contiguous()?;
@@ -121,16 +87,11 @@ impl Tensor {
             inner,
         )?;
         let rec = match op {
-            ReduceOp::Sum => record(&[self], || SumBack {
-                x: self.clone(),
-                axis: a,
-                scale,
-            }),
-            ReduceOp::Max | ReduceOp::Min => record(&[self], || ExtremumBack {
-                x: self.clone(),
-                axis: a,
-                out: out.detach(),
-            }),
+            ReduceOp::Sum => record_fn(name, self, move |x, g| sum_grad(x, a, scale, g)),
+            ReduceOp::Max | ReduceOp::Min => {
+                let saved = out.detach();
+                record_fn(name, self, move |x, g| extremum_grad(x, a, &saved, g))
+            }
         };
         Ok(out.with_node(rec))
     }

@@ -4,39 +4,24 @@ use super::elementwise::float_only;
 use crate::error::{Error, Result};
 use crate::kernels::softmax as ks;
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record};
+use crate::tensor::graph::record_fn;
 
 /// Softmax's (or log-softmax's) gradient from its saved output.
-struct SoftmaxBack {
-    x: Tensor,
-    y: Tensor,
-    log: bool,
-}
-
-impl Backward for SoftmaxBack {
-    fn name(&self) -> &'static str {
-        if self.log { "log_softmax" } else { "softmax" }
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let y = &self.y;
-        let dy = dy.contiguous()?;
-        let len = *y.shape().last().unwrap_or(&1);
-        let dx = Tensor::uninit(y.device(), y.shape(), dy.dtype())?;
-        ks::backward(
-            y.device(),
-            y.dense_block("softmax backward")?,
-            dy.dense_block("softmax backward")?,
-            dx.dense_block("softmax backward")?,
-            dy.dtype(),
-            y.numel() / len.max(1),
-            len,
-            self.log,
-        )?;
-        Ok(vec![Some(dx)])
-    }
+fn softmax_grad(y: &Tensor, log: bool, dy: Tensor) -> Result<Tensor> {
+    let dy = dy.contiguous()?;
+    let len = *y.shape().last().unwrap_or(&1);
+    let dx = Tensor::uninit(y.device(), y.shape(), dy.dtype())?;
+    ks::backward(
+        y.device(),
+        y.dense_block("softmax backward")?,
+        dy.dense_block("softmax backward")?,
+        dx.dense_block("softmax backward")?,
+        dy.dtype(),
+        y.numel() / len.max(1),
+        len,
+        log,
+    )?;
+    Ok(dx)
 }
 
 impl Tensor {
@@ -64,11 +49,8 @@ impl Tensor {
             len,
             log,
         )?;
-        let rec = record(&[self], || SoftmaxBack {
-            x: self.clone(),
-            y: out.detach(),
-            log,
-        });
+        let y = out.detach();
+        let rec = record_fn(name, self, move |_, g| softmax_grad(&y, log, g));
         Ok(out.with_node(rec))
     }
 

@@ -64,3 +64,38 @@ pub(crate) fn record<B: Backward + 'static>(
         None
     }
 }
+
+/// The node of a one-input op whose gradient is a function of that input and the output's
+/// gradient: the short form for views and casts, whose saved state is only the input (and
+/// what the closure captures).
+pub(crate) fn record_fn<F>(name: &'static str, x: &Tensor, grad: F) -> Option<Box<dyn Backward>>
+where
+    F: Fn(&Tensor, Tensor) -> Result<Tensor> + Send + Sync + 'static,
+{
+    record(&[x], || FnBack {
+        name,
+        x: x.clone(),
+        grad,
+    })
+}
+
+struct FnBack<F> {
+    name: &'static str,
+    x: Tensor,
+    grad: F,
+}
+
+impl<F> Backward for FnBack<F>
+where
+    F: Fn(&Tensor, Tensor) -> Result<Tensor> + Send + Sync,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x]
+    }
+    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![Some((self.grad)(&self.x, g)?)])
+    }
+}
