@@ -20,15 +20,21 @@ fn tanh_(x: f32) -> f32 {
 }
 
 //! fn udiv
-// x / d for u32, exact, through an f32 division where x < 2^24: there the rounded quotient is
-// the true one or one more, fixed by one comparison. Integer division is one lane at a time on
-// CPU adapters (and a long sequence on GPUs); index arithmetic runs on every element.
+// x / d for u32, exact, through an f32 division where x < 2^24. WGSL lets f32 division be off
+// by 2.5 ulp (GPUs multiply by an approximate reciprocal: 33 / 33 can give 0.99999994): with
+// x < 2^24 that is less than 5 / d in the quotient, so for d >= 3 (smaller d are powers of two)
+// the truncated quotient is within 2 of the true one, and up to two steps each way fix it.
+// Integer division is one lane at a time on CPU adapters (and a long sequence on GPUs); index
+// arithmetic runs on every element.
 fn udiv(x: u32, d: u32) -> u32 {
   // A power of two (strides of 2, block sizes) is a shift.
   if ((d & (d - 1u)) == 0u) { return x >> countTrailingZeros(d); }
   if (x < 16777216u && d < 16777216u) {
     var q = u32(f32(x) / f32(d));
     if (q * d > x) { q = q - 1u; }
+    if (q * d > x) { q = q - 1u; }
+    if ((q + 1u) * d <= x) { q = q + 1u; }
+    if ((q + 1u) * d <= x) { q = q + 1u; }
     return q;
   }
   return x / d;

@@ -894,3 +894,34 @@ fn bad_input_gives_clear_errors() {
         6.0
     );
 }
+
+/// Index arithmetic (a flat index split into coordinates) divides through f32 on the device,
+/// where GPUs may round 33 / 33 below 1. A transpose copies every element through that split,
+/// so any off-by-one quotient moves a value: checked exactly for every divisor 3..=130, and up
+/// to indices near 2^24 for small divisors, where the rounding error is largest.
+#[test]
+fn strided_copy_index_math_exact() {
+    let dev = poisoned();
+    let mut cases: Vec<(usize, usize)> = (3..=130).map(|d| (4099 / d + 3, d)).collect();
+    cases.extend([(5_592_000, 3), (3_355_000, 5), (2_396_000, 7)]);
+    for (rows, d) in cases {
+        let n = rows * d;
+        let v: Vec<u32> = (0..n as u32).collect();
+        let t = Tensor::from_slice(&dev, &v, &[rows, d]).unwrap();
+        let got = t
+            .transpose(0, 1)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .to_vec::<u32>()
+            .unwrap();
+        for (j, &g) in got.iter().enumerate() {
+            let (c, r) = (j / rows, j % rows);
+            assert_eq!(
+                g as usize,
+                r * d + c,
+                "[{rows}, {d}] transposed: element {j}"
+            );
+        }
+    }
+}
