@@ -52,6 +52,10 @@ def bench(row):
     if name == "layer_norm":
         x = r(d[0], d[1]); g = torch.ones(d[1], device=dev, dtype=dt); b = torch.zeros(d[1], device=dev, dtype=dt)
         return median_ms(lambda: F.layer_norm(x, (d[1],), g, b, 1e-5))
+    if name == "matmul A^T B":
+        m, n, k = d
+        a, b = r(k, m), r(k, n)
+        return median_ms(lambda: a.t() @ b)
     if name.startswith("matmul"):
         m, n, k = d
         a, b = r(m, k), r(k, n)

@@ -13,7 +13,7 @@
 //! buffer-to-buffer copy of the same device: the memory-bandwidth ceiling for the GB/s rows.
 
 use std::time::Instant;
-use wgrad::kernels::matmul::{Config, choose};
+use wgrad::kernels::matmul::{Config, Operands, plan};
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::{DType, Device, Result, Tensor};
 
@@ -317,9 +317,11 @@ fn main() -> Result<()> {
                         (0..k).map(|p| ra[i * k + p] * rb[p * n + j]).sum(),
                     )
                 }));
-                let cfg = match choose(&dev, dt, m, n, k) {
-                    Config::CoopDirect => "matmul (tensor cores)".to_string(),
-                    Config::Coop => "matmul (tensor cores, staged)".to_string(),
+                let cfg = match plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false)) {
+                    Config::CoopTiled => "matmul (tensor cores, tiled)".to_string(),
+                    Config::CoopTiled8 => "matmul (tensor cores, tiled 8)".to_string(),
+                    Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
+                    Config::Coop => "matmul (tensor cores, any shape)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
                     Config::Simt(tm, tn) => format!("matmul (simt {tm}x{tn})"),
                     Config::SimtN4(tm, tn4) => format!("matmul (simt {tm}x{}, 4-wide N)", 4 * tn4),
@@ -357,6 +359,30 @@ fn main() -> Result<()> {
                     rows,
                     Row {
                         name: "linear+bias+relu".into(),
+                        shape: format!("{m}x{n}x{k}"),
+                        dtype: dt,
+                        ms,
+                        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
+                        unit: "GFLOP/s",
+                        check: "-".into(),
+                    },
+                );
+                // A weight gradient's shape: op(A) = A^T (A stored K x M).
+                let at = Tensor::from_f32(&dev, &data(k * m, 8), &[k, m], dt)?;
+                let ms = time(&dev, a.ms, || {
+                    at.matmul_with(
+                        &tb,
+                        MatmulOpts {
+                            trans_a: true,
+                            ..Default::default()
+                        },
+                    )
+                    .map(drop)
+                })?;
+                emit(
+                    rows,
+                    Row {
+                        name: "matmul A^T B".into(),
                         shape: format!("{m}x{n}x{k}"),
                         dtype: dt,
                         ms,

@@ -19,24 +19,16 @@
 // so a workgroup barrier (uniform) separates the matrix store from the lanes' reads; subgroup
 // barriers would need wgpu's separate SUBGROUP_BARRIER feature.
 //
-// Entry `direct` is the fast path for aligned shapes (M, N and K multiples of 16, no offsets
-// off an 8-element boundary): it skips workgroup memory for the operands and loads
-// each 16 x 16 operand tile straight from the buffer with a cooperative load, letting the
-// caches serve the reuse between subgroups. A cooperative load's stride must be a constant
-// for naga's SPIR-V writer, so the operands' row strides are compile-time constants (SAG, SBG)
-// and a pipeline is built per stride. TA / TB select column-major loads for transposed
-// operands. The loads cannot be bounds-checked per element, so tiles that would cross the
-// edge of C are clamped back inside (see the kernel) and the host only picks `direct` when M,
-// N and K are multiples of 16.
+// This is the fallback for operands matmul_tc.wgsl cannot take (contiguous extents, pitches
+// or offsets not multiples of 4).
 //
 // Split-K as in matmul.wgsl: workgroup z = s * batch + b covers one K range; with splits > 1
 // the partials are raw f32 and matmul.wgsl's `splitk` finishes them.
 //
-// Bindings: signature lines. Constants: none beyond WG for `main`; SAG, SBG, TA, TB for
-// `direct`. The subgroup index is lid / 32: subgroups of a 1-D workgroup are consecutive
-// runs of local_invocation_index.
-// Loops (per invocation): main 2 (BM BK / WG + 1) + 1 = 35 per 32 of K plus 72 in the
-// epilogue; direct 1 per 16 of K plus the epilogue. The host sizes kchunk to the budget.
+// Bindings: signature lines. Constants: none beyond WG. The subgroup index is lid / 32:
+// subgroups of a 1-D workgroup are consecutive runs of local_invocation_index.
+// Loops (per invocation): 2 (BM BK / WG + 1) + 1 = 35 per 32 of K plus 72 in the epilogue.
+// The host sizes kchunk to the budget.
 
 // The parameter block shared with the other matmul kernel (common.wgsl).
 alias Params = MatmulParams;
@@ -64,79 +56,6 @@ fn flush_tile(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: 
     }
   }
   workgroupBarrier();
-}
-
-//! entry direct(a: f16, b: f16, bias: data, c: data mut)
-//! check WG=256 SAG=64 SBG=128 TA=0 TB=0
-//! check WG=256 SAG=256 SBG=64 TA=1 TB=1
-// op(A) tile at rows m, columns k (k a multiple of 16).
-fn load_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
-  if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }
-  return coopLoad<coop_mat16x16<f16, A>>(&a[base + k * SAG + m], SAG);
-}
-
-// op(B) tile at rows k, columns n.
-fn load_b(base: u32, k: u32, n: u32) -> coop_mat16x16<f16, B> {
-  if (TB == 0u) { return coopLoadT<coop_mat16x16<f16, B>>(&b[base + k * SBG + n], SBG); }
-  return coopLoad<coop_mat16x16<f16, B>>(&b[base + n * SBG + k], SBG);
-}
-
-@compute @workgroup_size(WG)
-fn main(ids: Ids) {
-  let lid = ids.lid;
-  let sg = lid / 32u;
-  let lane = lid % 32u;
-  let bt = ids.wid.z % p.batch;
-  let bb = matmul_bias_base(bt);
-  let kr = matmul_krange(ids.wid.z);
-  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
-  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
-  // Tile origins, clamped inside the matrix (M and N are multiples of 16): a tile past the
-  // edge is moved back onto the last one, recomputes it and stores the same values again,
-  // instead of reading outside the operands. No branch is involved, so control flow stays
-  // uniform for the cooperative ops.
-  let rb = ids.wid.y * BM + (sg / 2u) * 32u;
-  let qb = ids.wid.x * BN + (sg % 2u) * 64u;
-  let r0 = min(rb, p.m - 16u);
-  let r1 = min(rb + 16u, p.m - 16u);
-  let q0 = min(qb, p.n - 16u);
-  let q1 = min(qb + 16u, p.n - 16u);
-  let q2 = min(qb + 32u, p.n - 16u);
-  let q3 = min(qb + 48u, p.n - 16u);
-
-  var c00 = coop_mat16x16<f32, C>();
-  var c01 = coop_mat16x16<f32, C>();
-  var c02 = coop_mat16x16<f32, C>();
-  var c03 = coop_mat16x16<f32, C>();
-  var c10 = coop_mat16x16<f32, C>();
-  var c11 = coop_mat16x16<f32, C>();
-  var c12 = coop_mat16x16<f32, C>();
-  var c13 = coop_mat16x16<f32, C>();
-  for (var k = kr.x; k < kr.y; k = k + 16u) {
-    let a0 = load_a(a_base, r0, k);
-    let a1 = load_a(a_base, r1, k);
-    let b0 = load_b(b_base, k, q0);
-    let b1 = load_b(b_base, k, q1);
-    let b2 = load_b(b_base, k, q2);
-    let b3 = load_b(b_base, k, q3);
-    c00 = coopMultiplyAdd(a0, b0, c00);
-    c01 = coopMultiplyAdd(a0, b1, c01);
-    c02 = coopMultiplyAdd(a0, b2, c02);
-    c03 = coopMultiplyAdd(a0, b3, c03);
-    c10 = coopMultiplyAdd(a1, b0, c10);
-    c11 = coopMultiplyAdd(a1, b1, c11);
-    c12 = coopMultiplyAdd(a1, b2, c12);
-    c13 = coopMultiplyAdd(a1, b3, c13);
-  }
-  let c_base = p.c_off + ids.wid.z * p.m * p.n;
-  flush_tile(c00, sg, lane, c_base, r0, q0, bb);
-  flush_tile(c01, sg, lane, c_base, r0, q1, bb);
-  flush_tile(c02, sg, lane, c_base, r0, q2, bb);
-  flush_tile(c03, sg, lane, c_base, r0, q3, bb);
-  flush_tile(c10, sg, lane, c_base, r1, q0, bb);
-  flush_tile(c11, sg, lane, c_base, r1, q1, bb);
-  flush_tile(c12, sg, lane, c_base, r1, q2, bb);
-  flush_tile(c13, sg, lane, c_base, r1, q3, bb);
 }
 
 //! entry main(a: data, b: data, bias: data, c: data mut)

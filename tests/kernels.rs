@@ -325,6 +325,31 @@ fn matmul_shapes() {
     }
 }
 
+/// Shapes the tiled tensor-core kernel takes on adapters that have one (f16, operands' fast
+/// extents multiples of 4, M and N at least 64): partial tiles on every edge, every
+/// transpose, K not a multiple of the 32-wide step, fused epilogues. Elsewhere the same cases
+/// test the other kernels.
+#[test]
+fn matmul_tensor_core_tiles() {
+    let dev = poisoned();
+    let mut rng = Rng::new(17);
+    for dt in DTYPES {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for s in [
+                (68, 132, 36),
+                (200, 72, 1000),
+                (128, 128, 32),
+                (260, 100, 52),
+            ] {
+                matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None);
+            }
+        }
+        for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+            matmul_case(&dev, &mut rng, dt, (196, 68, 44), false, true, true, act);
+        }
+    }
+}
+
 #[test]
 fn matmul_batched_broadcast() {
     let dev = poisoned();

@@ -88,9 +88,15 @@ pub(crate) struct Gemm<'a> {
 /// Which kernel and tile configuration a product runs with (reported by the bench).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Config {
-    /// Tensor-core kernel loading operands straight from memory (aligned shapes).
+    /// Tensor-core kernel with double-buffered workgroup tiles, for f16 operands whose
+    /// contiguous extents, pitches and offsets are multiples of 4 (matmul_tc.wgsl `main`).
+    CoopTiled,
+    /// The same in runs of 8 halves where everything is a multiple of 8 (`main8`).
+    CoopTiled8,
+    /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
+    /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
     CoopDirect,
-    /// Tensor-core kernel staging operands in workgroup memory (any shape), 128 x 128 tiles.
+    /// Tensor-core kernel for any f16 shape (matmul_coop.wgsl), 128 x 128 tiles.
     Coop,
     /// Tiled kernel: (BM, BN, BK, TM, TN).
     Tiled(u32, u32, u32, u32, u32),
@@ -111,6 +117,7 @@ impl Config {
         // Counted loop iterations per K step, and the step; 100 iterations are kept for the
         // epilogue.
         let (per_step, step) = match self {
+            Config::CoopTiled | Config::CoopTiled8 => (1, 32),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -129,7 +136,8 @@ impl Config {
     fn wg(self) -> u32 {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
-            Config::CoopDirect | Config::Coop => 256,
+            Config::CoopTiled | Config::CoopTiled8 | Config::CoopDirect => 128,
+            Config::Coop => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
     }
@@ -139,7 +147,9 @@ impl Config {
             Config::Simt(tm, tn) => (8 * tm as usize, 8 * tn as usize),
             Config::SimtN4(tm, tn4) => (8 * tm as usize, 32 * tn4 as usize),
             Config::SimtK4(tm, tn) => (8 * tm as usize, 8 * tn as usize),
-            Config::CoopDirect | Config::Coop => (128, 128),
+            Config::CoopTiled | Config::CoopTiled8 | Config::CoopDirect | Config::Coop => {
+                (128, 128)
+            }
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
@@ -154,18 +164,8 @@ pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Confi
         && c.subgroups
         && c.subgroup_min == 32
         && c.subgroup_max == 32;
-    if coop_ok
-        && m.is_multiple_of(16)
-        && n.is_multiple_of(16)
-        && k.is_multiple_of(16)
-        && m > 0
-        && n > 0
-        && k > 0
-        && m.min(n) >= 64
-    {
-        return Config::CoopDirect;
-    }
-    if coop_ok && m >= 64 && n >= 64 && k >= 32 {
+    // `plan` moves products whose operand layouts allow it to the faster tensor-core kernels.
+    if coop_ok && m >= 64 && n >= 64 && k >= 16 {
         return Config::Coop;
     }
     // CPU adapters (lavapipe) run workgroup barriers as coroutine switches: the register-tile
@@ -207,6 +207,103 @@ fn fit(dim: usize, options: &[u32], per: usize) -> u32 {
         .unwrap_or(1)
 }
 
+/// Where a product's operands sit (element strides and offsets), as `plan` needs them.
+#[derive(Clone, Copy, Debug)]
+pub struct Operands {
+    /// Strides of op(A)'s rows (m) and columns (k).
+    pub a_strides: (usize, usize),
+    /// Strides of op(B)'s rows (k) and columns (n).
+    pub b_strides: (usize, usize),
+    /// Offsets of the first A and B matrices.
+    pub offsets: (usize, usize),
+    /// Offsets between consecutive A and B matrices of a batch.
+    pub batch_strides: (usize, usize),
+}
+
+impl Operands {
+    /// Dense row-major operands at offset 0 (one matrix each), op(A) = A^T when `ta`.
+    pub fn dense(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Operands {
+        Operands {
+            a_strides: if ta { (1, m) } else { (k, 1) },
+            b_strides: if tb { (1, k) } else { (n, 1) },
+            offsets: (0, 0),
+            batch_strides: (0, 0),
+        }
+    }
+}
+
+/// The kernel and tiles a product of these sizes and operand layouts runs with on `dev`:
+/// `choose` by size, then what the layouts allow (16-byte or 4-element runs).
+pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Operands) -> Config {
+    let (sam, sak) = o.a_strides;
+    let (sbk, sbn) = o.b_strides;
+    // op(A) is "transposed" when its columns (k) are the strided axis; likewise op(B).
+    let (ta, tb) = (sak != 1, sbn != 1);
+    let mut config = choose(dev, dtype, m, n, k);
+    if config == Config::Coop && dev.caps().workgroup_storage >= 45056 {
+        // matmul_tc.wgsl moves runs of 4 (or 8) halves along each operand's contiguous axis:
+        // that axis's extent, the row pitches and every offset must be multiples of 4 (a run
+        // is then wholly inside or outside the matrix).
+        let lda = if ta { sak } else { sam };
+        let ldb = if tb { sbn } else { sbk };
+        let a_run = if ta { m } else { k };
+        let b_run = if tb { k } else { n };
+        let runs = [
+            o.offsets.0,
+            o.offsets.1,
+            o.batch_strides.0,
+            o.batch_strides.1,
+            lda,
+            ldb,
+            a_run,
+            b_run,
+        ];
+        // (A row pitch of 0, a broadcast view, goes to the general kernel.)
+        let eights = lda > 0 && ldb > 0 && runs.iter().all(|v| v % 8 == 0);
+        if eights {
+            config = Config::CoopTiled8;
+            // Measured on an H200: fragments straight from the buffers ran 10% faster where B
+            // is contiguous along N, 15% slower where it is contiguous along K.
+            if !tb && [m, n, k].iter().all(|v| v % 16 == 0) {
+                config = Config::CoopDirect;
+            }
+        } else if lda > 0 && ldb > 0 && runs.iter().all(|v| v % 4 == 0) {
+            config = Config::CoopTiled;
+        }
+    }
+    if matches!(config, Config::Simt(..)) {
+        // 4-element loads need 4-aligned element offsets along the loaded axis.
+        let four = |v: &[usize]| v.iter().all(|x| x % 4 == 0);
+        if sbn == 1 && four(&[sbk, o.offsets.1, o.batch_strides.1]) {
+            // Rows per invocation: the smallest of 2, 4, 8 that covers M in one tile. Two
+            // column groups even where a quarter of the tile idles: on lavapipe MNIST's
+            // 32 x 196 product ran 1.3x faster with 2 groups of 4 columns than with 1.
+            let tm = if m <= 16 {
+                2
+            } else if m <= 32 {
+                4
+            } else {
+                8
+            };
+            config = Config::SimtN4(tm, if n >= 64 { 2 } else { 1 });
+        } else if sak == 1
+            && sbk == 1
+            && four(&[
+                k,
+                sam,
+                sbn,
+                o.offsets.0,
+                o.batch_strides.0,
+                o.offsets.1,
+                o.batch_strides.1,
+            ])
+        {
+            config = Config::SimtK4(fit(m, &[4, 2, 1], 8), fit(n, &[4, 2, 1], 8));
+        }
+    }
+    config
+}
+
 pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     u32_len(
         "matmul",
@@ -233,45 +330,22 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
             g.a_strides, g.b_strides
         )));
     }
-    // The direct kernel loads whole 16 x 16 tiles without bounds checks: every operand offset
-    // must also sit on an 8-element boundary (16 bytes), which cooperative loads assume.
     let (sam, sak) = g.a_strides;
     let (sbk, sbn) = g.b_strides;
-    // op(A) is "transposed" when its columns (k) are the strided axis.
     let (ta, tb) = (sak != 1, sbn != 1);
-    // The row pitch a cooperative load steps by: along k for a "transposed" A, along m
-    // otherwise; likewise for B.
     let lda = if ta { sak } else { sam };
     let ldb = if tb { sbn } else { sbk };
-    let aligned = [g.offsets.0, g.offsets.1, g.a_bs, g.b_bs, lda, ldb]
-        .iter()
-        .all(|v| v % 8 == 0);
-    let mut config = choose(dev, g.dtype, g.m, g.n, g.k);
-    if config == Config::CoopDirect && !aligned {
-        config = Config::Coop;
-    }
-    if matches!(config, Config::Simt(..)) {
-        // 4-element loads need 4-aligned element offsets along the loaded axis.
-        let four = |v: &[usize]| v.iter().all(|x| x % 4 == 0);
-        if sbn == 1 && four(&[sbk, g.offsets.1, g.b_bs]) {
-            // Rows per invocation: the smallest of 2, 4, 8 that covers M in one tile. Two
-            // column groups even where a quarter of the tile idles: on lavapipe MNIST's
-            // 32 x 196 product ran 1.3x faster with 2 groups of 4 columns than with 1.
-            let tm = if g.m <= 16 {
-                2
-            } else if g.m <= 32 {
-                4
-            } else {
-                8
-            };
-            config = Config::SimtN4(tm, if g.n >= 64 { 2 } else { 1 });
-        } else if sak == 1
-            && sbk == 1
-            && four(&[g.k, sam, sbn, g.offsets.0, g.a_bs, g.offsets.1, g.b_bs])
-        {
-            config = Config::SimtK4(fit(g.m, &[4, 2, 1], 8), fit(g.n, &[4, 2, 1], 8));
-        }
-    }
+    let config = plan(
+        dev,
+        g.dtype,
+        (g.m, g.n, g.k),
+        &Operands {
+            a_strides: g.a_strides,
+            b_strides: g.b_strides,
+            offsets: (g.offsets.0, g.offsets.1),
+            batch_strides: (g.a_bs, g.b_bs),
+        },
+    );
     let kchunk = config.kchunk();
     let splits = g.k.div_ceil(kchunk).max(1);
     let max_z = dev.caps().max_groups_per_dim as usize;
@@ -336,8 +410,18 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     // The CPU kernels compile the epilogue away when there is nothing to apply.
     let epi = (g.bias.is_some() || g.act != Act::None) as u32;
     let (kernel, entry, consts): (Kernel, &'static str, Vec<(&'static str, u32)>) = match config {
+        Config::CoopTiled8 => (
+            Kernel::MatmulTc,
+            "main8",
+            vec![("TA", ta as u32), ("TB", tb as u32)],
+        ),
+        Config::CoopTiled => (
+            Kernel::MatmulTc,
+            "main",
+            vec![("TA", ta as u32), ("TB", tb as u32)],
+        ),
         Config::CoopDirect => (
-            Kernel::MatmulCoop,
+            Kernel::MatmulTc,
             "direct",
             vec![
                 ("SAG", lda as u32),

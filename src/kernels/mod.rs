@@ -108,6 +108,10 @@ families! {
     /// Matrix multiply on cooperative matrices (tensor cores), f16 in, f32 accumulate.
     MatmulCoop => "matmul_coop.wgsl", matmul::MatmulParams, codes [matmul::Act::CODES],
         enables ["wgpu_cooperative_matrix"];
+    /// The fast tensor-core product: f16 operands in 16-byte runs, 128 x 128 tiles staged
+    /// in double-buffered workgroup memory, 64 x 64 per subgroup.
+    MatmulTc => "matmul_tc.wgsl", matmul::MatmulParams, codes [matmul::Act::CODES],
+        enables ["wgpu_cooperative_matrix"];
     /// im2col / col2im for convolution; max and average pooling.
     Conv => "conv.wgsl", conv::ConvParams, codes [], enables [];
     /// Fused scaled dot-product attention (flash style), forward and backward.

@@ -1,0 +1,396 @@
+// matmul_tc.wgsl: C[b] = act(op(A)[b] x op(B)[b] + bias) on cooperative matrices (tensor
+// cores), f16 operands, f32 accumulation: the fast path for training's products (x W^T
+// forward; g W and g^T x backward). Same parameters, batching, split-K and epilogue as
+// matmul.wgsl (MatmulParams). A workgroup of 4 subgroups (WG = 128, subgroup size 32)
+// computes a 128 x 128 tile of C; each subgroup owns a 64 x 64 block: 4 x 4 accumulators of
+// 16 x 16 f32, so one fragment of A serves 4 products and one of B serves 4.
+//
+//   main    Operands in runs of 4 halves along their contiguous axis (that axis's extent, the
+//           row pitches and all offsets multiples of 4). Per K step of 32 the workgroup stages
+//           a 128 x 32 tile of op(A) and a 32 x 128 tile of op(B) in workgroup memory, each in
+//           the operand's own orientation (TA / TB: k-fast or m-fast A, n-fast or k-fast B),
+//           and the fragment loads pick the row- or column-major form, so every transpose
+//           runs the same code. Double-buffered: each invocation loads the next tile's runs
+//           into registers before the multiplies and stores them after, and one barrier per
+//           step separates the two uses of each buffer. Runs are stored as arrays of 4 halves
+//           (one store each): stored as single halves, the workgroup stores limited the whole
+//           product to 58 TFLOP/s on an H200; with the stores skipped (a wrong result, for the
+//           measurement) the rest ran at 280, so the stores are the bottleneck. naga offers no
+//           wider store into memory a cooperative load can read (no size-changing bitcast, no
+//           pointer to a vector's component, a load's matrix type follows its pointer's).
+//   main8   The same in runs of 8 halves where everything is a multiple of 8: half the
+//           stores.
+//   direct  No workgroup memory: each subgroup loads its fragments straight from the buffers
+//           and the caches serve the reuse (M, N, K multiples of 16; the pitches SAG / SBG are
+//           pipeline constants, which naga's cooperative loads need). Tiles past the edge are
+//           clamped back inside and recompute the last tile. On an H200 it beat `main8` by 10%
+//           where B is n-fast (g W, g^T x) and lost by 15% where B is k-fast (x W^T).
+//
+// Bounds. In `main` / `main8` a run is wholly inside or outside the matrix, and runs outside
+// load as zero (they add nothing); stores past M or N are skipped.
+//
+// Epilogue. Each subgroup stores one accumulator at a time to its own 16 x 16 f32 patch of
+// workgroup memory; its 32 lanes then add the bias, apply the activation and convert to C's
+// dtype (or store the raw f32 partial sum of a K split). All subgroups flush the same number
+// of tiles, so the workgroup barriers around each flush are reached uniformly.
+//
+// Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 16 x 8 in the epilogue.
+
+alias Params = MatmulParams;
+
+const BM: u32 = 128u;
+const BN: u32 = 128u;
+const BK: u32 = 32u;
+// Row pitches in workgroup memory (halves): a k-fast tile row holds BK (+8), an m- or n-fast
+// tile row holds BM or BN (+8).
+const PK: u32 = 40u;
+const PMN: u32 = 136u;
+// Halves per buffer: max(BM * PK, BK * PMN).
+const TILE: u32 = 5120u;
+
+var<workgroup> Cs: array<f32, 1024>;
+
+// Writes accumulator `acc` (top-left (gm0, gn0) of C) through subgroup `sg`'s patch.
+fn flush(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, bb: u32) {
+  coopStoreT(acc, &Cs[sg * 256u], 16u);
+  workgroupBarrier();
+  for (var e = lane; e < 256u; e = e + 32u) {
+    let gm = gm0 + e / 16u;
+    let gn = gn0 + e % 16u;
+    if (gm < p.m && gn < p.n) {
+      st_c(c_base + gm * p.n + gn, matmul_epilogue(Cs[sg * 256u + e], gm, gn, bb));
+    }
+  }
+  workgroupBarrier();
+}
+
+//! entry main(a: f16 vec4, b: f16 vec4, bias: data, c: data mut)
+//! check WG=128 TA=0 TB=0
+//! check WG=128 TA=0 TB=1
+//! check WG=128 TA=1 TB=0
+//! check WG=128 TA=1 TB=1
+// Runs of 4 halves, one store each; fragments load through a pointer to a run's first half.
+var<workgroup> As: array<array<f16, 4>, 2560>;
+var<workgroup> Bs: array<array<f16, 4>, 2560>;
+
+// The v-th run of 4 halves of op(A)'s tile at (m0, k0) (a k-fast tile has 8 runs a row, an
+// m-fast one 32), or zeros outside the matrix.
+fn fetch_a(base: u32, m0: u32, k0: u32, kend: u32, v: u32) -> vec4<f16> {
+  var idx: u32;
+  var ok: bool;
+  if (TA == 0u) {
+    let r = v / 8u;
+    let q = (v % 8u) * 4u;
+    ok = m0 + r < p.m && k0 + q < kend;
+    idx = base + (m0 + r) * p.sam + k0 + q;
+  } else {
+    let r = v / 32u;
+    let q = (v % 32u) * 4u;
+    ok = k0 + r < kend && m0 + q < p.m;
+    idx = base + (k0 + r) * p.sak + m0 + q;
+  }
+  return select(vec4<f16>(0.0h), a[select(0u, idx, ok) / 4u], ok);
+}
+
+// The v-th run of 4 halves of op(B)'s tile at (k0, n0), or zeros outside the matrix.
+fn fetch_b(base: u32, k0: u32, n0: u32, kend: u32, v: u32) -> vec4<f16> {
+  var idx: u32;
+  var ok: bool;
+  if (TB == 0u) {
+    let r = v / 32u;
+    let q = (v % 32u) * 4u;
+    ok = k0 + r < kend && n0 + q < p.n;
+    idx = base + (k0 + r) * p.sbk + n0 + q;
+  } else {
+    let r = v / 8u;
+    let q = (v % 8u) * 4u;
+    ok = n0 + r < p.n && k0 + q < kend;
+    idx = base + (n0 + r) * p.sbn + k0 + q;
+  }
+  return select(vec4<f16>(0.0h), b[select(0u, idx, ok) / 4u], ok);
+}
+
+// Where run v of a tile starts in its buffer: row-major over the operand's own layout.
+fn tile_at(buf: u32, v: u32, kfast: bool) -> u32 {
+  if (kfast) { return buf * TILE + (v / 8u) * PK + (v % 8u) * 4u; }
+  return buf * TILE + (v / 32u) * PMN + (v % 32u) * 4u;
+}
+
+fn put_a(o: u32, h: vec4<f16>) {
+  As[o >> 2u] = array<f16, 4>(h.x, h.y, h.z, h.w);
+}
+
+fn put_b(o: u32, h: vec4<f16>) {
+  Bs[o >> 2u] = array<f16, 4>(h.x, h.y, h.z, h.w);
+}
+
+// Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile in buffer `buf`.
+fn frag_a(buf: u32, r: u32, kk: u32) -> coop_mat16x16<f16, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&As[(buf * TILE + r * PK + kk) >> 2u][0], PK); }
+  return coopLoad<coop_mat16x16<f16, A>>(&As[(buf * TILE + kk * PMN + r) >> 2u][0], PMN);
+}
+
+// Fragment of op(B): rows kk.. kk+15, columns q.. q+15.
+fn frag_b(buf: u32, kk: u32, q: u32) -> coop_mat16x16<f16, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f16, B>>(&Bs[(buf * TILE + kk * PMN + q) >> 2u][0], PMN); }
+  return coopLoad<coop_mat16x16<f16, B>>(&Bs[(buf * TILE + q * PK + kk) >> 2u][0], PK);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * BM;
+  let n0 = ids.wid.x * BN;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let wr = (sg / 2u) * 64u;
+  let wc = (sg % 2u) * 64u;
+
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var c$i$j = coop_mat16x16<f32, C>();
+  //! end
+  //! end
+
+  // The first tile, straight into buffer 0.
+  //! unroll i in 0..8
+  var ra$i = fetch_a(a_base, m0, kr.x, kr.y, lid + $i * WG);
+  var rb$i = fetch_b(b_base, kr.x, n0, kr.y, lid + $i * WG);
+  put_a(tile_at(0u, lid + $i * WG, TA == 0u), ra$i);
+  put_b(tile_at(0u, lid + $i * WG, TB == 1u), rb$i);
+  //! end
+  workgroupBarrier();
+
+  var buf = 0u;
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
+    let more = k0 + BK < kr.y;
+    if (more) {
+      //! unroll i in 0..8
+      ra$i = fetch_a(a_base, m0, k0 + BK, kr.y, lid + $i * WG);
+      rb$i = fetch_b(b_base, k0 + BK, n0, kr.y, lid + $i * WG);
+      //! end
+    }
+    //! unroll s in 0..2
+    //! unroll i in 0..4
+    let a$s$i = frag_a(buf, wr + $i * 16u, $s * 16u);
+    let b$s$i = frag_b(buf, $s * 16u, wc + $i * 16u);
+    //! end
+    //! unroll i in 0..4
+    //! unroll j in 0..4
+    c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j);
+    //! end
+    //! end
+    //! end
+    if (more) {
+      //! unroll i in 0..8
+      put_a(tile_at(buf ^ 1u, lid + $i * WG, TA == 0u), ra$i);
+      put_b(tile_at(buf ^ 1u, lid + $i * WG, TB == 1u), rb$i);
+      //! end
+    }
+    workgroupBarrier();
+    buf = buf ^ 1u;
+  }
+
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  flush(c$i$j, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc + $j * 16u, bb);
+  //! end
+  //! end
+}
+
+//! entry direct(a: f16, b: f16, bias: data, c: data mut)
+//! check WG=128 SAG=64 SBG=128 TA=0 TB=0
+//! check WG=128 SAG=256 SBG=64 TA=1 TB=1
+// Fragments straight from the buffers (see the header).
+fn gload_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }
+  return coopLoad<coop_mat16x16<f16, A>>(&a[base + k * SAG + m], SAG);
+}
+
+fn gload_b(base: u32, k: u32, n: u32) -> coop_mat16x16<f16, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f16, B>>(&b[base + k * SBG + n], SBG); }
+  return coopLoad<coop_mat16x16<f16, B>>(&b[base + n * SBG + k], SBG);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let rb = ids.wid.y * BM + (sg / 2u) * 64u;
+  let qb = ids.wid.x * BN + (sg % 2u) * 64u;
+  //! unroll i in 0..4
+  let r$i = min(rb + $i * 16u, p.m - 16u);
+  let q$i = min(qb + $i * 16u, p.n - 16u);
+  //! end
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var c$i$j = coop_mat16x16<f32, C>();
+  //! end
+  //! end
+  for (var k = kr.x; k < kr.y; k = k + 16u) {
+    //! unroll i in 0..4
+    let a$i = gload_a(a_base, r$i, k);
+    let b$i = gload_b(b_base, k, q$i);
+    //! end
+    //! unroll i in 0..4
+    //! unroll j in 0..4
+    c$i$j = coopMultiplyAdd(a$i, b$j, c$i$j);
+    //! end
+    //! end
+  }
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  flush(c$i$j, sg, lane, c_base, r$i, q$j, bb);
+  //! end
+  //! end
+}
+
+//! entry main8(a: f16 vec4, b: f16 vec4, bias: data, c: data mut)
+//! check WG=128 TA=0 TB=0
+//! check WG=128 TA=0 TB=1
+//! check WG=128 TA=1 TB=0
+//! check WG=128 TA=1 TB=1
+// `main` for operands in runs of 8 halves (16 bytes): each invocation moves 4 runs of A and
+// 4 of B a tile, each stored as one 16-byte array (half the stores of `main`).
+var<workgroup> A8: array<array<f16, 8>, 1280>;
+var<workgroup> B8: array<array<f16, 8>, 1280>;
+
+fn run8(lo: vec4<f16>, hi: vec4<f16>) -> array<f16, 8> {
+  return array<f16, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+}
+
+// Run v (of 8 halves) of op(A)'s tile at (m0, k0): a k-fast tile has 4 runs a row, an m-fast
+// one 16. Zeros outside the matrix.
+fn fetch8_a(base: u32, m0: u32, k0: u32, kend: u32, v: u32) -> array<f16, 8> {
+  var idx: u32;
+  var ok: bool;
+  if (TA == 0u) {
+    let r = v / 4u;
+    let q = (v % 4u) * 8u;
+    ok = m0 + r < p.m && k0 + q < kend;
+    idx = base + (m0 + r) * p.sam + k0 + q;
+  } else {
+    let r = v / 16u;
+    let q = (v % 16u) * 8u;
+    ok = k0 + r < kend && m0 + q < p.m;
+    idx = base + (k0 + r) * p.sak + m0 + q;
+  }
+  let j = select(0u, idx, ok) / 4u;
+  let z = vec4<f16>(0.0h);
+  return run8(select(z, a[j], ok), select(z, a[j + 1u], ok));
+}
+
+fn fetch8_b(base: u32, k0: u32, n0: u32, kend: u32, v: u32) -> array<f16, 8> {
+  var idx: u32;
+  var ok: bool;
+  if (TB == 0u) {
+    let r = v / 16u;
+    let q = (v % 16u) * 8u;
+    ok = k0 + r < kend && n0 + q < p.n;
+    idx = base + (k0 + r) * p.sbk + n0 + q;
+  } else {
+    let r = v / 4u;
+    let q = (v % 4u) * 8u;
+    ok = n0 + r < p.n && k0 + q < kend;
+    idx = base + (n0 + r) * p.sbn + k0 + q;
+  }
+  let j = select(0u, idx, ok) / 4u;
+  let z = vec4<f16>(0.0h);
+  return run8(select(z, b[j], ok), select(z, b[j + 1u], ok));
+}
+
+// Which run of a buffer run v is.
+fn run_at(buf: u32, v: u32, kfast: bool) -> u32 {
+  if (kfast) { return (buf * TILE + (v / 4u) * PK + (v % 4u) * 8u) / 8u; }
+  return (buf * TILE + (v / 16u) * PMN + (v % 16u) * 8u) / 8u;
+}
+
+fn frag8_a(buf: u32, r: u32, kk: u32) -> coop_mat16x16<f16, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&A8[(buf * TILE + r * PK + kk) / 8u][0], PK); }
+  return coopLoad<coop_mat16x16<f16, A>>(&A8[(buf * TILE + kk * PMN + r) / 8u][0], PMN);
+}
+
+fn frag8_b(buf: u32, kk: u32, q: u32) -> coop_mat16x16<f16, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f16, B>>(&B8[(buf * TILE + kk * PMN + q) / 8u][0], PMN); }
+  return coopLoad<coop_mat16x16<f16, B>>(&B8[(buf * TILE + q * PK + kk) / 8u][0], PK);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * BM;
+  let n0 = ids.wid.x * BN;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let wr = (sg / 2u) * 64u;
+  let wc = (sg % 2u) * 64u;
+
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var c$i$j = coop_mat16x16<f32, C>();
+  //! end
+  //! end
+
+  //! unroll i in 0..4
+  var ra$i = fetch8_a(a_base, m0, kr.x, kr.y, lid + $i * WG);
+  var rb$i = fetch8_b(b_base, kr.x, n0, kr.y, lid + $i * WG);
+  A8[run_at(0u, lid + $i * WG, TA == 0u)] = ra$i;
+  B8[run_at(0u, lid + $i * WG, TB == 1u)] = rb$i;
+  //! end
+  workgroupBarrier();
+
+  var buf = 0u;
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
+    let more = k0 + BK < kr.y;
+    if (more) {
+      //! unroll i in 0..4
+      ra$i = fetch8_a(a_base, m0, k0 + BK, kr.y, lid + $i * WG);
+      rb$i = fetch8_b(b_base, k0 + BK, n0, kr.y, lid + $i * WG);
+      //! end
+    }
+    //! unroll s in 0..2
+    //! unroll i in 0..4
+    let a$s$i = frag8_a(buf, wr + $i * 16u, $s * 16u);
+    let b$s$i = frag8_b(buf, $s * 16u, wc + $i * 16u);
+    //! end
+    //! unroll i in 0..4
+    //! unroll j in 0..4
+    c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j);
+    //! end
+    //! end
+    //! end
+    if (more) {
+      //! unroll i in 0..4
+      A8[run_at(buf ^ 1u, lid + $i * WG, TA == 0u)] = ra$i;
+      B8[run_at(buf ^ 1u, lid + $i * WG, TB == 1u)] = rb$i;
+      //! end
+    }
+    workgroupBarrier();
+    buf = buf ^ 1u;
+  }
+
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  flush(c$i$j, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc + $j * 16u, bb);
+  //! end
+  //! end
+}
