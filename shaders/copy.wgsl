@@ -70,9 +70,11 @@ fn main(ids: Ids) {
 }
 
 //! entry words(x: u32, y: u32 mut)
+// 32-bit words from word xoff on to word yoff on (a same-dtype copy of contiguous runs: two
+// halves a thread for f16).
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n) { return; }
-  st_y(i, ld_x(i));
+  st_y(p.yoff + i, ld_x(p.xoff + i));
 }

@@ -950,3 +950,27 @@ fn strided_copy_index_math_exact() {
         }
     }
 }
+
+/// Dense copies of contiguous runs at every offset and length parity: f16 runs move as whole
+/// 32-bit words when both ends sit on 4-byte boundaries, element by element otherwise.
+#[test]
+fn contiguous_run_copies() {
+    let dev = poisoned();
+    let mut rng = Rng::new(18);
+    for dt in DTYPES {
+        let x = rng.vec(1000);
+        let t = tensor(&dev, &x, &[1000], dt);
+        let want = rounded(&x, dt);
+        for start in [0, 1, 2, 3, 17] {
+            for len in [1, 2, 3, 4, 127, 982] {
+                let got = t.narrow(0, start, len).unwrap().copy().unwrap();
+                assert_close(
+                    &got.to_f32_vec().unwrap(),
+                    &want[start..start + len],
+                    dt,
+                    &format!("copy of [{start}, {}) {dt}", start + len),
+                );
+            }
+        }
+    }
+}

@@ -130,6 +130,24 @@ pub(crate) fn strided_layout(
     } else {
         (dims, st[0].clone(), st[1].clone())
     };
+    // Both sides one contiguous run on 4-byte boundaries: whole words, no index arithmetic
+    // (f16 moves two halves a thread).
+    let size = dtype.size();
+    let n = xl.numel();
+    if xs == [1]
+        && ys == [1]
+        && (xl.offset() * size) % 4 == 0
+        && (yl.offset() * size) % 4 == 0
+        && (n * size) % 4 == 0
+    {
+        let p = CopyParams {
+            n: u32_len("copy", n * size / 4)?,
+            xoff: u32_len("copy offset", xl.offset() * size / 4)?,
+            yoff: u32_len("copy offset", yl.offset() * size / 4)?,
+            ..Default::default()
+        };
+        return run(dev, "words", p, &[arg(x, DType::U32), arg(y, DType::U32)]);
+    }
     strided(
         dev,
         x,
