@@ -319,7 +319,6 @@ fn main() -> Result<()> {
                 }));
                 let cfg = match plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false)) {
                     Config::CoopTiled => "matmul (tensor cores, tiled)".to_string(),
-                    Config::CoopTiled8 => "matmul (tensor cores, tiled 8)".to_string(),
                     Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
                     Config::Coop => "matmul (tensor cores, any shape)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),

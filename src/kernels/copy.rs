@@ -136,9 +136,9 @@ pub(crate) fn strided_layout(
     let n = xl.numel();
     if xs == [1]
         && ys == [1]
-        && (xl.offset() * size) % 4 == 0
-        && (yl.offset() * size) % 4 == 0
-        && (n * size) % 4 == 0
+        && (xl.offset() * size).is_multiple_of(4)
+        && (yl.offset() * size).is_multiple_of(4)
+        && (n * size).is_multiple_of(4)
     {
         let p = CopyParams {
             n: u32_len("copy", n * size / 4)?,

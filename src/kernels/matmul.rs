@@ -91,8 +91,6 @@ pub enum Config {
     /// Tensor-core kernel with double-buffered workgroup tiles, for f16 operands whose
     /// contiguous extents, pitches and offsets are multiples of 4 (matmul_tc.wgsl `main`).
     CoopTiled,
-    /// The same in runs of 8 halves where everything is a multiple of 8 (`main8`).
-    CoopTiled8,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
     CoopDirect,
@@ -117,7 +115,7 @@ impl Config {
         // Counted loop iterations per K step, and the step; 100 iterations are kept for the
         // epilogue.
         let (per_step, step) = match self {
-            Config::CoopTiled | Config::CoopTiled8 => (1, 32),
+            Config::CoopTiled => (1, 32),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -136,7 +134,7 @@ impl Config {
     fn wg(self) -> u32 {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
-            Config::CoopTiled | Config::CoopTiled8 | Config::CoopDirect => 128,
+            Config::CoopTiled | Config::CoopDirect => 128,
             Config::Coop => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
@@ -147,9 +145,7 @@ impl Config {
             Config::Simt(tm, tn) => (8 * tm as usize, 8 * tn as usize),
             Config::SimtN4(tm, tn4) => (8 * tm as usize, 32 * tn4 as usize),
             Config::SimtK4(tm, tn) => (8 * tm as usize, 8 * tn as usize),
-            Config::CoopTiled | Config::CoopTiled8 | Config::CoopDirect | Config::Coop => {
-                (128, 128)
-            }
+            Config::CoopTiled | Config::CoopDirect | Config::Coop => (128, 128),
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
@@ -241,7 +237,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let (ta, tb) = (sak != 1, sbn != 1);
     let mut config = choose(dev, dtype, m, n, k);
     if config == Config::Coop && dev.caps().workgroup_storage >= 45056 {
-        // matmul_tc.wgsl moves runs of 4 (or 8) halves along each operand's contiguous axis:
+        // matmul_tc.wgsl moves runs of 4 halves along each operand's contiguous axis:
         // that axis's extent, the row pitches and every offset must be multiples of 4 (a run
         // is then wholly inside or outside the matrix).
         let lda = if ta { sak } else { sam };
@@ -259,16 +255,14 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
             b_run,
         ];
         // (A row pitch of 0, a broadcast view, goes to the general kernel.)
-        let eights = lda > 0 && ldb > 0 && runs.iter().all(|v| v % 8 == 0);
-        if eights {
-            config = Config::CoopTiled8;
-            // Measured on an H200: fragments straight from the buffers ran 10% faster where B
-            // is contiguous along N, 15% slower where it is contiguous along K.
-            if !tb && [m, n, k].iter().all(|v| v % 16 == 0) {
+        if lda > 0 && ldb > 0 && runs.iter().all(|v| v % 4 == 0) {
+            config = Config::CoopTiled;
+            // Measured on an H200: fragments straight from the buffers ran 10-15% faster
+            // where B is contiguous along N, 15% slower where it is contiguous along K. Their
+            // loads need 16-byte aligned rows and whole 16 x 16 tiles.
+            if !tb && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0) {
                 config = Config::CoopDirect;
             }
-        } else if lda > 0 && ldb > 0 && runs.iter().all(|v| v % 4 == 0) {
-            config = Config::CoopTiled;
         }
     }
     if matches!(config, Config::Simt(..)) {
@@ -410,11 +404,6 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     // The CPU kernels compile the epilogue away when there is nothing to apply.
     let epi = (g.bias.is_some() || g.act != Act::None) as u32;
     let (kernel, entry, consts): (Kernel, &'static str, Vec<(&'static str, u32)>) = match config {
-        Config::CoopTiled8 => (
-            Kernel::MatmulTc,
-            "main8",
-            vec![("TA", ta as u32), ("TB", tb as u32)],
-        ),
         Config::CoopTiled => (
             Kernel::MatmulTc,
             "main",
