@@ -7,7 +7,9 @@
 //
 // The op is a runtime switch on `p.op` over the named codes the prelude declares (UN_*, BIN_*,
 // from the host's `Unary` and `Binary` enums): it is uniform across the dispatch, so the branch
-// costs next to nothing in these memory-bound kernels, and one pipeline serves every op.
+// costs next to nothing in these memory-bound kernels, and one pipeline serves every op. The
+// unary switches `unary_op(op, x, a, b)` and `unary_grad(op, v, a, b)` are generated from the
+// host's op table (`for_each_unary!` in src/kernels/elementwise.rs) and appended to this file.
 //
 //   unary        y[i] = f(x[i]; a, b)
 //   unary_bwd    dx[i] = g[i] * f'(x[i] or y[i]; a, b)   (which one: see each op)
@@ -37,67 +39,16 @@ struct Params {
   s2: array<vec4<u32>, 2>,
 }
 
-fn unary_op(op: u32, x: f32, a: f32, b: f32) -> f32 {
-  switch op {
-    case UN_NEG: { return -x; }
-    case UN_EXP: { return exp(x); }
-    case UN_LOG: { return log(x); }
-    case UN_SQRT: { return sqrt(x); }
-    case UN_RELU: { return max(x, 0.0); }
-    case UN_GELU: { return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)); }   // exact (erf)
-    case UN_TANH: { return tanh_(x); }
-    case UN_SIGMOID: { return sigmoid_(x); }
-    case UN_ABS: { return abs(x); }
-    case UN_SQUARE: { return x * x; }
-    case UN_RECIP: { return 1.0 / x; }
-    case UN_ADD_SCALAR: { return x + a; }
-    case UN_MUL_SCALAR: { return x * a; }
-    case UN_POW_SCALAR: { return pow_(x, a); }
-    case UN_RSUB_SCALAR: { return a - x; }
-    case UN_MAX_SCALAR: { return max(x, a); }
-    case UN_MIN_SCALAR: { return min(x, a); }
-    case UN_AFFINE: { return a * x + b; }
-    case UN_SILU: { return x * sigmoid_(x); }
-    case UN_CLAMP: { return clamp(x, a, b); }
-    case UN_STEP: { return select(0.0, 1.0, x > a); }
-    default: { return x; }
-  }
+// Derivatives too long for a row of the host's op table (`unary_grad` calls them).
+fn gelu_grad_(x: f32) -> f32 {
+  let cdf = 0.5 * (1.0 + erf_(x * 0.7071067811865476));
+  let pdf = 0.3989422804014327 * exp(-0.5 * x * x);
+  return cdf + x * pdf;
 }
 
-// f'(v) where v is the saved input x, except tanh, sigmoid, exp, sqrt and recip, which use
-// the saved output y (cheaper and as exact).
-fn unary_grad(op: u32, v: f32, a: f32, b: f32) -> f32 {
-  switch op {
-    case UN_NEG: { return -1.0; }
-    case UN_EXP: { return v; }                                             // y
-    case UN_LOG: { return 1.0 / v; }                                       // x
-    case UN_SQRT: { return 0.5 / v; }                                      // y
-    case UN_RELU: { return select(0.0, 1.0, v > 0.0); }                    // x
-    case UN_GELU: {                                                        // x
-      let cdf = 0.5 * (1.0 + erf_(v * 0.7071067811865476));
-      let pdf = 0.3989422804014327 * exp(-0.5 * v * v);
-      return cdf + v * pdf;
-    }
-    case UN_TANH: { return 1.0 - v * v; }                                  // y
-    case UN_SIGMOID: { return v * (1.0 - v); }                             // y
-    case UN_ABS: { return sign(v); }                                       // x
-    case UN_SQUARE: { return 2.0 * v; }                                    // x
-    case UN_RECIP: { return -v * v; }                                      // y
-    case UN_ADD_SCALAR: { return 1.0; }
-    case UN_MUL_SCALAR: { return a; }
-    // d/dx x^a = a x^(a-1); 0 when a == 0 (x^0 is constant), as PyTorch.
-    case UN_POW_SCALAR: { return select(a * pow_(v, a - 1.0), 0.0, a == 0.0); }
-    case UN_RSUB_SCALAR: { return -1.0; }
-    case UN_MAX_SCALAR: { return select(0.0, 1.0, v > a); }                // x
-    case UN_MIN_SCALAR: { return select(0.0, 1.0, v < a); }                // x
-    case UN_AFFINE: { return a; }
-    case UN_SILU: {                                                        // x
-      let s = sigmoid_(v);
-      return s * (1.0 + v * (1.0 - s));
-    }
-    case UN_CLAMP: { return select(0.0, 1.0, v >= a && v <= b); }         // x
-    default: { return 0.0; }
-  }
+fn silu_grad_(x: f32) -> f32 {
+  let s = sigmoid_(x);
+  return s * (1.0 + x * (1.0 - s));
 }
 
 fn binary_op(op: u32, x: f32, y: f32) -> f32 {

@@ -113,13 +113,12 @@ fn unary_gradients() {
         }
         let n = 17;
         let x = sample(&mut rng, case.domain, n);
-        let c = case.cpu;
         check(
             &dev,
             case.name,
             &[(x, vec![n], true)],
-            &|t| (case.run)(&t[0]),
-            &|x| x[0].iter().map(|&v| c(v)).collect(),
+            &|t| case.run(&t[0]),
+            &|x| x[0].iter().map(|&v| case.cpu(v)).collect(),
         );
     }
 }

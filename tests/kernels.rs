@@ -25,8 +25,8 @@ fn unary_ops() {
                 let case = unary_case(op);
                 let x = sample(&mut rng, case.domain, n);
                 let t = tensor(&dev, &x, &[n], dt);
-                let y = (case.run)(&t).unwrap().to_f32_vec().unwrap();
-                let want: Vec<f64> = rounded(&x, dt).into_iter().map(case.cpu).collect();
+                let y = case.run(&t).unwrap().to_f32_vec().unwrap();
+                let want: Vec<f64> = rounded(&x, dt).into_iter().map(|v| case.cpu(v)).collect();
                 assert_close(&y, &want, dt, &format!("{} n={n} {dt}", case.name));
             }
         }

@@ -249,8 +249,8 @@ fn host_params_match_the_shaders() {
     }
 }
 
-/// Every op code a family declares is used by its shader by name, and the files open with a
-/// header comment.
+/// Every op code a family declares is used by its shader (or the WGSL generated with the
+/// codes) by name, and the files open with a header comment.
 #[test]
 fn codes_are_used_and_files_documented() {
     for &k in Kernel::ALL {
@@ -259,7 +259,8 @@ fn codes_are_used_and_files_documented() {
             src.starts_with("// "),
             "{k:?}: the file opens with its header comment"
         );
-        let all = format!("{src}{}", include_str!("../shaders/common.wgsl"));
+        let generated: String = k.codes().iter().map(|c| c.wgsl).collect();
+        let all = format!("{src}{}{generated}", include_str!("../shaders/common.wgsl"));
         for set in k.codes() {
             for (name, _) in set.consts {
                 assert!(

@@ -373,6 +373,9 @@ pub fn compose(
         declare(&mut s, target, storage_binding(i), b, dt);
     }
     let mut body = unroll(&format!("{common}{section}"), wg, consts)?;
+    for set in codes {
+        body.push_str(set.wgsl);
+    }
     // Shared helpers (shaders/common.wgsl) the kernel calls but does not define, and the
     // helpers they call in turn.
     loop {

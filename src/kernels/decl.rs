@@ -70,6 +70,8 @@ macro_rules! params {
 pub struct Codes {
     /// (constant name, value) pairs, e.g. ("UN_EXP", 1).
     pub consts: &'static [(&'static str, u32)],
+    /// WGSL functions generated with the codes (switches over them), appended to the shader.
+    pub wgsl: &'static str,
 }
 
 /// Declares an op-code enum whose values are emitted into shader preludes under
@@ -88,6 +90,7 @@ macro_rules! codes {
             /// The codes as the shader prelude declares them.
             pub const CODES: $crate::kernels::decl::Codes = $crate::kernels::decl::Codes {
                 consts: &[$((concat!($prefix, "_", $c), $name::$v as u32)),*],
+                wgsl: "",
             };
             /// The shader constant's name.
             pub fn code_name(self) -> &'static str {

@@ -11,43 +11,207 @@ const WG: u32 = 256;
 /// Highest rank of broadcasting ops.
 pub(crate) const MAX_RANK: usize = 6;
 
-crate::codes! {
-    /// Unary ops (shader constants `UN_*`).
-    #[allow(missing_docs)]
-    pub enum Unary: "UN" {
-        Neg = "NEG",
-        Exp = "EXP",
-        Log = "LOG",
-        Sqrt = "SQRT",
-        Relu = "RELU",
-        Gelu = "GELU",
-        Tanh = "TANH",
-        Sigmoid = "SIGMOID",
-        Abs = "ABS",
-        Square = "SQUARE",
-        Recip = "RECIP",
-        AddScalar = "ADD_SCALAR",
-        MulScalar = "MUL_SCALAR",
-        PowScalar = "POW_SCALAR",
-        RsubScalar = "RSUB_SCALAR",
-        MaxScalar = "MAX_SCALAR",
-        MinScalar = "MIN_SCALAR",
-        Affine = "AFFINE",
-        Silu = "SILU",
-        Clamp = "CLAMP",
-        Step = "STEP",
-    }
+/// Every unary op, one row each, and the whole op is its row: the public `Tensor` method and
+/// its scalar arguments, the op code, the forward and the derivative in WGSL, which value the
+/// gradient reads, where the op is smooth, and an f64 CPU reference. Adding an op is adding a
+/// row: the enum, the shader's `unary_op` / `unary_grad` switches, the `Tensor` method and the
+/// kernel and gradient tests all come from here.
+///
+/// Row: `method(scalars) => Variant "CODE" { fwd, grad, domain, cpu }`, where
+/// * `fwd` is a WGSL expression in `x` (the input) and the scalars `a`, `b`;
+/// * `grad_x` or `grad_y` is f' in WGSL as a function of `v`, the saved input (`grad_x`) or
+///   the saved output (`grad_y`: cheaper where f' is a function of f, as for exp, tanh or
+///   sigmoid); `no_grad` marks an op without a gradient;
+/// * `domain` says where tests sample the op ([`Domain`]);
+/// * `cpu` is the reference `|x, a, b| -> f64`.
+///
+/// A consumer is a macro that takes the rows (`for_each_unary!(my_macro)`), as
+/// `declare_unary` below and the `Tensor` methods in `ops::elementwise`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! for_each_unary {
+    ($m:ident) => {
+        $m! {
+            /// `-self`.
+            neg() => Neg "NEG" { fwd: "-x", grad_x: "-1.0", domain: Any, cpu: |x, _, _| -x }
+            /// `e^self`.
+            exp() => Exp "EXP" { fwd: "exp(x)", grad_y: "v", domain: Any, cpu: |x, _, _| x.exp() }
+            /// Natural logarithm.
+            log() => Log "LOG" {
+                fwd: "log(x)", grad_x: "1.0 / v", domain: Positive, cpu: |x, _, _| x.ln()
+            }
+            /// Square root.
+            sqrt() => Sqrt "SQRT" {
+                fwd: "sqrt(x)", grad_y: "0.5 / v", domain: Positive, cpu: |x, _, _| x.sqrt()
+            }
+            /// `max(self, 0)`.
+            relu() => Relu "RELU" {
+                fwd: "max(x, 0.0)", grad_x: "select(0.0, 1.0, v > 0.0)", domain: KinkAtZero,
+                cpu: |x, _, _| x.max(0.0)
+            }
+            /// GELU (the exact, erf-based form).
+            gelu() => Gelu "GELU" {
+                fwd: "0.5 * x * (1.0 + erf_(x * 0.7071067811865476))", grad_x: "gelu_grad_(v)",
+                domain: Any, cpu: |x, _, _| $crate::reference::gelu(x)
+            }
+            /// Hyperbolic tangent.
+            tanh() => Tanh "TANH" {
+                fwd: "tanh_(x)", grad_y: "1.0 - v * v", domain: Any, cpu: |x, _, _| x.tanh()
+            }
+            /// Logistic sigmoid.
+            sigmoid() => Sigmoid "SIGMOID" {
+                fwd: "sigmoid_(x)", grad_y: "v * (1.0 - v)", domain: Any,
+                cpu: |x, _, _| 1.0 / (1.0 + (-x).exp())
+            }
+            /// Absolute value.
+            abs() => Abs "ABS" {
+                fwd: "abs(x)", grad_x: "sign(v)", domain: KinkAtZero, cpu: |x, _, _| x.abs()
+            }
+            /// `self * self`.
+            square() => Square "SQUARE" {
+                fwd: "x * x", grad_x: "2.0 * v", domain: Any, cpu: |x, _, _| x * x
+            }
+            /// `1 / self`.
+            recip() => Recip "RECIP" {
+                fwd: "1.0 / x", grad_y: "-v * v", domain: Positive, cpu: |x, _, _| 1.0 / x
+            }
+            /// `self + a`.
+            add_scalar(a) => AddScalar "ADD_SCALAR" {
+                fwd: "x + a", grad_x: "1.0", domain: Any, cpu: |x, a, _| x + a
+            }
+            /// `self * a`.
+            mul_scalar(a) => MulScalar "MUL_SCALAR" {
+                fwd: "x * a", grad_x: "a", domain: Any, cpu: |x, a, _| x * a
+            }
+            /// `self ^ a`, exact for integral `a` and negative bases (as PyTorch). Its
+            /// gradient `a self^(a-1)` is 0 for `a = 0`, where `self^0` is constant.
+            pow_scalar(a) => PowScalar "POW_SCALAR" {
+                fwd: "pow_(x, a)", grad_x: "select(a * pow_(v, a - 1.0), 0.0, a == 0.0)",
+                domain: Positive, cpu: |x, a, _| x.powf(a)
+            }
+            /// `a - self`.
+            rsub_scalar(a) => RsubScalar "RSUB_SCALAR" {
+                fwd: "a - x", grad_x: "-1.0", domain: Any, cpu: |x, a, _| a - x
+            }
+            /// `max(self, a)`.
+            maximum_scalar(a) => MaxScalar "MAX_SCALAR" {
+                fwd: "max(x, a)", grad_x: "select(0.0, 1.0, v > a)", domain: KinkAtScalars,
+                cpu: |x, a, _| x.max(a)
+            }
+            /// `min(self, a)`.
+            minimum_scalar(a) => MinScalar "MIN_SCALAR" {
+                fwd: "min(x, a)", grad_x: "select(0.0, 1.0, v < a)", domain: KinkAtScalars,
+                cpu: |x, a, _| x.min(a)
+            }
+            /// `a * self + b`.
+            affine(a, b) => Affine "AFFINE" {
+                fwd: "a * x + b", grad_x: "a", domain: Any, cpu: |x, a, b| a * x + b
+            }
+            /// SiLU (`x * sigmoid(x)`).
+            silu() => Silu "SILU" {
+                fwd: "x * sigmoid_(x)", grad_x: "silu_grad_(v)", domain: Any,
+                cpu: |x, _, _| x / (1.0 + (-x).exp())
+            }
+            /// `self` clamped to [lo, hi].
+            clamp(lo, hi) => Clamp "CLAMP" {
+                fwd: "clamp(x, a, b)", grad_x: "select(0.0, 1.0, v >= a && v <= b)",
+                domain: KinkAtScalars, cpu: |x, a, b| x.clamp(a, b)
+            }
+            /// 1.0 where `self > a` (not differentiable).
+            gt_scalar(a) => Step "STEP" {
+                fwd: "select(0.0, 1.0, x > a)", no_grad: "0.0", domain: KinkAtScalars,
+                cpu: |x, a, _| if x > a { 1.0 } else { 0.0 }
+            }
+            /// Sine.
+            sin() => Sin "SIN" { fwd: "sin(x)", grad_x: "cos(v)", domain: Any, cpu: |x, _, _| x.sin() }
+            /// Cosine.
+            cos() => Cos "COS" {
+                fwd: "cos(x)", grad_x: "-sin(v)", domain: Any, cpu: |x, _, _| x.cos()
+            }
+        }
+    };
 }
 
-impl Unary {
-    /// Whether the gradient is computed from the op's output (else from its input).
-    pub fn grad_uses_output(self) -> bool {
-        matches!(
-            self,
-            Unary::Exp | Unary::Sqrt | Unary::Tanh | Unary::Sigmoid | Unary::Recip
-        )
-    }
+/// Where a unary op is defined and smooth: where its tests draw inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Domain {
+    /// Everywhere.
+    Any,
+    /// For positive inputs (log, sqrt, recip, fractional powers).
+    Positive,
+    /// Everywhere, with a kink at 0 (relu, abs).
+    KinkAtZero,
+    /// Everywhere, with kinks at the op's scalar arguments (clamp, max with a scalar).
+    KinkAtScalars,
 }
+
+/// Declares `Unary` and everything read off its rows (see [`for_each_unary`]).
+macro_rules! declare_unary {
+    ($($(#[$doc:meta])* $method:ident ($($arg:ident),*) => $v:ident $code:literal {
+        fwd: $fwd:literal, $from:ident: $grad:literal, domain: $dom:ident,
+        cpu: |$rx:pat_param, $ra:pat_param, $rb:pat_param| $cpu:expr $(,)?
+    })*) => {
+        /// Unary ops (shader constants `UN_*`), declared by [`for_each_unary`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum Unary { $($(#[$doc])* $v),* }
+
+        impl Unary {
+            /// Every op, in code order.
+            pub const ALL: &'static [Unary] = &[$(Unary::$v),*];
+
+            /// The codes, and the `unary_op` / `unary_grad` WGSL switches built from the rows.
+            pub const CODES: $crate::kernels::decl::Codes = $crate::kernels::decl::Codes {
+                consts: &[$((concat!("UN_", $code), Unary::$v as u32)),*],
+                wgsl: concat!(
+                    "\nfn unary_op(op: u32, x: f32, a: f32, b: f32) -> f32 {\n  switch op {\n",
+                    $("    case UN_", $code, ": { return ", $fwd, "; }\n",)*
+                    "    default: { return x; }\n  }\n}\n",
+                    "fn unary_grad(op: u32, v: f32, a: f32, b: f32) -> f32 {\n  switch op {\n",
+                    $("    case UN_", $code, ": { return ", $grad, "; }\n",)*
+                    "    default: { return 0.0; }\n  }\n}\n",
+                ),
+            };
+
+            /// The public `Tensor` method.
+            pub fn method(self) -> &'static str {
+                match self { $(Unary::$v => stringify!($method)),* }
+            }
+
+            /// How many scalar arguments the method takes (0 to 2: `a`, then `b`).
+            pub fn arity(self) -> usize {
+                match self { $(Unary::$v => <[&str]>::len(&[$(stringify!($arg)),*])),* }
+            }
+
+            /// Whether the gradient is computed from the op's output (else from its input).
+            pub fn grad_uses_output(self) -> bool {
+                match self { $(Unary::$v => stringify!($from) == "grad_y"),* }
+            }
+
+            /// Whether the op has a gradient.
+            pub fn differentiable(self) -> bool {
+                match self { $(Unary::$v => stringify!($from) != "no_grad"),* }
+            }
+
+            /// Where the op is smooth.
+            pub fn domain(self) -> Domain {
+                match self { $(Unary::$v => Domain::$dom),* }
+            }
+
+            /// The f64 CPU reference, `op(x; a, b)`.
+            pub fn reference(self, x: f64, a: f64, b: f64) -> f64 {
+                match self {
+                    $(Unary::$v => {
+                        let ($rx, $ra, $rb) = (x, a, b);
+                        $cpu
+                    })*
+                }
+            }
+        }
+    };
+}
+
+for_each_unary!(declare_unary);
 
 crate::codes! {
     /// Binary ops (shader constants `BIN_*`).

@@ -26,6 +26,24 @@ fn unary_grad(op: Unary, a: f32, b: f32, saved: &Tensor, g: Tensor) -> Result<Te
     Ok(dx)
 }
 
+/// The `Tensor` method of every unary op (`neg`, `exp`, ..., `clamp(lo, hi)`), from the op
+/// table in `kernels::elementwise`.
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $method:ident ($($arg:ident),*) => $v:ident $code:literal { $($row:tt)* })*) => {
+        impl Tensor {
+            $(
+                $(#[$doc])*
+                pub fn $method(&self, $($arg: f32),*) -> Result<Tensor> {
+                    let s = [$($arg,)* 0.0, 0.0];
+                    self.unary(Unary::$v, s[0], s[1])
+                }
+            )*
+        }
+    };
+}
+
+crate::for_each_unary!(unary_methods);
+
 /// A broadcasting binary op's gradients, summed back to each input's shape.
 struct BinaryBack {
     op: Binary,
@@ -195,12 +213,17 @@ impl Tensor {
             a,
             b,
         )?;
+        if !op.differentiable() {
+            return Ok(out);
+        }
         let saved = if op.grad_uses_output() {
             out.detach()
         } else {
             x.detach()
         };
-        let rec = record_fn("unary", self, move |_, g| unary_grad(op, a, b, &saved, g));
+        let rec = record_fn(op.method(), self, move |_, g| {
+            unary_grad(op, a, b, &saved, g)
+        });
         Ok(out.with_node(rec))
     }
 
@@ -285,104 +308,6 @@ impl Tensor {
     /// 1.0 where `self >= other`.
     pub fn ge(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(Binary::Ge, other)
-    }
-
-    /// `-self`.
-    pub fn neg(&self) -> Result<Tensor> {
-        self.unary(Unary::Neg, 0.0, 0.0)
-    }
-    /// `e^self`.
-    pub fn exp(&self) -> Result<Tensor> {
-        self.unary(Unary::Exp, 0.0, 0.0)
-    }
-    /// Natural logarithm.
-    pub fn log(&self) -> Result<Tensor> {
-        self.unary(Unary::Log, 0.0, 0.0)
-    }
-    /// Square root.
-    pub fn sqrt(&self) -> Result<Tensor> {
-        self.unary(Unary::Sqrt, 0.0, 0.0)
-    }
-    /// `max(self, 0)`.
-    pub fn relu(&self) -> Result<Tensor> {
-        self.unary(Unary::Relu, 0.0, 0.0)
-    }
-    /// GELU (the exact, erf-based form).
-    pub fn gelu(&self) -> Result<Tensor> {
-        self.unary(Unary::Gelu, 0.0, 0.0)
-    }
-    /// Hyperbolic tangent.
-    pub fn tanh(&self) -> Result<Tensor> {
-        self.unary(Unary::Tanh, 0.0, 0.0)
-    }
-    /// Logistic sigmoid.
-    pub fn sigmoid(&self) -> Result<Tensor> {
-        self.unary(Unary::Sigmoid, 0.0, 0.0)
-    }
-    /// SiLU (`x * sigmoid(x)`).
-    pub fn silu(&self) -> Result<Tensor> {
-        self.unary(Unary::Silu, 0.0, 0.0)
-    }
-    /// Absolute value.
-    pub fn abs(&self) -> Result<Tensor> {
-        self.unary(Unary::Abs, 0.0, 0.0)
-    }
-    /// `self * self`.
-    pub fn square(&self) -> Result<Tensor> {
-        self.unary(Unary::Square, 0.0, 0.0)
-    }
-    /// `1 / self`.
-    pub fn recip(&self) -> Result<Tensor> {
-        self.unary(Unary::Recip, 0.0, 0.0)
-    }
-    /// `self + a`.
-    pub fn add_scalar(&self, a: f32) -> Result<Tensor> {
-        self.unary(Unary::AddScalar, a, 0.0)
-    }
-    /// `self * a`.
-    pub fn mul_scalar(&self, a: f32) -> Result<Tensor> {
-        self.unary(Unary::MulScalar, a, 0.0)
-    }
-    /// `self ^ a`.
-    pub fn pow_scalar(&self, a: f32) -> Result<Tensor> {
-        self.unary(Unary::PowScalar, a, 0.0)
-    }
-    /// `a - self`.
-    pub fn rsub_scalar(&self, a: f32) -> Result<Tensor> {
-        self.unary(Unary::RsubScalar, a, 0.0)
-    }
-    /// `max(self, a)`.
-    pub fn maximum_scalar(&self, a: f32) -> Result<Tensor> {
-        self.unary(Unary::MaxScalar, a, 0.0)
-    }
-    /// `min(self, a)`.
-    pub fn minimum_scalar(&self, a: f32) -> Result<Tensor> {
-        self.unary(Unary::MinScalar, a, 0.0)
-    }
-    /// `a * self + b`.
-    pub fn affine(&self, a: f32, b: f32) -> Result<Tensor> {
-        self.unary(Unary::Affine, a, b)
-    }
-    /// `self` clamped to [lo, hi].
-    pub fn clamp(&self, lo: f32, hi: f32) -> Result<Tensor> {
-        self.unary(Unary::Clamp, lo, hi)
-    }
-    /// 1.0 where `self > a` (not differentiable).
-    pub fn gt_scalar(&self, a: f32) -> Result<Tensor> {
-        float_only("gt_scalar", self)?;
-        let x = self.contiguous()?;
-        let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;
-        ew::unary(
-            self.device(),
-            Unary::Step,
-            x.dense_block("gt_scalar")?,
-            out.dense_block("gt_scalar")?,
-            self.dtype(),
-            self.numel(),
-            a,
-            0.0,
-        )?;
-        Ok(out)
     }
 
     /// `cond != 0 ? on_true : on_false`, broadcasting all three. Gradients flow to the

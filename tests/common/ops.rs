@@ -1,11 +1,11 @@
 //! The elementwise ops as tables built from the library's own op lists (`Unary::ALL`,
-//! `Binary::ALL`). Each `match` below is exhaustive: an op added to the library does not
-//! compile here until it has a public method, a CPU reference and a domain, and the kernel
-//! and gradient tests then cover it without being edited.
+//! `Binary::ALL`). A unary op's row in the library (`for_each_unary!`) carries its method,
+//! reference and domain, so the kernel and gradient tests cover a new op without being
+//! edited; the binary `match` is exhaustive, so a new binary op does not compile here until
+//! it has a method and a reference.
 
 use wgrad::Tensor;
 use wgrad::kernels::elementwise::{Binary, Unary};
-use wgrad::reference as cpu;
 
 /// Where test inputs are drawn.
 #[derive(Clone, Copy)]
@@ -18,78 +18,68 @@ pub enum Domain {
     Avoid(&'static [f64]),
 }
 
+/// A unary op as its tests see it: the public method called with fixed scalars, and the
+/// library's f64 reference with the same scalars.
 pub struct UnaryCase {
+    pub op: Unary,
     pub name: &'static str,
-    pub run: fn(&Tensor) -> wgrad::Result<Tensor>,
-    pub cpu: fn(f64) -> f64,
     pub domain: Domain,
     /// Whether it has a gradient to check (comparisons do not).
     pub differentiable: bool,
+    a: f32,
+    b: f32,
 }
 
-fn sig(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
+impl UnaryCase {
+    pub fn run(&self, t: &Tensor) -> wgrad::Result<Tensor> {
+        call(self.op, t, self.a, self.b)
+    }
+    pub fn cpu(&self, x: f64) -> f64 {
+        self.op.reference(x, self.a as f64, self.b as f64)
+    }
 }
 
-pub fn unary_case(op: Unary) -> UnaryCase {
-    use Domain::*;
-    let c = |name, run, cpu, domain| UnaryCase {
-        name,
-        run,
-        cpu,
-        domain,
-        differentiable: true,
+/// Calls each op's public method (so a method that does not reach its op fails the tests).
+macro_rules! unary_calls {
+    ($($(#[$doc:meta])* $method:ident ($($arg:ident),*) => $v:ident $code:literal { $($row:tt)* })*) => {
+        fn call(op: Unary, t: &Tensor, a: f32, b: f32) -> wgrad::Result<Tensor> {
+            let _ = (a, b);
+            match op {
+                $(Unary::$v => unary_calls!(@call t.$method($($arg),*) a b),)*
+            }
+        }
     };
-    match op {
-        Unary::Neg => c("neg", |t| t.neg(), |x| -x, Any),
-        Unary::Exp => c("exp", |t| t.exp(), f64::exp, Any),
-        Unary::Log => c("log", |t| t.log(), f64::ln, Positive),
-        Unary::Sqrt => c("sqrt", |t| t.sqrt(), f64::sqrt, Positive),
-        Unary::Relu => c("relu", |t| t.relu(), |x| x.max(0.0), Avoid(&[0.0])),
-        Unary::Gelu => c("gelu", |t| t.gelu(), cpu::gelu, Any),
-        Unary::Tanh => c("tanh", |t| t.tanh(), f64::tanh, Any),
-        Unary::Sigmoid => c("sigmoid", |t| t.sigmoid(), sig, Any),
-        Unary::Silu => c("silu", |t| t.silu(), |x| x * sig(x), Any),
-        Unary::Abs => c("abs", |t| t.abs(), f64::abs, Avoid(&[0.0])),
-        Unary::Square => c("square", |t| t.square(), |x| x * x, Any),
-        Unary::Recip => c("recip", |t| t.recip(), |x| 1.0 / x, Positive),
-        Unary::AddScalar => c("add_scalar", |t| t.add_scalar(0.75), |x| x + 0.75, Any),
-        Unary::MulScalar => c("mul_scalar", |t| t.mul_scalar(-1.5), |x| x * -1.5, Any),
-        Unary::PowScalar => c(
-            "pow_scalar",
-            |t| t.pow_scalar(1.7),
-            |x| x.powf(1.7),
-            Positive,
-        ),
-        Unary::RsubScalar => c("rsub_scalar", |t| t.rsub_scalar(1.0), |x| 1.0 - x, Any),
-        Unary::MaxScalar => c(
-            "maximum_scalar",
-            |t| t.maximum_scalar(0.25),
-            |x| x.max(0.25),
-            Avoid(&[0.25]),
-        ),
-        Unary::MinScalar => c(
-            "minimum_scalar",
-            |t| t.minimum_scalar(-0.4),
-            |x| x.min(-0.4),
-            Avoid(&[-0.4]),
-        ),
-        Unary::Affine => c("affine", |t| t.affine(0.5, 2.0), |x| 0.5 * x + 2.0, Any),
-        Unary::Clamp => c(
-            "clamp",
-            |t| t.clamp(-0.3, 0.4),
-            |x| x.clamp(-0.3, 0.4),
-            Avoid(&[-0.3, 0.4]),
-        ),
-        Unary::Step => UnaryCase {
-            differentiable: false,
-            ..c(
-                "gt_scalar",
-                |t| t.gt_scalar(0.2),
-                |x| (x > 0.2) as u8 as f64,
-                Avoid(&[0.2]),
-            )
+    (@call $t:ident.$m:ident() $a:ident $b:ident) => { $t.$m() };
+    (@call $t:ident.$m:ident($x:ident) $a:ident $b:ident) => { $t.$m($a) };
+    (@call $t:ident.$m:ident($x:ident, $y:ident) $a:ident $b:ident) => { $t.$m($a, $b) };
+}
+
+wgrad::for_each_unary!(unary_calls);
+
+/// One scalar: 1.7 (a fractional power, a point inside the sampled range); two: the interval
+/// [-0.3, 0.4].
+pub fn unary_case(op: Unary) -> UnaryCase {
+    let (a, b) = match op.arity() {
+        0 => (0.0, 0.0),
+        1 => (1.7, 0.0),
+        _ => (-0.3, 0.4),
+    };
+    let domain = match op.domain() {
+        wgrad::kernels::elementwise::Domain::Any => Domain::Any,
+        wgrad::kernels::elementwise::Domain::Positive => Domain::Positive,
+        wgrad::kernels::elementwise::Domain::KinkAtZero => Domain::Avoid(&[0.0]),
+        wgrad::kernels::elementwise::Domain::KinkAtScalars => match op.arity() {
+            1 => Domain::Avoid(&[1.7]),
+            _ => Domain::Avoid(&[-0.3, 0.4]),
         },
+    };
+    UnaryCase {
+        op,
+        name: op.method(),
+        domain,
+        differentiable: op.differentiable(),
+        a,
+        b,
     }
 }
 
