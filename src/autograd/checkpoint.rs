@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, enable_grad, is_grad_enabled, no_grad};
+use crate::tensor::graph::{Backward, Node, enable_grad, is_grad_enabled, no_grad};
 use std::sync::Arc;
 
 /// A recomputable segment of a model.
@@ -22,31 +22,22 @@ pub fn checkpoint(segment: Segment, input: &Tensor) -> Result<Tensor> {
     }
     // The output needs gradients if the input does or the segment holds variables; the latter
     // cannot be seen from here, so a checkpoint always records.
-    Ok(out.with_node(Some(Box::new(CheckpointBack {
-        x: input.clone(),
-        segment,
-        seed,
-    }))))
+    Ok(out.with_node(Some(Node {
+        name: "checkpoint",
+        inputs: vec![input.clone()],
+        back: Box::new(CheckpointBack { segment, seed }),
+    })))
 }
 
 struct CheckpointBack {
-    x: Tensor,
     segment: Segment,
     seed: u64,
 }
 
 impl Backward for CheckpointBack {
-    fn name(&self) -> &'static str {
-        "checkpoint"
-    }
-
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-
     /// The input gradient of the segment; variables inside it accumulate their own.
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let x = &self.x;
+    fn backward(&self, inputs: &[Tensor], _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let x = &inputs[0];
         let dev = x.device();
         let resume = dev.seed_state();
         dev.set_seed_state(self.seed);

@@ -87,13 +87,13 @@ fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
                         "the graph was already consumed by an earlier backward (run the forward pass again)",
                     ));
                 }
-                Some(rec) => {
-                    let inputs: Vec<Tensor> = rec.inputs().into_iter().cloned().collect();
-                    let gs = rec.backward(&node, g)?;
+                Some(mut rec) => {
+                    let inputs = std::mem::take(&mut rec.inputs);
+                    let gs = rec.back.backward(&inputs, &node, g)?;
                     if gs.len() != inputs.len() {
                         return Err(Error::Internal(format!(
                             "{}: {} gradients for {} inputs",
-                            rec.name(),
+                            rec.name,
                             gs.len(),
                             inputs.len()
                         )));
@@ -158,7 +158,7 @@ fn topo_order(root: &Tensor) -> Vec<Tensor> {
         }
         let inputs: Vec<Tensor> = lock(&t.0.node)
             .as_ref()
-            .map(|n| n.inputs().into_iter().cloned().collect())
+            .map(|n| n.inputs.clone())
             .unwrap_or_default();
         stack.push((t, true));
         for i in inputs {

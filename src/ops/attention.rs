@@ -121,11 +121,8 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) ->
     })
 }
 
-/// Attention's gradients, recomputed from the saved output and log-sum-exp.
+/// Attention's gradients (inputs q, k, v), recomputed from the saved output and log-sum-exp.
 struct AttentionBack {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
     out: Tensor,
     lse: Tensor,
     causal: bool,
@@ -133,16 +130,13 @@ struct AttentionBack {
 }
 
 impl Backward for AttentionBack {
-    fn name(&self) -> &'static str {
-        "attention"
-    }
-
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.q, &self.k, &self.v]
-    }
-
-    fn backward(&self, _out: &Tensor, dout: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (q, k, v) = (&self.q, &self.k, &self.v);
+    fn backward(
+        &self,
+        inputs: &[Tensor],
+        _out: &Tensor,
+        dout: Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
         let mut a = dims(q, k, v, self.causal, Some(self.scale))?;
         let (q, lq) = readable(q)?;
         let (k, lk) = readable(k)?;
@@ -265,10 +259,7 @@ impl Tensor {
             )?;
             storage.view(layout, None)
         };
-        let rec = record(&[q, k, v], || AttentionBack {
-            q: q.clone(),
-            k: k.clone(),
-            v: v.clone(),
+        let rec = record("attention", &[q, k, v], || AttentionBack {
             out: out.detach(),
             lse,
             causal,

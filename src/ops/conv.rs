@@ -159,10 +159,9 @@ impl Tensor {
         let (x, w) = (self.contiguous()?, weight.contiguous()?);
         let b = bias.map(Tensor::contiguous).transpose()?;
         let out = conv_forward(&x, &w, b.as_ref(), act, &d)?;
-        let rec = record(&inputs, || ConvBack {
-            x: x.clone(),
-            w: w.clone(),
-            bias: bias.cloned(),
+        let mut ran_on = vec![&x, &w];
+        ran_on.extend(bias);
+        let rec = record("conv2d", &ran_on, || ConvBack {
             opts,
             relu_out: (act == Act::Relu).then(|| out.detach()),
         });
@@ -443,30 +442,19 @@ pub(crate) fn conv_grads(
     Ok(v)
 }
 
-/// Gradients of conv2d (from the dense inputs it ran on).
+/// Gradients of conv2d; inputs: the dense x and weight it ran on, and the bias if any.
 struct ConvBack {
-    x: Tensor,
-    w: Tensor,
-    bias: Option<Tensor>,
     opts: Conv2dOpts,
     /// The output, when a ReLU was fused.
     relu_out: Option<Tensor>,
 }
 
 impl Backward for ConvBack {
-    fn name(&self) -> &'static str {
-        "conv2d"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        let mut v = vec![&self.x, &self.w];
-        v.extend(self.bias.as_ref());
-        v
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+    fn backward(&self, inputs: &[Tensor], _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
         let mut got = conv_grads(
-            &self.x,
-            &self.w,
-            self.bias.as_ref(),
+            &inputs[0],
+            &inputs[1],
+            inputs.get(2),
             &self.opts,
             self.relu_out.as_ref(),
             g,
@@ -476,11 +464,7 @@ impl Backward for ConvBack {
             let i = got.iter().position(|(x, _)| x.id() == t.id())?;
             Some(got.swap_remove(i).1)
         };
-        let mut v = vec![take(&self.x), take(&self.w)];
-        if let Some(b) = &self.bias {
-            v.push(take(b));
-        }
-        Ok(v)
+        Ok(inputs.iter().map(&mut take).collect())
     }
 }
 

@@ -4,7 +4,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::{self as ew, Binary, Operand, Unary};
 use crate::tensor::Tensor;
-use crate::tensor::graph::{Backward, record, record_fn};
+use crate::tensor::graph::{record, record_fn};
 
 /// A unary op's gradient, from its saved input or output (`Unary::grad_uses_output`), which
 /// must be dense.
@@ -44,85 +44,58 @@ macro_rules! unary_methods {
 
 crate::for_each_unary!(unary_methods);
 
-/// A broadcasting binary op's gradients, summed back to each input's shape.
-struct BinaryBack {
-    op: Binary,
-    x: Tensor,
-    y: Tensor,
+/// A broadcasting binary op's gradients (inputs x, y), summed back to each input's shape.
+fn binary_grads(op: Binary, xy: &[Tensor], out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (x, y) = (&xy[0], &xy[1]);
+    let (gx, gy) = match op {
+        Binary::Add => (g.clone(), g),
+        Binary::Sub => (g.clone(), g.neg()?),
+        Binary::Mul => (g.mul(y)?, g.mul(x)?),
+        Binary::Div => {
+            let gx = g.div(y)?;
+            (gx.clone(), gx.mul(x)?.div(y)?.neg()?)
+        }
+        Binary::Max | Binary::Min => {
+            // Ties split the gradient evenly, as PyTorch does.
+            let wins = if op == Binary::Max {
+                x.gt(y)?
+            } else {
+                x.lt(y)?
+            };
+            let ties = x.eq(y)?.mul_scalar(0.5)?;
+            let mx = wins.add(&ties)?;
+            let my = mx.rsub_scalar(1.0)?;
+            (g.mul(&mx)?, g.mul(&my)?)
+        }
+        Binary::Pow => {
+            // d/dx x^y = y x^(y-1); d/dy x^y = x^y ln x, taken as 0 where x = 0 and y >= 0
+            // (PyTorch's convention; 0 * -inf would be NaN).
+            let gx = g.mul(y)?.mul(&x.pow(&y.add_scalar(-1.0)?)?)?;
+            let zero_base = x.eq(&Tensor::zeros(x.device(), &[1], x.dtype())?)?;
+            let safe_log = x.add(&zero_base)?.log()?;
+            let gy = g.mul(out)?.mul(&safe_log)?;
+            (gx, gy)
+        }
+        Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge => {
+            return Err(Error::Internal("a comparison was recorded".into()));
+        }
+    };
+    Ok(vec![
+        Some(gx.sum_to(x.shape())?),
+        Some(gy.sum_to(y.shape())?),
+    ])
 }
 
-impl Backward for BinaryBack {
-    fn name(&self) -> &'static str {
-        "binary"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x, &self.y]
-    }
-    fn backward(&self, out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (x, y) = (&self.x, &self.y);
-        let (gx, gy) = match self.op {
-            Binary::Add => (g.clone(), g),
-            Binary::Sub => (g.clone(), g.neg()?),
-            Binary::Mul => (g.mul(y)?, g.mul(x)?),
-            Binary::Div => {
-                let gx = g.div(y)?;
-                (gx.clone(), gx.mul(x)?.div(y)?.neg()?)
-            }
-            Binary::Max | Binary::Min => {
-                // Ties split the gradient evenly, as PyTorch does.
-                let wins = if self.op == Binary::Max {
-                    x.gt(y)?
-                } else {
-                    x.lt(y)?
-                };
-                let ties = x.eq(y)?.mul_scalar(0.5)?;
-                let mx = wins.add(&ties)?;
-                let my = mx.rsub_scalar(1.0)?;
-                (g.mul(&mx)?, g.mul(&my)?)
-            }
-            Binary::Pow => {
-                // d/dx x^y = y x^(y-1); d/dy x^y = x^y ln x, taken as 0 where x = 0 and y >= 0
-                // (PyTorch's convention; 0 * -inf would be NaN).
-                let gx = g.mul(y)?.mul(&x.pow(&y.add_scalar(-1.0)?)?)?;
-                let zero_base = x.eq(&Tensor::zeros(x.device(), &[1], x.dtype())?)?;
-                let safe_log = x.add(&zero_base)?.log()?;
-                let gy = g.mul(out)?.mul(&safe_log)?;
-                (gx, gy)
-            }
-            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge => {
-                return Err(Error::Internal("a comparison was recorded".into()));
-            }
-        };
-        Ok(vec![
-            Some(gx.sum_to(x.shape())?),
-            Some(gy.sum_to(y.shape())?),
-        ])
-    }
-}
-
-/// `where`'s gradients: to the selected branch; the condition gets none.
-struct SelectBack {
-    c: Tensor,
-    x: Tensor,
-    y: Tensor,
-}
-
-impl Backward for SelectBack {
-    fn name(&self) -> &'static str {
-        "where"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x, &self.y]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let zero = Tensor::zeros(g.device(), &[1], g.dtype())?;
-        let gx = Tensor::where_cond(&self.c, &g, &zero)?;
-        let gy = Tensor::where_cond(&self.c, &zero, &g)?;
-        Ok(vec![
-            Some(gx.sum_to(self.x.shape())?),
-            Some(gy.sum_to(self.y.shape())?),
-        ])
-    }
+/// `where`'s gradients (inputs: the two branches): to the selected branch; the condition
+/// gets none.
+fn select_grads(c: &Tensor, xy: &[Tensor], g: Tensor) -> Result<Vec<Option<Tensor>>> {
+    let zero = Tensor::zeros(g.device(), &[1], g.dtype())?;
+    let gx = Tensor::where_cond(c, &g, &zero)?;
+    let gy = Tensor::where_cond(c, &zero, &g)?;
+    Ok(vec![
+        Some(gx.sum_to(xy[0].shape())?),
+        Some(gy.sum_to(xy[1].shape())?),
+    ])
 }
 
 /// `t` read as an input of a kernel over `out`: its strides broadcast to `out`.
@@ -247,10 +220,8 @@ impl Tensor {
         let rec = if op.is_comparison() {
             None
         } else {
-            record(&[self, other], || BinaryBack {
-                op,
-                x: self.clone(),
-                y: other.clone(),
+            record("binary", &[self, other], || {
+                move |xy: &[Tensor], out: &Tensor, g| binary_grads(op, xy, out, g)
             })
         };
         Ok(out.with_node(rec))
@@ -333,10 +304,9 @@ impl Tensor {
             &shape,
             dtype,
         )?;
-        let rec = record(&[on_true, on_false], || SelectBack {
-            c: cond.detach(),
-            x: on_true.clone(),
-            y: on_false.clone(),
+        let c = cond.detach();
+        let rec = record("where", &[on_true, on_false], || {
+            move |xy: &[Tensor], _: &Tensor, g| select_grads(&c, xy, g)
         });
         Ok(out.with_node(rec))
     }

@@ -4,32 +4,19 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::copy as kc;
-use crate::tensor::graph::{Backward, record, record_fn};
+use crate::tensor::graph::{record, record_fn};
 use crate::tensor::{Tensor, check_numel};
 
-/// Gradient of a concatenation: the gradient's slices.
-struct CatBack {
-    xs: Vec<Tensor>,
-    axis: usize,
-}
-
-impl Backward for CatBack {
-    fn name(&self) -> &'static str {
-        "cat"
+/// Gradient of a concatenation along `axis`: the gradient's slices.
+fn cat_grads(axis: usize, xs: &[Tensor], g: Tensor) -> Result<Vec<Option<Tensor>>> {
+    let mut at = 0;
+    let mut v = Vec::with_capacity(xs.len());
+    for x in xs {
+        let len = x.shape()[axis];
+        v.push(Some(g.narrow(axis as isize, at, len)?));
+        at += len;
     }
-    fn inputs(&self) -> Vec<&Tensor> {
-        self.xs.iter().collect()
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let mut at = 0;
-        let mut v = Vec::with_capacity(self.xs.len());
-        for x in &self.xs {
-            let len = x.shape()[self.axis];
-            v.push(Some(g.narrow(self.axis as isize, at, len)?));
-            at += len;
-        }
-        Ok(v)
-    }
+    Ok(v)
 }
 
 impl Tensor {
@@ -233,9 +220,8 @@ impl Tensor {
             out.write_slice(t, a, at)?;
             at += t.shape()[a];
         }
-        let rec = record(xs, || CatBack {
-            xs: xs.iter().map(|t| (*t).clone()).collect(),
-            axis: a,
+        let rec = record("cat", xs, || {
+            move |xs: &[Tensor], _: &Tensor, g| cat_grads(a, xs, g)
         });
         Ok(out.with_node(rec))
     }

@@ -218,11 +218,8 @@ pub(crate) fn gemm(
     Ok(out)
 }
 
-/// Gradients of `C = act(op(A) op(B) + bias)`.
+/// Gradients of `C = act(op(A) op(B) + bias)`; inputs a, b and the bias if any.
 struct MatmulBack {
-    a: Tensor,
-    b: Tensor,
-    bias: Option<Tensor>,
     trans_a: bool,
     trans_b: bool,
     /// The output, when a ReLU was fused (its gradient mask).
@@ -230,18 +227,8 @@ struct MatmulBack {
 }
 
 impl Backward for MatmulBack {
-    fn name(&self) -> &'static str {
-        "matmul"
-    }
-
-    fn inputs(&self) -> Vec<&Tensor> {
-        let mut v = vec![&self.a, &self.b];
-        v.extend(self.bias.as_ref());
-        v
-    }
-
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (a, b) = (&self.a, &self.b);
+    fn backward(&self, inputs: &[Tensor], _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (a, b) = (&inputs[0], &inputs[1]);
         let (ta, tb) = (self.trans_a, self.trans_b);
         let g = match &self.relu_out {
             Some(out) => relu_grad(out, &g)?,
@@ -268,7 +255,7 @@ impl Backward for MatmulBack {
             None
         };
         let mut v = vec![ga, gb];
-        if let Some(bias) = &self.bias {
+        if let Some(bias) = inputs.get(2) {
             v.push(if bias.requires_grad() {
                 let n = bias.numel();
                 Some(g.reshape(&[g.numel() / n.max(1), n])?.sum(0, false)?)
@@ -302,10 +289,7 @@ impl Tensor {
         }
         let act = o.act.and_then(Activation::fused).unwrap_or(Act::None);
         let out = gemm(self, other, o.trans_a, o.trans_b, o.bias, act)?;
-        let rec = record(&inputs, || MatmulBack {
-            a: self.clone(),
-            b: other.clone(),
-            bias: o.bias.cloned(),
+        let rec = record("matmul", &inputs, || MatmulBack {
             trans_a: o.trans_a,
             trans_b: o.trans_b,
             relu_out: (act == Act::Relu).then(|| out.detach()),

@@ -7,30 +7,21 @@ use crate::kernels::norm::{self as kn, Norm};
 use crate::tensor::Tensor;
 use crate::tensor::graph::{Backward, record};
 
-/// LayerNorm's (or RMSNorm's) gradients from the saved per-row statistics.
+/// LayerNorm's (or RMSNorm's) gradients from the saved per-row statistics; inputs x, gamma
+/// and (LayerNorm) beta.
 struct NormBack {
-    x: Tensor,
-    gamma: Tensor,
-    beta: Option<Tensor>,
     stats: Tensor,
     eps: f32,
 }
 
 impl Backward for NormBack {
-    fn name(&self) -> &'static str {
-        if self.beta.is_some() {
-            "layer_norm"
-        } else {
-            "rms_norm"
-        }
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        let mut v = vec![&self.x, &self.gamma];
-        v.extend(self.beta.as_ref());
-        v
-    }
-    fn backward(&self, _out: &Tensor, dy: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (x, gamma) = (&self.x, &self.gamma);
+    fn backward(
+        &self,
+        inputs: &[Tensor],
+        _out: &Tensor,
+        dy: Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (x, gamma, has_beta) = (&inputs[0], &inputs[1], inputs.len() == 3);
         let len = gamma.numel();
         let dev = x.device();
         let dx = Tensor::uninit(dev, x.shape(), x.dtype())?;
@@ -48,11 +39,7 @@ impl Backward for NormBack {
             eps: self.eps,
         };
         let n = Norm {
-            beta: if self.beta.is_some() {
-                Some(n.gamma)
-            } else {
-                None
-            },
+            beta: if has_beta { Some(n.gamma) } else { None },
             ..n
         };
         kn::backward(
@@ -63,7 +50,7 @@ impl Backward for NormBack {
             dparams.dense_block("norm backward")?,
         )?;
         let mut v = vec![Some(dx), Some(dparams.narrow(0, 0, 1)?.reshape(&[len])?)];
-        if self.beta.is_some() {
+        if has_beta {
             v.push(Some(dparams.narrow(0, 1, 1)?.reshape(&[len])?));
         }
         Ok(v)
@@ -124,13 +111,7 @@ impl Tensor {
         kn::forward(dev, &n, out.dense_block(op)?)?;
         let mut inputs = vec![self, gamma];
         inputs.extend(beta);
-        let rec = record(&inputs, || NormBack {
-            x: self.clone(),
-            gamma: gamma.clone(),
-            beta: beta.cloned(),
-            stats,
-            eps,
-        });
+        let rec = record(op, &inputs, || NormBack { stats, eps });
         Ok(out.with_node(rec))
     }
 

@@ -9,17 +9,31 @@ use super::Tensor;
 use crate::error::Result;
 use std::cell::Cell;
 
-/// What a differentiable op keeps for its backward pass, and the pass itself. Saved outputs
-/// are held *detached* (same storage, no node), never as the output tensor itself, which would
-/// make a reference cycle.
+/// An op's backward pass and what it saved for it (beyond its inputs, which the [`Node`]
+/// holds). Saved outputs are held *detached* (same storage, no node), never as the output
+/// tensor itself, which would make a reference cycle. A closure
+/// `|inputs, out, g| -> Result<Vec<Option<Tensor>>>` is one.
 pub trait Backward: Send + Sync {
-    /// The op's name (for errors and traces).
-    fn name(&self) -> &'static str;
-    /// The tensors gradients may flow to, in a fixed order.
-    fn inputs(&self) -> Vec<&Tensor>;
-    /// The gradients of `inputs()`, in the same order (`None` where an input gets none),
-    /// given the op's output and the gradient of that output. Runs with recording off.
-    fn backward(&self, out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>>;
+    /// The gradients of `inputs`, in their order (`None` where an input gets none), given
+    /// the op's output and the gradient of that output. Runs with recording off.
+    fn backward(&self, inputs: &[Tensor], out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>>;
+}
+
+impl<F> Backward for F
+where
+    F: Fn(&[Tensor], &Tensor, Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync,
+{
+    fn backward(&self, inputs: &[Tensor], out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
+        self(inputs, out, g)
+    }
+}
+
+/// How a tensor was computed: the op's name (for errors), the tensors gradients may flow to,
+/// and its backward pass.
+pub(crate) struct Node {
+    pub name: &'static str,
+    pub inputs: Vec<Tensor>,
+    pub back: Box<dyn Backward>,
 }
 
 thread_local! {
@@ -55,47 +69,28 @@ pub(crate) fn recording(inputs: &[&Tensor]) -> bool {
 
 /// The node to attach to an op's output, or `None` when it does not record.
 pub(crate) fn record<B: Backward + 'static>(
+    name: &'static str,
     inputs: &[&Tensor],
     make: impl FnOnce() -> B,
-) -> Option<Box<dyn Backward>> {
+) -> Option<Node> {
     if recording(inputs) {
-        Some(Box::new(make()))
+        Some(Node {
+            name,
+            inputs: inputs.iter().map(|&t| t.clone()).collect(),
+            back: Box::new(make()),
+        })
     } else {
         None
     }
 }
 
 /// The node of a one-input op whose gradient is a function of that input and the output's
-/// gradient: the short form for views and casts, whose saved state is only the input (and
-/// what the closure captures).
-pub(crate) fn record_fn<F>(name: &'static str, x: &Tensor, grad: F) -> Option<Box<dyn Backward>>
+/// gradient: the short form for views, casts and elementwise ops.
+pub(crate) fn record_fn<F>(name: &'static str, x: &Tensor, grad: F) -> Option<Node>
 where
     F: Fn(&Tensor, Tensor) -> Result<Tensor> + Send + Sync + 'static,
 {
-    record(&[x], || FnBack {
-        name,
-        x: x.clone(),
-        grad,
+    record(name, &[x], || {
+        move |xs: &[Tensor], _: &Tensor, g| Ok(vec![Some(grad(&xs[0], g)?)])
     })
-}
-
-struct FnBack<F> {
-    name: &'static str,
-    x: Tensor,
-    grad: F,
-}
-
-impl<F> Backward for FnBack<F>
-where
-    F: Fn(&Tensor, Tensor) -> Result<Tensor> + Send + Sync,
-{
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.x]
-    }
-    fn backward(&self, _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![Some((self.grad)(&self.x, g)?)])
-    }
 }

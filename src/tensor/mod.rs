@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kernels::fill::Dist;
 use crate::memory::Block;
-use graph::Backward;
+use graph::Node;
 use half::f16;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,7 +54,7 @@ pub(crate) struct TensorInner {
     /// A leaf whose gradient is accumulated (a parameter).
     pub(crate) variable: AtomicBool,
     /// How the tensor was computed, when recorded. Taken (and so freed) by `backward`.
-    pub(crate) node: Mutex<Option<Box<dyn Backward>>>,
+    pub(crate) node: Mutex<Option<Node>>,
     /// Accumulated gradient of a variable.
     pub(crate) grad: Mutex<Option<Tensor>>,
 }
@@ -103,7 +103,7 @@ impl Tensor {
         layout: Layout,
         dtype: DType,
         storage: Arc<Block>,
-        node: Option<Box<dyn Backward>>,
+        node: Option<Node>,
     ) -> Tensor {
         let requires_grad = node.is_some();
         Tensor(Arc::new(TensorInner {
@@ -120,7 +120,7 @@ impl Tensor {
     }
 
     /// A view of this tensor's storage with another layout, recording `node`.
-    pub(crate) fn view(&self, layout: Layout, node: Option<Box<dyn Backward>>) -> Tensor {
+    pub(crate) fn view(&self, layout: Layout, node: Option<Node>) -> Tensor {
         Tensor::from_parts(
             self.device(),
             layout,
@@ -473,7 +473,7 @@ impl Tensor {
     }
 
     /// Attaches a recorded node to a freshly computed tensor.
-    pub(crate) fn with_node(self, node: Option<Box<dyn Backward>>) -> Tensor {
+    pub(crate) fn with_node(self, node: Option<Node>) -> Tensor {
         match node {
             None => self,
             Some(node) => match Arc::try_unwrap(self.0) {
@@ -487,7 +487,7 @@ impl Tensor {
         }
     }
 
-    fn view_with(&self, node: Box<dyn Backward>) -> Tensor {
+    fn view_with(&self, node: Node) -> Tensor {
         self.view(self.layout().clone(), Some(node))
     }
 }
