@@ -55,32 +55,21 @@ pub trait Element: bytemuck::Pod + Copy + Send + Sync + 'static {
     fn from_f64(v: f64) -> Self;
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
+macro_rules! element {
+    ($t:ty, $d:ident, |$x:ident| $to:expr, |$v:ident| $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 {
+                let $x = self;
+                $to
+            }
+            fn from_f64($v: f64) -> Self {
+                $from
+            }
+        }
+    };
 }
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(v: f64) -> Self {
-        f16::from_f64(v)
-    }
-}
-
-impl Element for u32 {
-    const DTYPE: DType = DType::U32;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as u32
-    }
-}
+element!(f32, F32, |x| x as f64, |v| v as f32);
+element!(f16, F16, |x| x.to_f64(), |v| f16::from_f64(v));
+element!(u32, U32, |x| x as f64, |v| v as u32);

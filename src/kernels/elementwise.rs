@@ -277,14 +277,18 @@ pub(crate) fn unary(
     a: f32,
     b: f32,
 ) -> Result<()> {
-    let p = EwParams {
-        n: u32_len("unary", n)?,
+    let p = unary_params("unary", op, n, a, b)?;
+    run(dev, "unary", p, &[arg(x, dtype), arg(y, dtype)])
+}
+
+fn unary_params(what: &'static str, op: Unary, n: usize, a: f32, b: f32) -> Result<EwParams> {
+    Ok(EwParams {
+        n: u32_len(what, n)?,
         op: op as u32,
         a,
         b,
         ..Default::default()
-    };
-    run(dev, "unary", p, &[arg(x, dtype), arg(y, dtype)])
+    })
 }
 
 /// `dx = g * op'(v)`, where `v` is the op's saved input or output (`Unary::grad_uses_output`).
@@ -300,13 +304,7 @@ pub(crate) fn unary_bwd(
     a: f32,
     b: f32,
 ) -> Result<()> {
-    let p = EwParams {
-        n: u32_len("unary backward", n)?,
-        op: op as u32,
-        a,
-        b,
-        ..Default::default()
-    };
+    let p = unary_params("unary backward", op, n, a, b)?;
     run(
         dev,
         "unary_bwd",

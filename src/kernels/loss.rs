@@ -1,7 +1,7 @@
 //! Host side of `shaders/loss.wgsl`.
 
 use super::softmax::{check_row, row_grid, row_wg};
-use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
+use super::{Kernel, Launch, arg, launch, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -66,25 +66,18 @@ pub(crate) fn backward(
     rows: usize,
     classes: usize,
 ) -> Result<()> {
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Loss,
-            entry: "bwd",
-            wg: 256,
-            consts: &[],
-            params: LossParams {
-                rows: rows as u32,
-                classes: classes as u32,
-            },
-            args: &[
-                arg(x, dtype),
-                arg(labels, DType::U32),
-                arg(stats, DType::F32),
-                arg(g, dtype),
-                arg(dx, dtype),
-            ],
-            groups: grid_1d(rows * classes, 256),
-        },
-    )
+    // One thread per logit.
+    let n = u32_len("cross_entropy backward", rows * classes)?;
+    let p = LossParams {
+        rows: rows as u32,
+        classes: classes as u32,
+    };
+    let args = [
+        arg(x, dtype),
+        arg(labels, DType::U32),
+        arg(stats, DType::F32),
+        arg(g, dtype),
+        arg(dx, dtype),
+    ];
+    launch_flat(dev, Kernel::Loss, "bwd", 256, p, &args, n as usize)
 }

@@ -1,6 +1,6 @@
 //! Host side of `shaders/softmax.wgsl`.
 
-use super::{Kernel, Launch, arg, grid_1d, launch, over_budget, u32_len};
+use super::{Arg, Kernel, Launch, arg, grid_1d, launch, over_budget, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -53,26 +53,8 @@ pub(crate) fn forward(
     len: usize,
     log: bool,
 ) -> Result<()> {
-    u32_len("softmax", rows * len)?;
-    check_row("softmax", len)?;
-    let wg = row_wg(len);
-    launch(
-        dev,
-        &Launch {
-            kernel: Kernel::Softmax,
-            entry: "fwd",
-            wg,
-            consts: &[],
-            params: SoftmaxParams {
-                rows: rows as u32,
-                len: len as u32,
-                log: log as u32,
-                _pad: 0,
-            },
-            args: &[arg(x, dtype), arg(y, dtype)],
-            groups: row_grid(rows, wg),
-        },
-    )
+    let args = [arg(x, dtype), arg(y, dtype)];
+    run_rows(dev, "softmax", "fwd", rows, len, log, &args)
 }
 
 /// Gradient of softmax (or log-softmax) from its output y and the output's gradient dy.
@@ -87,13 +69,28 @@ pub(crate) fn backward(
     len: usize,
     log: bool,
 ) -> Result<()> {
-    check_row("softmax backward", len)?;
+    let args = [arg(y, dtype), arg(dy, dtype), arg(dx, dtype)];
+    run_rows(dev, "softmax backward", "bwd", rows, len, log, &args)
+}
+
+/// One workgroup per row of `len`.
+fn run_rows(
+    dev: &Device,
+    what: &'static str,
+    entry: &'static str,
+    rows: usize,
+    len: usize,
+    log: bool,
+    args: &[Arg<'_>],
+) -> Result<()> {
+    u32_len(what, rows * len)?;
+    check_row(what, len)?;
     let wg = row_wg(len);
     launch(
         dev,
         &Launch {
             kernel: Kernel::Softmax,
-            entry: "bwd",
+            entry,
             wg,
             consts: &[],
             params: SoftmaxParams {
@@ -102,7 +99,7 @@ pub(crate) fn backward(
                 log: log as u32,
                 _pad: 0,
             },
-            args: &[arg(y, dtype), arg(dy, dtype), arg(dx, dtype)],
+            args,
             groups: row_grid(rows, wg),
         },
     )

@@ -51,7 +51,7 @@ pub fn xavier_uniform(
     uniform(
         dev,
         shape,
-        (6.0 / (fan_in + fan_out).max(1) as f32).sqrt(),
+        (3.0 * glorot_var(fan_in, fan_out)).sqrt(),
         dtype,
     )
 }
@@ -64,14 +64,14 @@ pub fn xavier_normal(
     fan_out: usize,
     dtype: DType,
 ) -> Result<Tensor> {
-    Ok(Tensor::randn(
-        dev,
-        shape,
-        0.0,
-        (2.0 / (fan_in + fan_out).max(1) as f32).sqrt(),
-        dtype,
-    )?
-    .variable())
+    let std = glorot_var(fan_in, fan_out).sqrt();
+    Ok(Tensor::randn(dev, shape, 0.0, std, dtype)?.variable())
+}
+
+/// Glorot's variance, 2 / (fan_in + fan_out), which keeps activations and gradients at the
+/// same scale through a layer.
+fn glorot_var(fan_in: usize, fan_out: usize) -> f32 {
+    2.0 / (fan_in + fan_out).max(1) as f32
 }
 
 /// A constant, as a variable.

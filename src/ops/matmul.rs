@@ -117,24 +117,17 @@ pub(crate) fn gemm(
         }
     }
     // Layouts the kernels cannot read are made dense (always possible).
-    let (a, va) = match mat_view(a, trans_a) {
-        Some(v) => (a.clone(), v),
-        None => {
-            let d = a.contiguous()?;
-            let v = mat_view(&d, trans_a)
-                .ok_or_else(|| Error::Internal("dense matmul operand".into()))?;
-            (d, v)
+    let readable = |t: &Tensor, trans: bool| -> Result<_> {
+        if let Some(v) = mat_view(t, trans) {
+            return Ok((t.clone(), v));
         }
+        let d = t.contiguous()?;
+        let v =
+            mat_view(&d, trans).ok_or_else(|| Error::Internal("dense matmul operand".into()))?;
+        Ok((d, v))
     };
-    let (b, vb) = match mat_view(b, trans_b) {
-        Some(v) => (b.clone(), v),
-        None => {
-            let d = b.contiguous()?;
-            let v = mat_view(&d, trans_b)
-                .ok_or_else(|| Error::Internal("dense matmul operand".into()))?;
-            (d, v)
-        }
-    };
+    let (a, va) = readable(a, trans_a)?;
+    let (b, vb) = readable(b, trans_b)?;
     let (m, k, k2, n) = (va.rows, va.cols, vb.rows, vb.cols);
     if k != k2 {
         return Err(Error::shape(
