@@ -38,6 +38,7 @@ pub mod matmul;
 pub(crate) mod norm;
 pub(crate) mod optim;
 pub mod reduce;
+pub(crate) mod scan;
 pub(crate) mod softmax;
 
 use crate::device::Device;
@@ -127,6 +128,8 @@ families! {
     Embedding => "embedding.wgsl", embedding::EmbedParams, codes [], enables [];
     /// Fused optimizer updates (SGD, Adam, AdamW) and gradient sums of squares.
     Optim => "optim.wgsl", optim::OptimParams, codes [], enables [];
+    /// Cumulative sums along an axis, forward or reversed.
+    Scan => "scan.wgsl", scan::ScanParams, codes [], enables [];
 }
 
 impl Kernel {

@@ -13,6 +13,7 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod reduce;
+pub mod scan;
 pub mod softmax;
 
 pub use activation::Activation;
