@@ -12,7 +12,7 @@ mod layers;
 mod linear;
 mod module;
 mod norm;
-mod safetensors;
+pub(crate) mod safetensors;
 
 pub use attention::{MultiHeadAttention, TransformerBlock};
 pub use checkpointed::Checkpointed;

@@ -30,7 +30,7 @@ impl View for &Host {
     }
 }
 
-fn st_dtype(d: DType) -> Dtype {
+pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
@@ -38,7 +38,7 @@ fn st_dtype(d: DType) -> Dtype {
     }
 }
 
-fn our_dtype(path: &Path, name: &str, d: Dtype) -> Result<DType> {
+pub(crate) fn our_dtype(path: &Path, name: &str, d: Dtype) -> Result<DType> {
     Ok(match d {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
@@ -52,7 +52,7 @@ fn our_dtype(path: &Path, name: &str, d: Dtype) -> Result<DType> {
     })
 }
 
-fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
+pub(crate) fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
     Ok(match t.dtype() {
         DType::F32 => bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec(),
         DType::F16 => bytemuck::cast_slice(&t.to_vec::<half::f16>()?).to_vec(),
@@ -63,6 +63,18 @@ fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
 /// Writes named tensors to a safetensors file.
 pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
     let path = path.as_ref();
+    let bytes = serialize(path, tensors, None)?;
+    std::fs::write(path, bytes)?;
+    Ok(())
+}
+
+/// The safetensors bytes of named tensors (read back from the device), with optional
+/// metadata in the header.
+pub(crate) fn serialize(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<Vec<u8>> {
     let host: Vec<(String, Host)> = tensors
         .iter()
         .map(|(n, t)| {
@@ -76,18 +88,18 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> 
             ))
         })
         .collect::<Result<_>>()?;
-    safetensors::serialize_to_file(host.iter().map(|(n, h)| (n.as_str(), h)), None, path)
+    safetensors::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), metadata)
         .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
 }
 
-fn open(path: &Path) -> Result<memmap2::Mmap> {
+pub(crate) fn open(path: &Path) -> Result<memmap2::Mmap> {
     let file = std::fs::File::open(path)?;
     // SAFETY: the map is read-only and dropped before this function's callers return; a file
     // truncated underneath us would fault, as with any mapped read (documented in load()).
     Ok(unsafe { memmap2::Mmap::map(&file)? })
 }
 
-fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
     SafeTensors::deserialize(bytes)
         .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
 }
@@ -121,10 +133,19 @@ pub fn load_into(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let map = open(path)?;
     let st = parse(path, &map)?;
-    let params = module.params();
+    write_named(path, &st, &module.params())
+}
+
+/// Copies the file's tensor `name` into each `(name, tensor)` pair: all are checked (present,
+/// same shape and dtype) before any is written.
+pub(crate) fn write_named(
+    path: &Path,
+    st: &SafeTensors<'_>,
+    targets: &[(String, Tensor)],
+) -> Result<()> {
     let file = path.display().to_string();
-    let mut views = Vec::with_capacity(params.len());
-    for (name, p) in &params {
+    let mut views = Vec::with_capacity(targets.len());
+    for (name, p) in targets {
         let v = st
             .tensor(name)
             .map_err(|_| Error::format(file.clone(), format!("tensor {name} is missing")))?;
@@ -147,7 +168,7 @@ pub fn load_into(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
         }
         views.push(v);
     }
-    for ((_, p), v) in params.iter().zip(views) {
+    for ((_, p), v) in targets.iter().zip(views) {
         p.write_bytes(v.data())?;
     }
     Ok(())

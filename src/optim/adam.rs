@@ -48,11 +48,6 @@ impl Adam {
             t: 0,
         })
     }
-
-    /// Steps taken.
-    pub fn steps(&self) -> u64 {
-        self.t
-    }
 }
 
 impl Optimizer for Adam {
@@ -70,5 +65,11 @@ impl Optimizer for Adam {
         }
         Ok(())
     }
-    slot_methods!();
+    fn steps(&self) -> u64 {
+        self.t
+    }
+    fn set_steps(&mut self, steps: u64) {
+        self.t = steps;
+    }
+    slot_methods!(&["m", "v"]);
 }

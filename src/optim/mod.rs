@@ -1,9 +1,13 @@
 //! Optimizers with fused update kernels (one dispatch per parameter, state on the device),
 //! learning-rate schedules, and gradient-norm utilities.
 
-/// The `Optimizer` methods every optimizer shares, for a type with `slots` and `lr` fields.
+/// The `Optimizer` methods every optimizer shares, for a type with `slots` and `lr` fields;
+/// `$state` names its per-parameter state tensors, in slot order.
 macro_rules! slot_methods {
-    () => {
+    ($state:expr) => {
+        fn state(&self) -> Vec<(String, Tensor)> {
+            crate::optim::slot_state(&self.slots, $state)
+        }
         fn zero_grad(&self) {
             self.slots.iter().for_each(|s| s.p.zero_grad());
         }
@@ -54,6 +58,30 @@ pub trait Optimizer {
     fn set_lr(&mut self, lr: f32);
     /// The parameters, by name.
     fn params(&self) -> Vec<(String, Tensor)>;
+    /// The state kept per parameter, by name: `<param>.<state>` (Adam's `m` and `v`, SGD's
+    /// `momentum`) and `<param>.master` (f32 master weights of f16 parameters). Writing into
+    /// these tensors restores the state (training checkpoints do).
+    fn state(&self) -> Vec<(String, Tensor)>;
+    /// Steps taken, where the update depends on it (Adam's bias correction); 0 otherwise.
+    fn steps(&self) -> u64 {
+        0
+    }
+    /// Sets the step count (when restoring a checkpoint).
+    fn set_steps(&mut self, _steps: u64) {}
+}
+
+/// Named state tensors of `slots` (see [`Optimizer::state`]).
+pub(crate) fn slot_state(slots: &[Slotted], names: &[&str]) -> Vec<(String, Tensor)> {
+    let mut v = Vec::new();
+    for s in slots {
+        for (t, n) in s.state.iter().zip(names) {
+            v.push((format!("{}.{n}", s.name), t.clone()));
+        }
+        if let Some(m) = &s.master {
+            v.push((format!("{}.master", s.name), m.clone()));
+        }
+    }
+    v
 }
 
 /// A parameter with its optimizer state.

@@ -70,7 +70,7 @@ pub struct GradScaler {
     pub backoff: f32,
     /// Clean steps before growing.
     pub growth_interval: u32,
-    clean: u32,
+    pub(crate) clean: u32,
     /// Steps skipped so far.
     pub skipped: u64,
 }

@@ -49,5 +49,5 @@ impl Optimizer for Sgd {
         }
         Ok(())
     }
-    slot_methods!();
+    slot_methods!(&["momentum"]);
 }

@@ -1,5 +1,9 @@
-//! Fitting training into a memory budget: the largest batch that fits, and a batch size that
-//! follows the memory left.
+//! Fitting training into a memory budget (the largest batch that fits, a batch size that
+//! follows the memory left) and resumable training checkpoints ([`resume`]).
+
+pub mod resume;
+
+pub use resume::{Progress, load_checkpoint, load_weights, save_checkpoint};
 
 use crate::device::Device;
 use crate::error::{Error, Result};

@@ -1,0 +1,260 @@
+//! Resumable training: a checkpoint holds everything a run needs to continue exactly where it
+//! stopped, so that 20 steps straight and 10 steps, a restart and 10 more give the same losses.
+//!
+//! One safetensors file (readable by any safetensors tool):
+//! * tensors `model.<name>`: the parameters;
+//! * tensors `optim.<name>`: the optimizer's state ([`Optimizer::state`]: moments, f32 master
+//!   weights of f16 parameters);
+//! * header metadata: the format version, the training step, the optimizer's step count, the
+//!   loss scaler, the device's random-number state (dropout masks), the caller's data
+//!   position and notes, and a checksum of every tensor's name, shape, dtype and bytes.
+//!
+//! Saving writes `<path>.tmp`, flushes it to disk and renames it over `path`, so a crash while
+//! saving leaves the previous checkpoint whole. Loading checks the whole file (it parses, it
+//! is a wgrad checkpoint of this format, the checksum matches, every tensor the model and the
+//! optimizer hold is present with the same shape and dtype) before it writes anything, and an
+//! error names the file and what is wrong.
+
+use crate::error::{Error, Result};
+use crate::nn::safetensors::{open, parse, serialize, write_named};
+use crate::optim::{GradScaler, Optimizer};
+use crate::tensor::Tensor;
+use safetensors::SafeTensors;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+
+const FORMAT: &str = "wgrad-train-1";
+
+/// Where a run stands, besides its tensors.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// Training steps completed.
+    pub step: u64,
+    /// The caller's position in its data (a sampler's state, a batch index): restored as saved.
+    pub data_position: u64,
+    /// Anything else the caller wants back (configuration, best validation loss).
+    pub notes: BTreeMap<String, String>,
+}
+
+/// Writes a training checkpoint of `model`'s parameters, `opt`'s state, the loss scaler (if
+/// any) and `progress` to `path`, atomically (see the module docs).
+pub fn save_checkpoint(
+    path: impl AsRef<Path>,
+    model: &[(String, Tensor)],
+    opt: &dyn Optimizer,
+    scaler: Option<&GradScaler>,
+    progress: &Progress,
+) -> Result<()> {
+    let path = path.as_ref();
+    let file = path.display().to_string();
+    let Some((_, first)) = model.first() else {
+        return Err(Error::invalid(
+            "save_checkpoint",
+            "the model has no parameters",
+        ));
+    };
+    let mut tensors: Vec<(String, Tensor)> = model
+        .iter()
+        .map(|(n, t)| (format!("model.{n}"), t.clone()))
+        .collect();
+    tensors.extend(
+        opt.state()
+            .into_iter()
+            .map(|(n, t)| (format!("optim.{n}"), t)),
+    );
+    let mut meta: HashMap<String, String> = HashMap::new();
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert("step".into(), progress.step.to_string());
+    meta.insert("optimizer_steps".into(), opt.steps().to_string());
+    meta.insert("seed_state".into(), first.device().seed_state().to_string());
+    meta.insert("data_position".into(), progress.data_position.to_string());
+    if let Some(s) = scaler {
+        // Display of a float is the shortest text that parses back to the same value.
+        meta.insert(
+            "scaler".into(),
+            format!(
+                "{} {} {} {} {} {}",
+                s.scale, s.growth, s.backoff, s.growth_interval, s.clean, s.skipped
+            ),
+        );
+    }
+    for (k, v) in &progress.notes {
+        meta.insert(format!("note.{k}"), v.clone());
+    }
+    let mut bytes = serialize(path, &tensors, None)?;
+    // The checksum is over the tensors as the file holds them, so it is computed from the
+    // serialized bytes (parsed back) and the header is written once more with it.
+    let sum = checksum(&parse(path, &bytes)?);
+    meta.insert("checksum".into(), format!("{sum:016x}"));
+    bytes = serialize(path, &tensors, Some(meta))?;
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| Error::format(file, format!("could not write the checkpoint: {e}")))
+}
+
+/// Restores a checkpoint written by [`save_checkpoint`] into `model`'s parameters, `opt`'s
+/// state and step count, the loss scaler and the device's random-number state; returns the
+/// saved [`Progress`]. The model and optimizer must be built as they were when it was saved.
+pub fn load_checkpoint(
+    path: impl AsRef<Path>,
+    model: &[(String, Tensor)],
+    opt: &mut dyn Optimizer,
+    scaler: Option<&mut GradScaler>,
+) -> Result<Progress> {
+    let path = path.as_ref();
+    let map = open(path)?;
+    let (st, meta) = checked(path, &map)?;
+    let num = |key: &str| -> Result<u64> {
+        let v = meta
+            .get(key)
+            .ok_or_else(|| bad(path, format!("metadata {key} is missing")))?;
+        v.parse()
+            .map_err(|_| bad(path, format!("metadata {key} = {v:?} is not a number")))
+    };
+    let (step, opt_steps, seed, data_position) = (
+        num("step")?,
+        num("optimizer_steps")?,
+        num("seed_state")?,
+        num("data_position")?,
+    );
+    let restored_scaler = match (&scaler, meta.get("scaler")) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(bad(
+                path,
+                "the run uses a loss scaler but the checkpoint has none",
+            ));
+        }
+        (Some(_), Some(text)) => Some(parse_scaler(path, text)?),
+    };
+    let mut targets: Vec<(String, Tensor)> = model
+        .iter()
+        .map(|(n, t)| (format!("model.{n}"), t.clone()))
+        .collect();
+    targets.extend(
+        opt.state()
+            .into_iter()
+            .map(|(n, t)| (format!("optim.{n}"), t)),
+    );
+    // Everything is checked; now write.
+    write_named(path, &st, &targets)?;
+    opt.set_steps(opt_steps);
+    if let (Some(s), Some(r)) = (scaler, restored_scaler) {
+        *s = r;
+    }
+    if let Some((_, first)) = model.first() {
+        first.device().set_seed_state(seed);
+    }
+    let notes = meta
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("note.")?.to_string(), v.clone())))
+        .collect();
+    Ok(Progress {
+        step,
+        data_position,
+        notes,
+    })
+}
+
+/// Loads only the model's parameters from a training checkpoint (for inference: no optimizer
+/// needed). The file is checked as [`load_checkpoint`] checks it.
+pub fn load_weights(path: impl AsRef<Path>, model: &[(String, Tensor)]) -> Result<()> {
+    let path = path.as_ref();
+    let map = open(path)?;
+    let (st, _) = checked(path, &map)?;
+    let targets: Vec<(String, Tensor)> = model
+        .iter()
+        .map(|(n, t)| (format!("model.{n}"), t.clone()))
+        .collect();
+    write_named(path, &st, &targets)
+}
+
+fn bad(path: &Path, detail: impl Into<String>) -> Error {
+    Error::format(path.display().to_string(), detail)
+}
+
+/// The parsed file and its metadata, once the format and the checksum are verified.
+fn checked<'a>(path: &Path, bytes: &'a [u8]) -> Result<(SafeTensors<'a>, HashMap<String, String>)> {
+    let (_, header) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| bad(path, format!("not a readable safetensors file: {e}")))?;
+    let st = parse(path, bytes)?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    match meta.get("format").map(String::as_str) {
+        Some(FORMAT) => {}
+        Some(other) => {
+            return Err(bad(
+                path,
+                format!("checkpoint format {other:?}, expected {FORMAT:?}"),
+            ));
+        }
+        None => {
+            return Err(bad(
+                path,
+                "not a wgrad training checkpoint (no format in its header)",
+            ));
+        }
+    }
+    let want = meta
+        .get("checksum")
+        .ok_or_else(|| bad(path, "metadata checksum is missing"))?;
+    let got = format!("{:016x}", checksum(&st));
+    if *want != got {
+        return Err(bad(
+            path,
+            format!(
+                "checksum mismatch (header {want}, tensors {got}): the file was changed after it was written"
+            ),
+        ));
+    }
+    Ok((st, meta))
+}
+
+fn parse_scaler(path: &Path, text: &str) -> Result<GradScaler> {
+    let f: Vec<&str> = text.split(' ').collect();
+    let err = || bad(path, format!("metadata scaler = {text:?} is malformed"));
+    if f.len() != 6 {
+        return Err(err());
+    }
+    let mut s = GradScaler::new();
+    s.scale = f[0].parse().map_err(|_| err())?;
+    s.growth = f[1].parse().map_err(|_| err())?;
+    s.backoff = f[2].parse().map_err(|_| err())?;
+    s.growth_interval = f[3].parse().map_err(|_| err())?;
+    s.clean = f[4].parse().map_err(|_| err())?;
+    s.skipped = f[5].parse().map_err(|_| err())?;
+    Ok(s)
+}
+
+/// FNV-1a over every tensor's name, dtype, shape and bytes, in name order, 8 bytes at a time.
+fn checksum(st: &SafeTensors<'_>) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(PRIME);
+        }
+        for &b in chunks.remainder() {
+            h = (h ^ b as u64).wrapping_mul(PRIME);
+        }
+        h = (h ^ bytes.len() as u64).wrapping_mul(PRIME);
+    };
+    let mut names = st.names();
+    names.sort();
+    for name in names {
+        eat(name.as_bytes());
+        if let Ok(v) = st.tensor(name) {
+            eat(format!("{:?}{:?}", v.dtype(), v.shape()).as_bytes());
+            eat(v.data());
+        }
+    }
+    h
+}
