@@ -347,6 +347,12 @@ fn matmul_tensor_core_tiles() {
         for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
             matmul_case(&dev, &mut rng, dt, (196, 68, 44), false, true, true, act);
         }
+        // Few output tiles and a long K: split into partial products on a GPU (to occupy
+        // it), summed with the bias and activation in the splitk pass.
+        for (ta, tb) in [(false, true), (true, false)] {
+            let act = Some(Activation::Relu);
+            matmul_case(&dev, &mut rng, dt, (48, 40, 4160), ta, tb, true, act);
+        }
     }
 }
 

@@ -54,6 +54,33 @@ crate::params! {
     }
 }
 
+/// Workgroups a product should launch to keep a large GPU busy: two per core of the largest
+/// current parts (132 SMs on an H100).
+const MIN_GROUPS: usize = 264;
+/// The shortest K range worth a split of its own.
+const MIN_SPLIT_K: usize = 512;
+
+/// The K range per split: the loop budget's `kchunk`, or less on a GPU when the output has
+/// too few tiles to occupy it (weight gradients: [1152 x 16384] x [16384 x 384] is 27 tiles
+/// of 128 x 128, which left most of an H100 idle for 16,384 steps of K). Splits write f32
+/// partial products that the `splitk` pass sums, as for long contractions.
+fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -> usize {
+    if dev.info().is_cpu() {
+        return kchunk;
+    }
+    let (tm, tn) = config.tile();
+    let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
+    if tiles >= MIN_GROUPS {
+        return kchunk;
+    }
+    let splits = MIN_GROUPS.div_ceil(tiles).min(g.k / MIN_SPLIT_K);
+    if splits <= 1 {
+        return kchunk;
+    }
+    // A multiple of 64 keeps every kernel's K step and 16-element alignment whole.
+    g.k.div_ceil(splits).next_multiple_of(64).min(kchunk)
+}
+
 /// One batched product `c[b] = act(op(a)[b] x op(b)[b] + bias)`.
 pub(crate) struct Gemm<'a> {
     pub a: &'a Block,
@@ -340,7 +367,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
             batch_strides: (g.a_bs, g.b_bs),
         },
     );
-    let kchunk = config.kchunk();
+    let kchunk = occupancy_kchunk(dev, config, g, config.kchunk());
     let splits = g.k.div_ceil(kchunk).max(1);
     let max_z = dev.caps().max_groups_per_dim as usize;
     if g.batch * splits > max_z {
