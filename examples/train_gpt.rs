@@ -1,0 +1,728 @@
+//! A character-level GPT on tinyshakespeare (nanoGPT's shakespeare-char run), resumable.
+//!
+//! cargo run --release --example train_gpt -- --help
+//!
+//! The model: token and position embeddings, pre-norm blocks (causal fused attention, GELU
+//! MLP 4x, dropout on the embeddings and on both residual branches; the fused attention
+//! kernel has no dropout on the attention weights, which nanoGPT also has), a final LayerNorm and a head that shares the
+//! token embedding's weights. AdamW (betas 0.9, 0.99), warm-up then cosine decay, gradient
+//! clipping at 1. The first 90% of the text trains, the last 10% validates.
+//!
+//! Defaults fit the adapter: nanoGPT's configuration (6 layers, 6 heads, width 384, context
+//! 256, batch 64, 5000 steps, f16 storage) on a GPU; a small one on a CPU adapter (lavapipe)
+//! that finishes in a few minutes. Every `--eval-every` steps the run prints train and
+//! validation loss (means over a fixed set of batches) and writes `DIR/checkpoint.safetensors`
+//! (weights, optimizer state, loss scaler, random state, data position: `--resume` continues
+//! exactly) and `DIR/loss.svg`. At the end it prints a sample and a line for scripts:
+//! `val_loss=... tokens_per_s=... peak_mem_mb=...`.
+//!
+//! `--generate` samples from a saved checkpoint without training (no optimizer is built).
+//! `--bench N` times N training steps (after 3 warm-up steps) and, with `--profile`, breaks
+//! one step down by kernel and by scope.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+use wgrad::nn::{Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
+use wgrad::optim::{Adam, GradScaler, LrSchedule, NonFinite, Optimizer, guarded_step};
+use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
+use wgrad::{DType, Device, Error, Result, Tensor};
+
+const USAGE: &str = "usage: train_gpt [options]
+  --layers N --heads N --width N --context N   model (defaults: nanoGPT's on a GPU, small on a CPU)
+  --batch N --steps N --lr F --min-lr F --warmup N --weight-decay F --dropout F
+  --fp16 | --fp32          storage dtype (default: f16 on a GPU, f32 on a CPU)
+  --checkpoint             recompute each block in the backward pass (less memory)
+  --seed N                 initialisation, dropout and data order (default 1337)
+  --data FILE              text file (default data/tinyshakespeare/input.txt)
+  --out DIR                checkpoint and loss curve (default target/train_gpt)
+  --resume                 continue from DIR/checkpoint.safetensors
+  --eval-every N --eval-batches N
+  --generate               sample from DIR/checkpoint.safetensors, no training
+  --sample-len N --temperature F --top-k N
+  --bench N [--profile]    time N steps (after 3 warm-up steps); no evaluation
+  --help";
+
+#[derive(Clone, Debug)]
+struct Cfg {
+    layers: usize,
+    heads: usize,
+    width: usize,
+    context: usize,
+    batch: usize,
+    steps: u64,
+    lr: f32,
+    min_lr: f32,
+    warmup: u64,
+    weight_decay: f32,
+    dropout: f32,
+    dtype: DType,
+    checkpoint: bool,
+    seed: u64,
+    data: PathBuf,
+    out: PathBuf,
+    resume: bool,
+    eval_every: u64,
+    eval_batches: usize,
+    generate: bool,
+    sample_len: usize,
+    temperature: f32,
+    top_k: usize,
+    bench: u64,
+    profile: bool,
+}
+
+impl Cfg {
+    /// nanoGPT's shakespeare-char configuration on a GPU; a small one on a CPU adapter.
+    fn defaults(cpu: bool) -> Cfg {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let base = Cfg {
+            layers: 6,
+            heads: 6,
+            width: 384,
+            context: 256,
+            batch: 64,
+            steps: 5000,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup: 100,
+            weight_decay: 0.1,
+            dropout: 0.2,
+            dtype: DType::F16,
+            checkpoint: false,
+            seed: 1337,
+            data: root.join("data/tinyshakespeare/input.txt"),
+            out: root.join("target/train_gpt"),
+            resume: false,
+            eval_every: 250,
+            eval_batches: 20,
+            generate: false,
+            sample_len: 500,
+            temperature: 0.8,
+            top_k: 20,
+            bench: 0,
+            profile: false,
+        };
+        if !cpu {
+            return base;
+        }
+        Cfg {
+            layers: 2,
+            heads: 2,
+            width: 64,
+            context: 64,
+            batch: 16,
+            steps: 400,
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup: 20,
+            dropout: 0.0,
+            dtype: DType::F32,
+            eval_every: 100,
+            eval_batches: 8,
+            sample_len: 200,
+            ..base
+        }
+    }
+
+    /// The parts that must match for a checkpoint to fit.
+    fn model_key(&self) -> String {
+        format!(
+            "layers={} heads={} width={} context={} dtype={}",
+            self.layers, self.heads, self.width, self.context, self.dtype
+        )
+    }
+}
+
+fn parse(dev: &Device) -> std::result::Result<Cfg, String> {
+    let mut c = Cfg::defaults(dev.info().is_cpu());
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = |name: &str| -> std::result::Result<String, String> {
+            it.next().ok_or_else(|| format!("{name} needs a value"))
+        };
+        macro_rules! num {
+            ($field:expr, $name:expr) => {{
+                let v = val($name)?;
+                $field = v
+                    .parse()
+                    .map_err(|_| format!("{}: {v:?} is not a valid value", $name))?;
+            }};
+        }
+        match flag.as_str() {
+            "--layers" => num!(c.layers, "--layers"),
+            "--heads" => num!(c.heads, "--heads"),
+            "--width" => num!(c.width, "--width"),
+            "--context" => num!(c.context, "--context"),
+            "--batch" => num!(c.batch, "--batch"),
+            "--steps" => num!(c.steps, "--steps"),
+            "--lr" => num!(c.lr, "--lr"),
+            "--min-lr" => num!(c.min_lr, "--min-lr"),
+            "--warmup" => num!(c.warmup, "--warmup"),
+            "--weight-decay" => num!(c.weight_decay, "--weight-decay"),
+            "--dropout" => num!(c.dropout, "--dropout"),
+            "--fp16" => c.dtype = DType::F16,
+            "--fp32" => c.dtype = DType::F32,
+            "--checkpoint" => c.checkpoint = true,
+            "--seed" => num!(c.seed, "--seed"),
+            "--data" => c.data = PathBuf::from(val("--data")?),
+            "--out" => c.out = PathBuf::from(val("--out")?),
+            "--resume" => c.resume = true,
+            "--eval-every" => num!(c.eval_every, "--eval-every"),
+            "--eval-batches" => num!(c.eval_batches, "--eval-batches"),
+            "--generate" => c.generate = true,
+            "--sample-len" => num!(c.sample_len, "--sample-len"),
+            "--temperature" => num!(c.temperature, "--temperature"),
+            "--top-k" => num!(c.top_k, "--top-k"),
+            "--bench" => num!(c.bench, "--bench"),
+            "--profile" => c.profile = true,
+            "--help" | "-h" => return Err(String::new()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if c.heads == 0 || !c.width.is_multiple_of(c.heads) || c.context == 0 || c.batch == 0 {
+        return Err(format!(
+            "width {} must split into {} heads; context and batch must be positive",
+            c.width, c.heads
+        ));
+    }
+    Ok(c)
+}
+
+// ----- data -----
+
+/// The text as character ids, its vocabulary, and the 90/10 split point.
+struct Text {
+    ids: Vec<u32>,
+    vocab: Vec<char>,
+    split: usize,
+}
+
+impl Text {
+    fn read(path: &PathBuf, context: usize) -> Result<Text> {
+        let text = std::fs::read_to_string(path)?;
+        let mut vocab: Vec<char> = text.chars().collect();
+        vocab.sort_unstable();
+        vocab.dedup();
+        let ids: Vec<u32> = text
+            .chars()
+            .map(|ch| vocab.binary_search(&ch).unwrap_or(0) as u32)
+            .collect();
+        let split = ids.len() * 9 / 10;
+        if split < context + 2 || ids.len() - split < context + 2 {
+            return Err(Error::Format {
+                path: path.display().to_string(),
+                detail: format!(
+                    "{} characters are too few for a context of {context}",
+                    ids.len()
+                ),
+            });
+        }
+        Ok(Text { ids, vocab, split })
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        ids.iter().map(|&i| self.vocab[i as usize]).collect()
+    }
+}
+
+/// xorshift64: the sampler's whole state is one number, which checkpoints keep.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// A batch of windows from [lo, hi) of the text: inputs [batch, context] and next characters.
+fn batch(
+    dev: &Device,
+    t: &Text,
+    (lo, hi): (usize, usize),
+    c: &Cfg,
+    state: &mut u64,
+) -> Result<(Tensor, Tensor)> {
+    let mut x = Vec::with_capacity(c.batch * c.context);
+    let mut y = Vec::with_capacity(c.batch * c.context);
+    for _ in 0..c.batch {
+        let start = lo + (next(state) % (hi - lo - c.context - 1) as u64) as usize;
+        x.extend_from_slice(&t.ids[start..start + c.context]);
+        y.extend_from_slice(&t.ids[start + 1..start + c.context + 1]);
+    }
+    Ok((
+        Tensor::from_slice(dev, &x, &[c.batch, c.context])?,
+        Tensor::from_slice(dev, &y, &[c.batch * c.context])?,
+    ))
+}
+
+// ----- model -----
+
+struct Gpt {
+    tok: Embedding,
+    pos: Embedding,
+    /// Dropout on the summed embeddings.
+    drop: Dropout,
+    /// Blocks, each wrapped in `Checkpointed` with `--checkpoint`.
+    blocks: Vec<Box<dyn Module>>,
+    ln: LayerNorm,
+    context: usize,
+}
+
+/// N(0, std) weights, as nanoGPT initialises them.
+fn normal(dev: &Device, shape: &[usize], std: f32, dt: DType) -> Result<Tensor> {
+    Ok(Tensor::randn(dev, shape, 0.0, std, dt)?.variable())
+}
+
+fn reinit(dev: &Device, l: &mut Linear, std: f32) -> Result<()> {
+    l.weight = normal(dev, l.weight.shape(), std, l.weight.dtype())?;
+    if let Some(b) = &mut l.bias {
+        *b = Tensor::zeros(dev, b.shape(), b.dtype())?.variable();
+    }
+    Ok(())
+}
+
+impl Gpt {
+    fn new(dev: &Device, c: &Cfg, vocab: usize) -> Result<Gpt> {
+        let dt = c.dtype;
+        let mut blocks = Vec::with_capacity(c.layers);
+        // Residual projections get a smaller std so the residual stream does not grow with
+        // depth (GPT-2's scheme).
+        let proj = 0.02 / (2.0 * c.layers as f32).sqrt();
+        for _ in 0..c.layers {
+            let mut b = TransformerBlock::new(dev, c.width, c.heads, true, c.dropout, dt)?;
+            reinit(dev, &mut b.attn.qkv, 0.02)?;
+            reinit(dev, &mut b.attn.out, proj)?;
+            reinit(dev, &mut b.fc1, 0.02)?;
+            reinit(dev, &mut b.fc2, proj)?;
+            blocks.push(if c.checkpoint {
+                Box::new(Checkpointed::new(b)) as Box<dyn Module>
+            } else {
+                Box::new(b)
+            });
+        }
+        Ok(Gpt {
+            tok: Embedding {
+                weight: normal(dev, &[vocab, c.width], 0.02, dt)?,
+            },
+            pos: Embedding {
+                weight: normal(dev, &[c.context, c.width], 0.02, dt)?,
+            },
+            drop: Dropout::new(c.dropout),
+            blocks,
+            ln: LayerNorm::new(dev, c.width, dt)?,
+            context: c.context,
+        })
+    }
+
+    fn params(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![
+            ("tok".to_string(), self.tok.weight.clone()),
+            ("pos".to_string(), self.pos.weight.clone()),
+        ];
+        for (i, b) in self.blocks.iter().enumerate() {
+            v.extend(
+                b.params()
+                    .into_iter()
+                    .map(|(n, t)| (format!("block{i}.{n}"), t)),
+            );
+        }
+        v.extend(
+            self.ln
+                .params()
+                .into_iter()
+                .map(|(n, t)| (format!("ln.{n}"), t)),
+        );
+        v
+    }
+
+    fn train(&self, on: bool) {
+        self.drop.train(on);
+        self.blocks.iter().for_each(|b| b.train(on));
+    }
+
+    /// Logits [batch * seq, vocab] (f32) of token ids [batch, seq], seq <= context.
+    fn logits(&self, idx: &Tensor) -> Result<Tensor> {
+        let (b, s) = (idx.shape()[0], idx.shape()[1]);
+        let dev = idx.device();
+        let positions: Vec<u32> = (0..s as u32).collect();
+        let pos = self
+            .pos
+            .lookup(&Tensor::from_slice(dev, &positions, &[s])?)?;
+        let mut x = self.drop.forward(&self.tok.lookup(idx)?.add(&pos)?)?;
+        for blk in &self.blocks {
+            x = blk.forward(&x)?;
+        }
+        let x = self.ln.forward(&x)?;
+        // The head shares the token embedding's weights.
+        let logits = x
+            .reshape(&[b * s, x.shape()[2]])?
+            .linear(&self.tok.weight, None)?;
+        logits.to_dtype(DType::F32)
+    }
+}
+
+// ----- training -----
+
+/// One step: forward, cross-entropy, backward (scaled with f16), clipped AdamW update.
+#[allow(clippy::too_many_arguments)]
+fn train_step(
+    dev: &Device,
+    g: &Gpt,
+    text: &Text,
+    c: &Cfg,
+    range: (usize, usize),
+    opt: &mut Adam,
+    scaler: &mut Option<GradScaler>,
+    lr: f32,
+    data: &mut u64,
+) -> Result<f32> {
+    opt.set_lr(lr);
+    let (x, y) = batch(dev, text, range, c, data)?;
+    dev.begin_scope("forward");
+    let loss = g.logits(&x)?.cross_entropy(&y)?;
+    dev.end_scope();
+    dev.begin_scope("backward");
+    match scaler {
+        Some(s) => s.scale_loss(&loss)?.backward()?,
+        None => loss.backward()?,
+    }
+    dev.end_scope();
+    dev.begin_scope("optimizer");
+    match scaler {
+        Some(s) => {
+            s.step(opt, Some(1.0))?;
+        }
+        None => {
+            guarded_step(opt, 1.0, Some(1.0), NonFinite::Error)?;
+        }
+    }
+    opt.zero_grad();
+    dev.end_scope();
+    loss.to_scalar()
+}
+
+fn mean_loss(
+    dev: &Device,
+    g: &Gpt,
+    t: &Text,
+    range: (usize, usize),
+    c: &Cfg,
+    seed: u64,
+) -> Result<f32> {
+    g.train(false);
+    let mut state = seed;
+    let mut sum = 0.0;
+    for _ in 0..c.eval_batches {
+        let (x, y) = batch(dev, t, range, c, &mut state)?;
+        sum += wgrad::no_grad(|| g.logits(&x)?.cross_entropy(&y))?.to_scalar()?;
+    }
+    g.train(true);
+    Ok(sum / c.eval_batches.max(1) as f32)
+}
+
+/// Samples `len` characters after `prompt`, feeding the last `context` characters each step.
+fn generate(dev: &Device, g: &Gpt, t: &Text, c: &Cfg, prompt: &[u32], seed: u64) -> Result<String> {
+    g.train(false);
+    let mut ids = prompt.to_vec();
+    let mut state = seed | 1;
+    for _ in 0..c.sample_len {
+        let window = &ids[ids.len().saturating_sub(g.context)..];
+        let x = Tensor::from_slice(dev, window, &[1, window.len()])?;
+        let logits = wgrad::no_grad(|| g.logits(&x))?;
+        let v = t.vocab.len();
+        let all = logits.to_f32_vec()?;
+        let last = &all[all.len() - v..];
+        // Top-k, then softmax at the temperature, then one draw.
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
+        order.truncate(c.top_k.clamp(1, v));
+        let top = last[order[0]];
+        let w: Vec<f64> = order
+            .iter()
+            .map(|&i| (((last[i] - top) / c.temperature.max(1e-3)) as f64).exp())
+            .collect();
+        let mut r = (next(&mut state) >> 11) as f64 / (1u64 << 53) as f64 * w.iter().sum::<f64>();
+        let mut pick = order[order.len() - 1];
+        for (k, &wk) in w.iter().enumerate() {
+            if r < wk {
+                pick = order[k];
+                break;
+            }
+            r -= wk;
+        }
+        ids.push(pick as u32);
+    }
+    Ok(t.decode(&ids[prompt.len()..]))
+}
+
+/// Train (and validation) losses against steps, as an SVG line chart.
+fn svg(train: &[(u64, f32)], val: &[(u64, f32)]) -> String {
+    let (w, h, m) = (640.0, 360.0, 40.0);
+    let all = train.iter().chain(val);
+    let xmax = all.clone().map(|p| p.0).max().unwrap_or(1).max(1) as f32;
+    let ymax = all.clone().map(|p| p.1).fold(0.0f32, f32::max).max(1e-3);
+    let pt = |&(s, l): &(u64, f32)| {
+        format!(
+            "{:.1},{:.1}",
+            m + (w - 2.0 * m) * s as f32 / xmax,
+            h - m - (h - 2.0 * m) * l / ymax
+        )
+    };
+    let line = |pts: &[(u64, f32)], color: &str| {
+        let p: Vec<String> = pts.iter().map(pt).collect();
+        format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+            p.join(" ")
+        )
+    };
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\
+<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
+<line x1=\"{m}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\" stroke=\"black\"/><line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{y0}\" stroke=\"black\"/>\
+<text x=\"{m}\" y=\"{t}\">loss (0 to {ymax:.2}) against step (0 to {xmax}); blue: train, orange: validation</text>{}{}</svg>\n",
+        line(train, "#1f77b4"),
+        line(val, "#ff7f0e"),
+        y0 = h - m,
+        x1 = w - m,
+        t = m - 12.0,
+    )
+}
+
+fn curve_text(v: &[(u64, f32)]) -> String {
+    v.iter()
+        .map(|(s, l)| format!("{s}:{l}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn curve_parse(s: Option<&String>) -> Vec<(u64, f32)> {
+    s.map(|s| {
+        s.split(',')
+            .filter_map(|p| {
+                let (a, b) = p.split_once(':')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("train_gpt: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let dev = Device::new()?;
+    let c = match parse(&dev) {
+        Ok(c) => c,
+        Err(e) => {
+            if e.is_empty() {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            eprintln!("train_gpt: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let text = Text::read(&c.data, c.context)?;
+    let vocab = text.vocab.len();
+    let (train_range, val_range) = ((0, text.split), (text.split, text.ids.len()));
+    std::fs::create_dir_all(&c.out)?;
+    let ckpt = c.out.join("checkpoint.safetensors");
+    println!(
+        "adapter   {} ({:?})\nmodel     {}, vocabulary {vocab}, {} training and {} validation characters",
+        dev.info().name,
+        dev.info().backend,
+        c.model_key(),
+        text.split,
+        text.ids.len() - text.split
+    );
+    dev.manual_seed(c.seed);
+    let g = Gpt::new(&dev, &c, vocab)?;
+    let n_params: usize = g.params().iter().map(|(_, t)| t.numel()).sum();
+    println!(
+        "          {:.2}M parameters, batch {} x {}",
+        n_params as f64 / 1e6,
+        c.batch,
+        c.context
+    );
+
+    if c.generate {
+        load_weights(&ckpt, &g.params())?;
+        println!("{}", generate(&dev, &g, &text, &c, &[text.ids[0]], c.seed)?);
+        return Ok(());
+    }
+
+    let mut opt = Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true)?;
+    let mut scaler = (c.dtype == DType::F16).then(GradScaler::new);
+    let sched = LrSchedule {
+        base: c.lr,
+        min: c.min_lr,
+        warmup: c.warmup,
+        total: c.steps,
+    };
+    let mut step = 0u64;
+    let mut data = c.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let (mut train_curve, mut val_curve) = (Vec::new(), Vec::new());
+    if c.resume {
+        let p = load_checkpoint(&ckpt, &g.params(), &mut opt, scaler.as_mut())?;
+        if p.notes.get("model").map(String::as_str) != Some(c.model_key().as_str()) {
+            return Err(Error::Format {
+                path: ckpt.display().to_string(),
+                detail: format!(
+                    "saved for {:?}, this run is {}",
+                    p.notes.get("model"),
+                    c.model_key()
+                ),
+            });
+        }
+        (step, data) = (p.step, p.data_position);
+        train_curve = curve_parse(p.notes.get("train_curve"));
+        val_curve = curve_parse(p.notes.get("val_curve"));
+        println!("resumed   at step {step} from {}", ckpt.display());
+    }
+
+    let one_step = |opt: &mut Adam, scaler: &mut Option<GradScaler>, step: u64, data: &mut u64| {
+        train_step(
+            &dev,
+            &g,
+            &text,
+            &c,
+            train_range,
+            opt,
+            scaler,
+            sched.at(step),
+            data,
+        )
+    };
+
+    if c.bench > 0 {
+        for _ in 0..3 {
+            one_step(&mut opt, &mut scaler, step, &mut data)?;
+        }
+        dev.sync()?;
+        dev.reset_peak();
+        let t0 = Instant::now();
+        for _ in 0..c.bench {
+            one_step(&mut opt, &mut scaler, step, &mut data)?;
+        }
+        dev.sync()?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3 / c.bench as f64;
+        let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
+        let tps = (c.batch * c.context) as f64 / ms * 1e3;
+        println!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
+        if c.profile {
+            dev.start_profiling()?;
+            let t1 = Instant::now();
+            one_step(&mut opt, &mut scaler, step, &mut data)?;
+            dev.sync()?;
+            let wall = t1.elapsed().as_secs_f64() * 1e3;
+            let prof = dev.stop_profiling()?;
+            println!("{prof}");
+            for s in prof.by_scope() {
+                println!(
+                    "scope {:<10} {:>5} dispatches {:>9.3} ms",
+                    s.name,
+                    s.calls,
+                    s.total.as_secs_f64() * 1e3
+                );
+            }
+            println!(
+                "profiled step: {wall:.2} ms wall, {:.2} ms in kernels",
+                prof.total().as_secs_f64() * 1e3
+            );
+        }
+        println!("bench_ms_per_step={ms:.3} tokens_per_s={tps:.0} peak_mem_mb={peak:.1}");
+        return Ok(());
+    }
+
+    let val_seed = 0x0005_eed0_f7a1;
+    let train_seed = 0x0007_a10f_5eed;
+    let tokens = (c.batch * c.context) as f64;
+    let start = Instant::now();
+    let first_step = step;
+    let mut last_val = f32::NAN;
+    if val_curve.is_empty() {
+        let (tl, vl) = (
+            mean_loss(&dev, &g, &text, train_range, &c, train_seed)?,
+            mean_loss(&dev, &g, &text, val_range, &c, val_seed)?,
+        );
+        println!("step {step:>5}  train {tl:.4}  val {vl:.4}");
+        train_curve.push((step, tl));
+        val_curve.push((step, vl));
+    }
+    while step < c.steps {
+        let loss = one_step(&mut opt, &mut scaler, step, &mut data)?;
+        step += 1;
+        let done = step - first_step;
+        let tps = tokens * done as f64 / start.elapsed().as_secs_f64();
+        let mem = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
+        let w = 30;
+        let filled = (w as u64 * step / c.steps.max(1)) as usize;
+        eprint!(
+            "\r[{}{}] {step}/{}  loss {loss:.4}  {tps:.0} tokens/s  peak {mem:.0} MiB ",
+            "#".repeat(filled),
+            ".".repeat(w - filled),
+            c.steps
+        );
+        if step.is_multiple_of(c.eval_every) || step == c.steps {
+            let (tl, vl) = (
+                mean_loss(&dev, &g, &text, train_range, &c, train_seed)?,
+                mean_loss(&dev, &g, &text, val_range, &c, val_seed)?,
+            );
+            last_val = vl;
+            eprintln!();
+            println!(
+                "step {step:>5}  train {tl:.4}  val {vl:.4}  lr {:.2e}  {:.0} s",
+                sched.at(step - 1),
+                start.elapsed().as_secs_f64()
+            );
+            train_curve.push((step, tl));
+            val_curve.push((step, vl));
+            let mut notes = BTreeMap::new();
+            notes.insert("model".to_string(), c.model_key());
+            notes.insert("train_curve".to_string(), curve_text(&train_curve));
+            notes.insert("val_curve".to_string(), curve_text(&val_curve));
+            let progress = Progress {
+                step,
+                data_position: data,
+                notes,
+            };
+            save_checkpoint(&ckpt, &g.params(), &opt, scaler.as_ref(), &progress)?;
+            std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let done = step - first_step;
+    let tps = tokens * done as f64 / secs.max(1e-9);
+    let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
+    if last_val.is_nan() {
+        last_val = val_curve.last().map(|p| p.1).unwrap_or(f32::NAN);
+    }
+    let first_val = val_curve.first().map(|p| p.1).unwrap_or(f32::NAN);
+    let best_val = val_curve.iter().map(|p| p.1).fold(f32::INFINITY, f32::min);
+    println!(
+        "\n{done} steps in {secs:.1} s; validation loss {first_val:.4} -> {last_val:.4} (best {best_val:.4}); checkpoint and loss.svg in {}",
+        c.out.display()
+    );
+    println!(
+        "sample:\n{}",
+        generate(
+            &dev,
+            &g,
+            &text,
+            &c,
+            &text.ids[text.split..text.split + 1],
+            c.seed
+        )?
+    );
+    std::io::stdout().flush()?;
+    println!(
+        "val_loss={last_val:.4} best_val_loss={best_val:.4} tokens_per_s={tps:.0} peak_mem_mb={peak:.1}"
+    );
+    Ok(())
+}
