@@ -616,6 +616,61 @@ fn attention_vs_reference_and_composition() {
     }
 }
 
+/// Gradients at the shapes the tensor-core forward takes where the adapter has one (f16, head
+/// dims 64 and 128, lengths multiples of 16, more keys than queries too, batch and heads
+/// above 1), against the f64 reference.
+#[test]
+fn attention_gradients_at_tensor_core_shapes() {
+    let dev = poisoned();
+    let mut rng = Rng::new(23);
+    for dt in DTYPES {
+        for (b, h, sq, skv, d) in [
+            (1, 2, 64, 64, 64),
+            (2, 1, 80, 80, 64),
+            (1, 1, 48, 48, 128),
+            (1, 1, 32, 96, 64),
+            (1, 1, 144, 144, 64),
+        ] {
+            for causal in [false, true] {
+                let (nq, nk) = (b * h * sq * d, b * h * skv * d);
+                let (q, k, v, g) = (rng.vec(nq), rng.vec(nk), rng.vec(nk), rng.vec(nq));
+                let (sq_shape, sk_shape) = ([b, h, sq, d], [b, h, skv, d]);
+                let tq = tensor(&dev, &q, &sq_shape, dt).variable();
+                let tk = tensor(&dev, &k, &sk_shape, dt).variable();
+                let tv = tensor(&dev, &v, &sk_shape, dt).variable();
+                let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
+                out.backward_with(&tensor(&dev, &g, &sq_shape, dt)).unwrap();
+                let (dq, dk, dv) = cpu::attention_backward(
+                    &rounded(&q, dt),
+                    &rounded(&k, dt),
+                    &rounded(&v, dt),
+                    &rounded(&g, dt),
+                    b * h,
+                    sq,
+                    skv,
+                    d,
+                    causal,
+                    1.0 / (d as f64).sqrt(),
+                );
+                for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
+                    let got = t.grad().unwrap().to_f32_vec().unwrap();
+                    // f16 storage of inputs and gradients: errors of a few parts in a
+                    // thousand of the largest gradient.
+                    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    let t = if dt == DType::F16 {
+                        (1e-2 * big, 1e-2)
+                    } else {
+                        (1e-5 * big.max(1.0), 1e-4)
+                    };
+                    let what =
+                        format!("{name} b={b} h={h} sq={sq} skv={skv} d={d} causal={causal} {dt}");
+                    assert_close_tol(&got, &want, t, &what);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_cross_lengths() {
     // Fewer queries than keys (a decoding step): causal mask aligned bottom-right.
