@@ -10,6 +10,12 @@
 //! composed, compiled once and cached per device. Kernels know nothing about tensors or
 //! autograd: they see blocks of memory, element offsets, dtypes and sizes.
 //!
+//! A new family is five files: its shader, its host file here, one row in [`Kernel`] (and
+//! its `mod` line), its op file in `ops/` with the forward, the backward, an f64 reference and
+//! the tests beside them (as `ops/scan.rs`), and its `mod` line there. `tests/shaders.rs`
+//! then validates every entry and checks the parameter struct without being edited. A new
+//! unary op is one row of `for_each_unary!` in `elementwise.rs`.
+//!
 //! # Loop budget
 //!
 //! Every invocation of every kernel runs a bounded number of loop iterations, whatever the
