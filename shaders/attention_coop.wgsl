@@ -1,5 +1,6 @@
-// attention_coop.wgsl: the attention forward pass of attention.wgsl on cooperative matrices
-// (tensor cores): f16 Q, K, V, f32 accumulation. Same result, same saved log-sum-exp.
+// attention_coop.wgsl: the attention forward and backward passes of attention.wgsl on
+// cooperative matrices (tensor cores): f16 Q, K, V, f32 accumulation. Same result, same saved
+// log-sum-exp; the backward kernels are described after the forward's.
 //
 // Requirements (checked by the host, which otherwise uses attention.wgsl): f16 storage with
 // SHADER_F16, 16x16x16 f16 -> f32 cooperative matrices, subgroups of 32, head dimension D equal
@@ -87,6 +88,36 @@ fn tiles(k0: u32) -> u32 {
 
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
   return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * DMAX + dd * 16u], DMAX);
+}
+
+// ----- Backward (FlashAttention-2's split: one kernel for dK and dV, one for dQ) -----
+//
+// Both recompute P = exp(scale * S - lse) from the saved log-sum-exp and use delta = rowsum(dO
+// * O) from attention.wgsl's bwd_delta; dS = P * (dP - delta). Products on cooperative
+// matrices; P and dS go through workgroup memory as f16 to be the next product's operand, as
+// FlashAttention keeps them in 16-bit. No atomics: each workgroup owns its rows' gradients.
+//
+//   bwd_kv  Workgroup (x, y) = (block of 64 keys, head); subgroup s owns keys 16 s .. 16 s + 15
+//           and its dK and dV accumulators. For each block of 64 queries: S and dP = dO V^T
+//           for (16 queries, 16 keys) tiles, stored column-major so that workgroup memory
+//           holds S^T and dP^T (16 keys x 64 queries per subgroup); then dV += P^T dO and
+//           dK += dS^T Q; dK is scaled at the end.
+//   bwd_q   Workgroup (x, y) = (block of 64 queries, head); subgroup s owns 16 queries and
+//           keeps Q, dO and the dQ accumulators in registers. For each block of 64 keys:
+//           S = Q K^T, dP = dO V^T, then dQ += dS K, scaled at the end.
+//
+// Causal blocks are masked, not skipped: a loop bound from the workgroup id is non-uniform for
+// naga, and passing it through workgroupUniformLoad gave wrong results on an H100 (the
+// forward too), so every block is visited as in the forward pass.
+// Loops (per invocation): per block of 64 (queries for bwd_kv, keys for bwd_q) about
+// 3 (4 (ND + 1) + 1) + 2 (32 + 1) counted iterations; the host takes this path up to 4096
+// queries and keys, inside the loop budget.
+
+var<workgroup> Dh: array<f16, 4u * 1024u>;
+
+// The 16-row tiles of the block at r0 that lie inside `len` (a loop bound, as `tiles`).
+fn tiles_in(r0: u32, len: u32) -> u32 {
+  return min(4u, (len - r0) / 16u);
 }
 
 //! entry fwd(q: f16, k: f16, v: f16, o: data mut, lse: f32 mut)
@@ -194,6 +225,179 @@ fn main(ids: Ids) {
       if (qo < p.sq) {
         st_o(qb + qo * DMAX + dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
       }
+    }
+    workgroupBarrier();
+  }
+}
+
+//! entry bwd_kv(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
+//! check WG=128 DMAX=64
+//! check WG=128 DMAX=128
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let k0 = ids.wid.x * BC;
+  let sg = ids.lid / 32u;
+  let lane = ids.lid % 32u;
+  let qb = bh * p.sq * DMAX;
+  let kb = bh * p.skv * DMAX;
+  // Keys past SKV load the last (in-range) tile; they are masked and never stored.
+  let kr = min(k0 + sg * 16u, p.skv - 16u);
+  var dkt: array<coop_mat16x16<f32, C>, ND>;
+  var dvt: array<coop_mat16x16<f32, C>, ND>;
+  for (var dd = 0u; dd < ND; dd = dd + 1u) {
+    dkt[dd] = coop_mat16x16<f32, C>();
+    dvt[dd] = coop_mat16x16<f32, C>();
+  }
+  let qstart = 0u;
+  let row = lane / 2u;
+  let half = lane % 2u;
+  let kj = k0 + sg * 16u + row;
+  let sbase = sg * 1024u + row * 64u + half * 32u;
+  for (var q0 = qstart; q0 < p.sq; q0 = q0 + BR) {
+    // S^T = K Q^T for this subgroup's 16 keys and the block's queries.
+    for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
+      // S for (16 queries, this subgroup's 16 keys), stored column-major: S^T in Ss.
+      var acc = coop_mat16x16<f32, C>();
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        let qa = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + (q0 + qc * 16u) * DMAX + dd * 16u], DMAX);
+        acc = coopMultiplyAdd(qa, k_tile(kb, kr, dd), acc);
+      }
+      coopStore(acc, &Ss[sg * 1024u + qc * 16u], 64u);
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let qi = q0 + half * 32u + c;
+      let qs = min(qi, p.sq - 1u);
+      let masked = (qi >= p.sq) | (kj >= p.skv) | ((p.causal != 0u) & (kj + p.sq > qi + p.skv));
+      Ps[sbase + c] = f16(select(exp(Ss[sbase + c] * p.scale - ld_lse(bh * p.sq + qs)), 0.0, masked));
+    }
+    workgroupBarrier();
+    // dP^T = V dO^T.
+    for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
+      // dP = dO V^T for (16 queries, 16 keys), stored column-major: dP^T in Ss.
+      var acc = coop_mat16x16<f32, C>();
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        let ga = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + (q0 + qc * 16u) * DMAX + dd * 16u], DMAX);
+        let vb = coopLoad<coop_mat16x16<f16, B>>(&v[kb + kr * DMAX + dd * 16u], DMAX);
+        acc = coopMultiplyAdd(ga, vb, acc);
+      }
+      coopStore(acc, &Ss[sg * 1024u + qc * 16u], 64u);
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let qi = q0 + half * 32u + c;
+      let qs = min(qi, p.sq - 1u);
+      let masked = (qi >= p.sq) | (kj >= p.skv) | ((p.causal != 0u) & (kj + p.sq > qi + p.skv));
+      let ds = f32(Ps[sbase + c]) * (Ss[sbase + c] - ld_delta(bh * p.sq + qs));
+      Dh[sbase + c] = f16(select(ds, 0.0, masked));
+    }
+    workgroupBarrier();
+    // dV += P^T dO, dK += dS^T Q.
+    for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
+      let pt = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + qc * 16u], 64u);
+      let st = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + qc * 16u], 64u);
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        let at = qb + (q0 + qc * 16u) * DMAX + dd * 16u;
+        dvt[dd] = coopMultiplyAdd(pt, coopLoadT<coop_mat16x16<f16, B>>(&dout[at], DMAX), dvt[dd]);
+        dkt[dd] = coopMultiplyAdd(st, coopLoadT<coop_mat16x16<f16, B>>(&q[at], DMAX), dkt[dd]);
+      }
+    }
+    workgroupBarrier();
+  }
+  // Out: each 16 x 16 tile through the subgroup's region of Ss.
+  for (var dd = 0u; dd < ND; dd = dd + 1u) {
+    coopStoreT(dkt[dd], &Ss[sg * 1024u], 16u);
+    coopStoreT(dvt[dd], &Ss[sg * 1024u + 256u], 16u);
+    workgroupBarrier();
+    for (var e = lane; e < 256u; e = e + 32u) {
+      let key = k0 + sg * 16u + e / 16u;
+      if (key < p.skv) {
+        let at = kb + key * DMAX + dd * 16u + e % 16u;
+        st_dk(at, Ss[sg * 1024u + e] * p.scale);
+        st_dv(at, Ss[sg * 1024u + 256u + e]);
+      }
+    }
+    workgroupBarrier();
+  }
+}
+
+//! entry bwd_q(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dq: data mut)
+//! check WG=128 DMAX=64
+//! check WG=128 DMAX=128
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let sg = ids.lid / 32u;
+  let lane = ids.lid % 32u;
+  let qb = bh * p.sq * DMAX;
+  let kb = bh * p.skv * DMAX;
+  let qr = min(q0 + sg * 16u, p.sq - 16u);
+  var qt: array<coop_mat16x16<f16, A>, ND>;
+  var gt: array<coop_mat16x16<f16, A>, ND>;
+  var dqt: array<coop_mat16x16<f32, C>, ND>;
+  for (var dd = 0u; dd < ND; dd = dd + 1u) {
+    qt[dd] = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + dd * 16u], DMAX);
+    gt[dd] = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + qr * DMAX + dd * 16u], DMAX);
+    dqt[dd] = coop_mat16x16<f32, C>();
+  }
+  let kend = p.skv;
+  let row = lane / 2u;
+  let half = lane % 2u;
+  let qi = q0 + sg * 16u + row;
+  let qs = min(qi, p.sq - 1u);
+  let lse_i = ld_lse(bh * p.sq + qs);
+  let delta_i = ld_delta(bh * p.sq + qs);
+  let sbase = sg * 1024u + row * 64u + half * 32u;
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    // S = Q K^T.
+    for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
+      var acc = coop_mat16x16<f32, C>();
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        acc = coopMultiplyAdd(qt[dd], k_tile(kb, k0 + kc * 16u, dd), acc);
+      }
+      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let key = k0 + half * 32u + c;
+      let masked = (qi >= p.sq) | (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
+      Ps[sbase + c] = f16(select(exp(Ss[sbase + c] * p.scale - lse_i), 0.0, masked));
+    }
+    workgroupBarrier();
+    // dP = dO V^T.
+    for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
+      var acc = coop_mat16x16<f32, C>();
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        let vt = coopLoad<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + dd * 16u], DMAX);
+        acc = coopMultiplyAdd(gt[dd], vt, acc);
+      }
+      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < 32u; c = c + 1u) {
+      let key = k0 + half * 32u + c;
+      let masked = (qi >= p.sq) | (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
+      Dh[sbase + c] = f16(select(f32(Ps[sbase + c]) * (Ss[sbase + c] - delta_i), 0.0, masked));
+    }
+    workgroupBarrier();
+    // dQ += dS K.
+    for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
+      let st = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + kc * 16u], 64u);
+      for (var dd = 0u; dd < ND; dd = dd + 1u) {
+        let kt = coopLoadT<coop_mat16x16<f16, B>>(&k[kb + (k0 + kc * 16u) * DMAX + dd * 16u], DMAX);
+        dqt[dd] = coopMultiplyAdd(st, kt, dqt[dd]);
+      }
+    }
+    workgroupBarrier();
+  }
+  for (var dd = 0u; dd < ND; dd = dd + 1u) {
+    coopStoreT(dqt[dd], &Ss[sg * 1024u], 16u);
+    workgroupBarrier();
+    for (var e = lane; e < 256u; e = e + 32u) {
+      let qo = q0 + sg * 16u + e / 16u;
+      if (qo < p.sq) { st_dq(qb + qo * DMAX + dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
     }
     workgroupBarrier();
   }

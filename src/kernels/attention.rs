@@ -271,6 +271,19 @@ pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: u
         && skv <= COOP_MAX_KEYS
 }
 
+/// Whether the backward pass runs on cooperative matrices (attention_coop.wgsl's bwd_kv and
+/// bwd_q), given dense operands: the forward's conditions, and queries within the loop budget
+/// of bwd_kv, which walks them.
+pub fn backward_uses_tensor_cores(
+    dev: &Device,
+    dtype: DType,
+    sq: usize,
+    skv: usize,
+    d: usize,
+) -> bool {
+    uses_tensor_cores(dev, dtype, sq, skv, d) && sq <= COOP_MAX_KEYS
+}
+
 /// Runs `entry` over the range [0, total) in chunks of `chunk`, each dispatch continuing from
 /// the state the previous one left. `args` ends with the state binding's place, filled here.
 #[allow(clippy::too_many_arguments)]
@@ -409,6 +422,50 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
             groups: grid_1d(a.bh * a.sq, 256),
         },
     )?;
+    let h = a.heads.max(1);
+    if a.all_dense()
+        && a.g == HeadLayout::dense(h, a.sq, a.d)
+        && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
+    {
+        let common = [
+            arg(g.q, dtype),
+            arg(g.k, dtype),
+            arg(g.v, dtype),
+            arg(g.dout, dtype),
+            arg(g.lse, DType::F32),
+            arg(g.delta, DType::F32),
+        ];
+        let consts = [("DMAX", a.d as u32)];
+        let mut kv = common.to_vec();
+        kv.push(arg(g.dk, dtype));
+        kv.push(arg(g.dv, dtype));
+        launch(
+            dev,
+            &Launch {
+                kernel: Kernel::AttentionCoop,
+                entry: "bwd_kv",
+                wg: 128,
+                consts: &consts,
+                params: p,
+                args: &kv,
+                groups: [a.skv.div_ceil(64) as u32, a.bh as u32, 1],
+            },
+        )?;
+        let mut q = common.to_vec();
+        q.push(arg(g.dq, dtype));
+        return launch(
+            dev,
+            &Launch {
+                kernel: Kernel::AttentionCoop,
+                entry: "bwd_q",
+                wg: 128,
+                consts: &consts,
+                params: p,
+                args: &q,
+                groups: [a.sq.div_ceil(64) as u32, a.bh as u32, 1],
+            },
+        );
+    }
     let common = [
         arg(g.q, dtype),
         arg(g.k, dtype),

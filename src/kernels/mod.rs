@@ -123,7 +123,7 @@ families! {
     Conv => "conv.wgsl", conv::ConvParams, codes [], enables [];
     /// Fused scaled dot-product attention (flash style), forward and backward.
     Attention => "attention.wgsl", attention::AttnParams, codes [], enables [];
-    /// The attention forward pass on cooperative matrices (f16, tensor cores).
+    /// Attention forward and backward on cooperative matrices (f16, tensor cores).
     AttentionCoop => "attention_coop.wgsl", attention::AttnParams, codes [],
         enables ["wgpu_cooperative_matrix"];
     /// LayerNorm and RMSNorm forward and backward.

@@ -138,12 +138,22 @@ impl Backward for AttentionBack {
     ) -> Result<Vec<Option<Tensor>>> {
         let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
         let mut a = dims(q, k, v, self.causal, Some(self.scale))?;
-        let (q, lq) = readable(q)?;
-        let (k, lk) = readable(k)?;
-        let (v, lv) = readable(v)?;
-        let (o, lo) = readable(&self.out)?;
+        // The tensor-core kernels read dense heads only: give them dense copies (a no-op for
+        // operands that are dense already).
+        let coop = ka::backward_uses_tensor_cores(q.device(), q.dtype(), a.sq, a.skv, a.d);
+        let pick = |t: &Tensor| -> Result<(Tensor, HeadLayout)> {
+            if coop {
+                readable(&t.contiguous()?)
+            } else {
+                readable(t)
+            }
+        };
+        let (q, lq) = pick(q)?;
+        let (k, lk) = pick(k)?;
+        let (v, lv) = pick(v)?;
+        let (o, lo) = pick(&self.out)?;
         let dout = dout.to_dtype(q.dtype())?;
-        let (g, lg) = readable(&dout)?;
+        let (g, lg) = pick(&dout)?;
         (a.q, a.k, a.v, a.o, a.g) = (lq, lk, lv, lo, lg);
         let dev = q.device();
         let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
