@@ -82,12 +82,15 @@ pub fn save_checkpoint(
     for (k, v) in &progress.notes {
         meta.insert(format!("note.{k}"), v.clone());
     }
-    let mut bytes = serialize(path, &tensors, None)?;
-    // The checksum is over the tensors as the file holds them, so it is computed from the
-    // serialized bytes (parsed back) and the header is written once more with it.
-    let sum = checksum(&parse(path, &bytes)?);
-    meta.insert("checksum".into(), format!("{sum:016x}"));
-    bytes = serialize(path, &tensors, Some(meta))?;
+    // The checksum is over the tensors as the file holds them: serialize once (reading the
+    // tensors back from the device once), checksum the parsed result, and write it again
+    // from host memory with the checksum in the header.
+    let plain = serialize(path, &tensors, None)?;
+    let parsed = parse(path, &plain)?;
+    meta.insert("checksum".into(), format!("{:016x}", checksum(&parsed)));
+    let views = parsed.tensors();
+    let bytes = safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), Some(meta))
+        .map_err(|e| bad(path, e.to_string()))?;
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
