@@ -148,11 +148,18 @@ impl Dims {
     /// True when q, k and v are dense [bh, seq, d] and o is too (what the tensor-core kernel
     /// reads and writes).
     pub fn all_dense(&self) -> bool {
-        let h = self.heads.max(1);
-        self.q == HeadLayout::dense(h, self.sq, self.d)
-            && self.k == HeadLayout::dense(h, self.skv, self.d)
-            && self.v == HeadLayout::dense(h, self.skv, self.d)
-            && self.o == HeadLayout::dense(h, self.sq, self.d)
+        self.dense(&self.q, self.sq)
+            && self.dense(&self.k, self.skv)
+            && self.dense(&self.v, self.skv)
+            && self.dense(&self.o, self.sq)
+    }
+
+    /// Whether `l` places element (b, h, s, c) at ((b heads + h) seq + s) d + c. With one
+    /// batch element its batch stride is never used (a view reports it as 0).
+    pub fn dense(&self, l: &HeadLayout, seq: usize) -> bool {
+        let want = HeadLayout::dense(self.heads.max(1), seq, self.d);
+        let one_batch = self.bh <= self.heads.max(1);
+        l.off == 0 && l.sh == want.sh && l.ss == want.ss && (one_batch || l.sb == want.sb)
     }
 }
 
@@ -422,9 +429,8 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
             groups: grid_1d(a.bh * a.sq, 256),
         },
     )?;
-    let h = a.heads.max(1);
     if a.all_dense()
-        && a.g == HeadLayout::dense(h, a.sq, a.d)
+        && a.dense(&a.g, a.sq)
         && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
         let common = [
