@@ -16,7 +16,7 @@
 //
 // Bindings: on the signature lines. Params: outer, len, inner, chunk, nchunks, reverse.
 // Loops (per invocation): totals `chunk`; scan `nchunks + chunk`. The host keeps chunk at
-// 4096 and nchunks at most 8192.
+// 4096 and nchunks at most LOOP_BUDGET - 4096 = 12,288 (an axis of up to 50M).
 // Bounds: threads past outer * nchunks * inner return; positions stop at len.
 
 struct Params {
