@@ -429,49 +429,6 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
             groups: grid_1d(a.bh * a.sq, 256),
         },
     )?;
-    if a.all_dense()
-        && a.dense(&a.g, a.sq)
-        && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
-    {
-        let common = [
-            arg(g.q, dtype),
-            arg(g.k, dtype),
-            arg(g.v, dtype),
-            arg(g.dout, dtype),
-            arg(g.lse, DType::F32),
-            arg(g.delta, DType::F32),
-        ];
-        let consts = [("DMAX", a.d as u32)];
-        let mut kv = common.to_vec();
-        kv.push(arg(g.dk, dtype));
-        kv.push(arg(g.dv, dtype));
-        launch(
-            dev,
-            &Launch {
-                kernel: Kernel::AttentionCoop,
-                entry: "bwd_kv",
-                wg: 128,
-                consts: &consts,
-                params: p,
-                args: &kv,
-                groups: [a.skv.div_ceil(64) as u32, a.bh as u32, 1],
-            },
-        )?;
-        let mut q = common.to_vec();
-        q.push(arg(g.dq, dtype));
-        return launch(
-            dev,
-            &Launch {
-                kernel: Kernel::AttentionCoop,
-                entry: "bwd_q",
-                wg: 128,
-                consts: &consts,
-                params: p,
-                args: &q,
-                groups: [a.sq.div_ceil(64) as u32, a.bh as u32, 1],
-            },
-        );
-    }
     let common = [
         arg(g.q, dtype),
         arg(g.k, dtype),
@@ -480,6 +437,30 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         arg(g.lse, DType::F32),
         arg(g.delta, DType::F32),
     ];
+    if a.all_dense()
+        && a.dense(&a.g, a.sq)
+        && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
+    {
+        let consts = [("DMAX", a.d as u32)];
+        let coop = |entry: &'static str, out: &[Arg<'_>], rows: usize| {
+            let mut args = common.to_vec();
+            args.extend_from_slice(out);
+            launch(
+                dev,
+                &Launch {
+                    kernel: Kernel::AttentionCoop,
+                    entry,
+                    wg: 128,
+                    consts: &consts,
+                    params: p,
+                    args: &args,
+                    groups: [rows.div_ceil(64) as u32, a.bh as u32, 1],
+                },
+            )
+        };
+        coop("bwd_kv", &[arg(g.dk, dtype), arg(g.dv, dtype)], a.skv)?;
+        return coop("bwd_q", &[arg(g.dq, dtype)], a.sq);
+    }
     let mut kv = common.to_vec();
     kv.push(arg(g.dk, dtype));
     kv.push(arg(g.dv, dtype));

@@ -54,15 +54,7 @@ pub fn save_checkpoint(
             "the model has no parameters",
         ));
     };
-    let mut tensors: Vec<(String, Tensor)> = model
-        .iter()
-        .map(|(n, t)| (format!("model.{n}"), t.clone()))
-        .collect();
-    tensors.extend(
-        opt.state()
-            .into_iter()
-            .map(|(n, t)| (format!("optim.{n}"), t)),
-    );
+    let tensors = file_tensors(model, opt);
     let mut meta: HashMap<String, String> = HashMap::new();
     meta.insert("format".into(), FORMAT.into());
     meta.insert("step".into(), progress.step.to_string());
@@ -136,15 +128,7 @@ pub fn load_checkpoint(
         }
         (Some(_), Some(text)) => Some(parse_scaler(path, text)?),
     };
-    let mut targets: Vec<(String, Tensor)> = model
-        .iter()
-        .map(|(n, t)| (format!("model.{n}"), t.clone()))
-        .collect();
-    targets.extend(
-        opt.state()
-            .into_iter()
-            .map(|(n, t)| (format!("optim.{n}"), t)),
-    );
+    let targets = file_tensors(model, &*opt);
     // Everything is checked; now write.
     write_named(path, &st, &targets)?;
     opt.set_steps(opt_steps);
@@ -171,11 +155,23 @@ pub fn load_weights(path: impl AsRef<Path>, model: &[(String, Tensor)]) -> Resul
     let path = path.as_ref();
     let map = open(path)?;
     let (st, _) = checked(path, &map)?;
-    let targets: Vec<(String, Tensor)> = model
-        .iter()
-        .map(|(n, t)| (format!("model.{n}"), t.clone()))
-        .collect();
+    let targets = prefixed("model", model);
     write_named(path, &st, &targets)
+}
+
+/// The tensors a checkpoint file holds, under their names there: `model.<name>` and
+/// `optim.<name>`.
+fn file_tensors(model: &[(String, Tensor)], opt: &dyn Optimizer) -> Vec<(String, Tensor)> {
+    let mut v = prefixed("model", model);
+    v.extend(prefixed("optim", &opt.state()));
+    v
+}
+
+fn prefixed(prefix: &str, named: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    named
+        .iter()
+        .map(|(n, t)| (format!("{prefix}.{n}"), t.clone()))
+        .collect()
 }
 
 fn bad(path: &Path, detail: impl Into<String>) -> Error {
