@@ -199,3 +199,21 @@ fn simt_store4(at: u32, m: u32, n: u32, bb: u32, v: vec4<f32>) {
   st_c(at + 2u, simt_out(v.z, m, n + 2u, bb));
   st_c(at + 3u, simt_out(v.w, m, n + 3u, bb));
 }
+
+//! fn bf16_unpack
+// Element i_ of a word holding two bf16 values (element 2k in the low half): a bf16 is the high
+// half of an f32, so widening is a shift.
+fn bf16_unpack(w_: u32, i_: u32) -> f32 {
+  return bitcast<f32>(select(w_ << 16u, w_ & 0xffff0000u, (i_ & 1u) == 1u));
+}
+
+//! fn bf16_round
+// The bf16 bits of v, rounded to nearest even as PyTorch and `half` round. Adding 0x7fff plus the
+// kept low bit carries into the high half exactly when the dropped half is above one half, or
+// one half with an odd kept part; the carry turns the largest finite values into infinity as
+// rounding should. NaN is kept quiet (the carry could turn a NaN into infinity).
+fn bf16_round(v: f32) -> u32 {
+  let b = bitcast<u32>(v);
+  if ((b & 0x7fffffffu) > 0x7f800000u) { return (b >> 16u) | 0x40u; }
+  return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}

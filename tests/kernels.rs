@@ -1,5 +1,5 @@
-//! Every kernel against the f64 CPU reference, on fresh random inputs, at awkward sizes, in f32
-//! and f16, with every output poisoned (NaN) before the kernel runs.
+//! Every kernel against the f64 CPU reference, on fresh random inputs, at awkward sizes, in f32,
+//! f16 and bf16, with every output poisoned (NaN) before the kernel runs.
 
 mod common;
 
@@ -207,8 +207,8 @@ fn softmax_rows() {
                 dt,
                 &format!("softmax {rows}x{len} {dt}"),
             );
-            let tl = if dt == DType::F16 {
-                (2e-2, 4e-3)
+            let tl = if dt != DType::F32 {
+                (2e-2 * f16_scale(dt), 4e-3 * f16_scale(dt))
             } else {
                 (1e-4, 1e-5)
             };
@@ -657,8 +657,8 @@ fn attention_gradients_at_tensor_core_shapes() {
                     // f16 storage of inputs and gradients: errors of a few parts in a
                     // thousand of the largest gradient.
                     let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                    let t = if dt == DType::F16 {
-                        (1e-2 * big, 1e-2)
+                    let t = if dt != DType::F32 {
+                        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
                     } else {
                         (1e-5 * big.max(1.0), 1e-4)
                     };

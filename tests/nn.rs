@@ -181,3 +181,110 @@ fn safetensors_round_trip_and_errors() {
     assert!(wgrad::nn::load(&dev, dir.join("junk.safetensors")).is_err());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A bf16 checkpoint written by Python's `safetensors` (tests/fixtures/make_bf16.py) loads as
+/// bf16 with every value the rounding of its f32 source, converts to f16 and f32 on load, and
+/// loads into f32 and bf16 models; the strict loader refuses the dtype change.
+#[test]
+fn bf16_safetensors_from_python_load() {
+    let dev = poisoned();
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bf16.safetensors");
+    let loaded: std::collections::HashMap<String, Tensor> =
+        wgrad::nn::load(&dev, &path).unwrap().into_iter().collect();
+    for name in ["weight", "bias"] {
+        let t = &loaded[&format!("layer.{name}")];
+        let src = loaded[&format!("source.{name}")].to_vec::<f32>().unwrap();
+        assert_eq!(t.dtype(), DType::BF16);
+        let got = t.to_vec::<half::bf16>().unwrap();
+        for (i, (&g, &s)) in got.iter().zip(&src).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                half::bf16::from_f32(s).to_bits(),
+                "{name}[{i}] from {s:e}"
+            );
+        }
+        // Sanity on values a reader can check by eye: 1/3 is 0.333984375 in bf16.
+        if name == "weight" {
+            assert_eq!(got[2].to_f32(), 0.333_984_38);
+            assert_eq!(got[4].to_f32(), 3.140625);
+        }
+    }
+    let as_f32: std::collections::HashMap<String, Tensor> =
+        wgrad::nn::load_as(&dev, &path, DType::F32)
+            .unwrap()
+            .into_iter()
+            .collect();
+    let as_f16: std::collections::HashMap<String, Tensor> =
+        wgrad::nn::load_as(&dev, &path, DType::F16)
+            .unwrap()
+            .into_iter()
+            .collect();
+    let w = loaded["layer.weight"].to_vec::<half::bf16>().unwrap();
+    let w32 = as_f32["layer.weight"].to_vec::<f32>().unwrap();
+    let w16 = as_f16["layer.weight"].to_vec::<half::f16>().unwrap();
+    for i in 0..w.len() {
+        assert_eq!(w32[i].to_bits(), w[i].to_f32().to_bits(), "f32[{i}]");
+        // 3e38 is past f16's range: infinity, as PyTorch's .half() gives.
+        assert_eq!(
+            w16[i].to_bits(),
+            half::f16::from_f32(w[i].to_f32()).to_bits(),
+            "f16[{i}]"
+        );
+    }
+    for dt in [DType::F32, DType::BF16] {
+        let net = Sequential::new().add("layer", Linear::new(&dev, 4, 4, true, dt).unwrap());
+        wgrad::nn::load_into_converting(&net, &path).unwrap();
+        let got = net.params()[0].1.to_f32_vec().unwrap();
+        let want: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(got, want, "{dt}");
+        if dt == DType::F32 {
+            let e = wgrad::nn::load_into(&net, &path).unwrap_err();
+            assert!(e.to_string().contains("bf16"), "{e}");
+        } else {
+            wgrad::nn::load_into(&net, &path).unwrap();
+        }
+    }
+}
+
+/// bf16 parameters train without a loss scaler: f32 master weights in the optimizer, bf16
+/// storage everywhere else, and the loss falls like the f32 model's.
+#[test]
+fn bf16_trains_without_a_loss_scaler() {
+    use wgrad::optim::Optimizer;
+    let dev = device();
+    let mut finals = Vec::new();
+    for dt in [DType::F32, DType::BF16] {
+        dev.manual_seed(5);
+        let net = Sequential::new()
+            .add("l1", Linear::new(&dev, 16, 32, true, dt).unwrap())
+            .add("act", wgrad::Activation::Gelu)
+            .add("l2", Linear::new(&dev, 32, 4, true, dt).unwrap());
+        assert!(net.params().iter().all(|(_, p)| p.dtype() == dt));
+        let x = dev.randn(&[64, 16], dt).unwrap();
+        let y = x
+            .narrow(1, 0, 4)
+            .unwrap()
+            .mul_scalar(0.5)
+            .unwrap()
+            .tanh()
+            .unwrap();
+        let mut opt = wgrad::optim::Adam::new(net.params(), 1e-2).unwrap();
+        let mut losses = Vec::new();
+        for _ in 0..60 {
+            let loss = net.forward(&x).unwrap().mse_loss(&y).unwrap();
+            losses.push(loss.to_scalar().unwrap());
+            loss.backward().unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+        }
+        assert!(
+            losses[59] < 0.1 * losses[0],
+            "{dt}: loss did not fall: {:?}",
+            &losses[..]
+        );
+        finals.push(losses[59]);
+    }
+    // bf16 ends near f32 (within its rounding, not orders of magnitude away).
+    assert!(finals[1] < 3.0 * finals[0] + 1e-3, "{finals:?}");
+}

@@ -75,7 +75,7 @@ fn dtype_sets(sig: &EntrySig, coop: bool) -> Vec<Vec<DType>> {
     let datas: &[DType] = if coop {
         &[DType::F16]
     } else {
-        &[DType::F32, DType::F16]
+        &[DType::F32, DType::F16, DType::BF16]
     };
     let mut out = Vec::new();
     for &data in datas {

@@ -2,30 +2,6 @@
 //! file, cut down to the entry point asked for.
 //!
 //! A family file (`shaders/*.wgsl`) holds code shared by its entry points, then one section per
-//! entry point, each opened by a line `//! entry NAME` and defining `fn main(ids: Ids)`. Kernels
-//! never declare their storage bindings: the prelude does, from the launch's arguments, and
-//! gives each binding `x` accessors that hide its storage format:
-//!
-//! * `ld_x(i) -> f32` and, for written bindings, `st_x(i, v: f32)`, for f32 and f16 data;
-//!   all arithmetic is f32;
-//! * for f16 on an adapter with SHADER_F16 the array is `array<f16>`; without it, f16 is stored
-//!   packed two to a `u32` word (the same bytes), read with `unpack2x16float` and written with
-//!   an `atomicAnd` that clears the thread's half followed by an `atomicOr` that sets it, so
-//!   two threads writing the two halves of one word cannot lose each other's value;
-//! * u32 bindings get `ld_x(i) -> u32` and `st_x(i, v: u32)`;
-//! * every binding also gets `ldf_x` / `stf_x`, an f32 view (converting for u32), so one body
-//!   can cast between any two dtypes.
-//!
-//! The prelude also defines the launch's constants (`const WG: u32 = 256u;` and any others),
-//! `struct Ids` (the builtins, subgroup ones included only when the adapter has subgroups),
-//! `flat_id(ids)` for 1-D kernels laid out on a 2-D grid, and, when the kernel calls them,
-//! workgroup reductions `block_sum` / `block_max` built on subgroup operations where available
-//! and the helpers of `shaders/common.wgsl` (erf, tanh, sigmoid, a row's max and sum of exp).
-
-//! Builds the WGSL a pipeline is compiled from: a generated prelude, then one kernel family's
-//! file, cut down to the entry point asked for.
-//!
-//! A family file (`shaders/*.wgsl`) holds code shared by its entry points, then one section per
 //! entry point. A section opens with its signature line, which is the only place the entry's
 //! storage bindings are written down:
 //!
@@ -35,7 +11,7 @@
 //! ```
 //!
 //! Each binding is `name: kind`, with `mut` when the kernel writes it; kinds are `data` (the
-//! op's float dtype: f32 or f16), `any` (f32, f16 or u32), `u32`, `f32` and `f16`. Optional
+//! op's float dtype: f32, f16 or bf16), `any` (any dtype), `u32`, `f32` and `f16`. Optional
 //! `check` lines list the compile-time constants the entry is built with (`WG` is the
 //! workgroup size; a comma gives several values); the validation test composes each, and a
 //! launch must use the constant names of one of them. The section defines `fn main(ids: Ids)`.
@@ -44,12 +20,14 @@
 //! signature and the launch's dtypes, and gives each binding `x` accessors that hide its
 //! storage format:
 //!
-//! * `ld_x(i) -> f32` and, for written bindings, `st_x(i, v: f32)`, for f32 and f16 data;
-//!   all arithmetic is f32;
+//! * `ld_x(i) -> f32` and, for written bindings, `st_x(i, v: f32)`, for f32, f16 and bf16
+//!   data; all arithmetic is f32;
 //! * for f16 on an adapter with SHADER_F16 the array is `array<f16>`; without it, f16 is stored
 //!   packed two to a `u32` word (the same bytes), read with `unpack2x16float` and written with
 //!   an `atomicAnd` that clears the thread's half followed by an `atomicOr` that sets it, so
 //!   two threads writing the two halves of one word cannot lose each other's value;
+//! * bf16 is packed the same way on every adapter (WGSL has no bf16 type): reading is a shift
+//!   into the high half of an f32, writing rounds to nearest even (`bf16_round`);
 //! * u32 bindings get `ld_x(i) -> u32` and `st_x(i, v: u32)`;
 //! * every binding also gets `ldf_x` / `stf_x`, an f32 view (converting for u32), so one body
 //!   can cast between any two dtypes.
@@ -86,7 +64,7 @@ pub struct Target {
 /// What a binding may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
-    /// The op's float dtype (f32 or f16).
+    /// The op's float dtype (f32, f16 or bf16).
     Data,
     /// Any dtype (cast).
     Any,
@@ -124,8 +102,8 @@ impl Elem {
     /// The dtypes a validation run tries.
     pub fn candidates(self) -> &'static [DType] {
         match self {
-            Elem::Data => &[DType::F32, DType::F16],
-            Elem::Any => &[DType::F32, DType::F16, DType::U32],
+            Elem::Data => &[DType::F32, DType::F16, DType::BF16],
+            Elem::Any => &[DType::F32, DType::F16, DType::BF16, DType::U32],
             Elem::U32 => &[DType::U32],
             Elem::F32 => &[DType::F32],
             Elem::F16 => &[DType::F16],
@@ -386,7 +364,8 @@ pub fn compose(
                 } else {
                     (name.to_string(), format!("struct {name}"))
                 };
-                body.contains(&used) && !body.contains(&defined)
+                // The prelude's accessors call helpers too (bf16 packing).
+                (body.contains(&used) || s.contains(&used)) && !body.contains(&defined)
             })
             .map(|(_, _, code)| code)
             .collect();
@@ -514,6 +493,9 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
             (DType::F16, F16Mode::Packed) => format!(
                 "{at}: array<vec2<u32>>;\nfn ld4_{n}(j_: u32) -> vec4<f32> {{ let w_ = {n}[j_]; return vec4<f32>(unpack2x16float(w_.x), unpack2x16float(w_.y)); }}\nfn ld_{n}(i_: u32) -> f32 {{ return unpack2x16float({n}[i_ >> 2u][(i_ >> 1u) & 1u])[i_ & 1u]; }}"
             ),
+            (DType::BF16, _) => format!(
+                "{at}: array<vec2<u32>>;\nfn ld4_{n}(j_: u32) -> vec4<f32> {{ let w_ = {n}[j_]; return vec4<f32>(bitcast<f32>(w_.x << 16u), bitcast<f32>(w_.x & 0xffff0000u), bitcast<f32>(w_.y << 16u), bitcast<f32>(w_.y & 0xffff0000u)); }}\nfn ld_{n}(i_: u32) -> f32 {{ return bf16_unpack({n}[i_ >> 2u][(i_ >> 1u) & 1u], i_); }}"
+            ),
             // The parser only allows vec4 on float bindings.
             (DType::U32, _) => String::new(),
         };
@@ -550,6 +532,27 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
             if d.write {
                 let _ = writeln!(s, "fn st_{n}(i_: u32, v_: f32) {{ {n}[i_] = f16(v_); }}");
             }
+        }
+        // bf16 is the high half of an f32: reading is a shift; every adapter packs it (WGSL
+        // has no bf16 type), written like packed f16.
+        (DType::BF16, _) if !d.write => {
+            let _ = writeln!(
+                s,
+                "{at}: array<u32>;\nfn ld_{n}(i_: u32) -> f32 {{ return bf16_unpack({n}[i_ >> 1u], i_); }}"
+            );
+        }
+        (DType::BF16, _) => {
+            let _ = writeln!(
+                s,
+                "{at}: array<atomic<u32>>;
+fn ld_{n}(i_: u32) -> f32 {{ return bf16_unpack(atomicLoad(&{n}[i_ >> 1u]), i_); }}
+fn st_{n}(i_: u32, v_: f32) {{
+  let h = bf16_round(v_);
+  let sh = (i_ & 1u) * 16u;
+  atomicAnd(&{n}[i_ >> 1u], ~(0xffffu << sh));
+  atomicOr(&{n}[i_ >> 1u], h << sh);
+}}"
+            );
         }
         (DType::F16, F16Mode::Packed) if !d.write => {
             let _ = writeln!(

@@ -21,4 +21,4 @@ pub use layers::{Activation, AvgPool2d, Dropout, Embedding, Flatten, MaxPool2d};
 pub use linear::Linear;
 pub use module::{Module, Sequential};
 pub use norm::{LayerNorm, RmsNorm};
-pub use safetensors::{load, load_into, save};
+pub use safetensors::{load, load_as, load_into, load_into_converting, save};

@@ -34,6 +34,7 @@ pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
         DType::U32 => Dtype::U32,
     }
 }
@@ -42,11 +43,12 @@ pub(crate) fn our_dtype(path: &Path, name: &str, d: Dtype) -> Result<DType> {
     Ok(match d {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
         Dtype::U32 => DType::U32,
         other => {
             return Err(Error::format(
                 path.display().to_string(),
-                format!("tensor {name}: dtype {other:?} is not f32, f16 or u32"),
+                format!("tensor {name}: dtype {other:?} is not f32, f16, bf16 or u32"),
             ));
         }
     })
@@ -56,6 +58,7 @@ pub(crate) fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
     Ok(match t.dtype() {
         DType::F32 => bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec(),
         DType::F16 => bytemuck::cast_slice(&t.to_vec::<half::f16>()?).to_vec(),
+        DType::BF16 => bytemuck::cast_slice(&t.to_vec::<half::bf16>()?).to_vec(),
         DType::U32 => bytemuck::cast_slice(&t.to_vec::<u32>()?).to_vec(),
     })
 }
@@ -104,10 +107,29 @@ pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>>
         .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
 }
 
-/// Reads every tensor of a safetensors file onto `dev` (f32, f16 and u32 tensors). The file is
-/// memory-mapped, so it is not copied into a buffer first.
+/// Reads every tensor of a safetensors file onto `dev` in the dtype it is stored in (f32, f16,
+/// bf16 and u32 tensors). The file is memory-mapped, so it is not copied into a buffer first.
 pub fn load(dev: &Device, path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
-    let path = path.as_ref();
+    load_impl(dev, path.as_ref(), None)
+}
+
+/// Like [`load`], with every float tensor converted to `dtype` on the device (a bf16
+/// checkpoint into an f16 or f32 model); u32 tensors stay u32.
+pub fn load_as(
+    dev: &Device,
+    path: impl AsRef<Path>,
+    dtype: DType,
+) -> Result<Vec<(String, Tensor)>> {
+    if !dtype.is_float() {
+        return Err(Error::invalid(
+            "load_as",
+            format!("converts float tensors to a float dtype, not {dtype}"),
+        ));
+    }
+    load_impl(dev, path.as_ref(), Some(dtype))
+}
+
+fn load_impl(dev: &Device, path: &Path, to: Option<DType>) -> Result<Vec<(String, Tensor)>> {
     let map = open(path)?;
     let st = parse(path, &map)?;
     let mut names: Vec<&str> = st.names();
@@ -121,27 +143,44 @@ pub fn load(dev: &Device, path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)
             let dt = our_dtype(path, name, v.dtype())?;
             let t = Tensor::uninit(dev, v.shape(), dt)?;
             t.write_bytes(v.data())?;
-            Ok((name.to_string(), t))
+            match to {
+                Some(d) if dt.is_float() && d != dt => Ok((
+                    name.to_string(),
+                    crate::autograd::no_grad(|| t.to_dtype(d))?,
+                )),
+                _ => Ok((name.to_string(), t)),
+            }
         })
         .collect()
 }
 
 /// Copies weights from a safetensors file into a module's parameters, by name. A tensor the
 /// module has but the file lacks, or one of another shape or dtype, is an error naming it;
-/// nothing is written unless every parameter matches.
+/// nothing is written unless every parameter matches. To load a checkpoint stored in another
+/// float dtype (a bf16 file into an f32 model), use [`load_into_converting`].
 pub fn load_into(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let map = open(path)?;
     let st = parse(path, &map)?;
-    write_named(path, &st, &module.params())
+    write_named(path, &st, &module.params(), false)
+}
+
+/// Like [`load_into`], converting float tensors to each parameter's dtype on the device
+/// (rounding to nearest even where the parameter's dtype is narrower).
+pub fn load_into_converting(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let map = open(path)?;
+    let st = parse(path, &map)?;
+    write_named(path, &st, &module.params(), true)
 }
 
 /// Copies the file's tensor `name` into each `(name, tensor)` pair: all are checked (present,
-/// same shape and dtype) before any is written.
+/// same shape, same dtype or, with `convert`, both float) before any is written.
 pub(crate) fn write_named(
     path: &Path,
     st: &SafeTensors<'_>,
     targets: &[(String, Tensor)],
+    convert: bool,
 ) -> Result<()> {
     let file = path.display().to_string();
     let mut views = Vec::with_capacity(targets.len());
@@ -160,7 +199,7 @@ pub(crate) fn write_named(
             ));
         }
         let dt = our_dtype(path, name, v.dtype())?;
-        if dt != p.dtype() {
+        if dt != p.dtype() && !(convert && dt.is_float() && p.dtype().is_float()) {
             return Err(Error::format(
                 file.clone(),
                 format!("tensor {name} is {dt}, the model expects {}", p.dtype()),
@@ -169,7 +208,14 @@ pub(crate) fn write_named(
         views.push(v);
     }
     for ((_, p), v) in targets.iter().zip(views) {
-        p.write_bytes(v.data())?;
+        let dt = our_dtype(path, "", v.dtype())?;
+        if dt == p.dtype() {
+            p.write_bytes(v.data())?;
+        } else {
+            let t = Tensor::uninit(p.device(), v.shape(), dt)?;
+            t.write_bytes(v.data())?;
+            p.assign_cast(&t)?;
+        }
     }
     Ok(())
 }

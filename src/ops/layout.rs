@@ -68,6 +68,26 @@ impl Tensor {
         Ok(out.with_node(rec))
     }
 
+    /// Overwrites this dense tensor's storage with `src` converted to its dtype (loading a
+    /// checkpoint stored in another dtype). Not recorded for autograd.
+    pub(crate) fn assign_cast(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() {
+            return Err(Error::shape(
+                "assign",
+                format!("{:?} into {:?}", src.shape(), self.shape()),
+            ));
+        }
+        let x = src.contiguous()?;
+        kc::cast(
+            self.device(),
+            x.dense_block("assign")?,
+            src.dtype(),
+            self.dense_block("assign")?,
+            self.dtype(),
+            self.numel(),
+        )
+    }
+
     /// A dense copy with its own storage.
     pub fn copy(&self) -> Result<Tensor> {
         let out = self.dense_copy()?;

@@ -112,7 +112,7 @@ impl Slotted {
             ));
         }
         let master = match p.dtype() {
-            DType::F16 => Some(crate::autograd::no_grad(|| p.to_dtype(DType::F32))?),
+            DType::F16 | DType::BF16 => Some(crate::autograd::no_grad(|| p.to_dtype(DType::F32))?),
             DType::F32 => None,
             DType::U32 => {
                 return Err(Error::DType {

@@ -144,12 +144,16 @@ impl Tensor {
         Ok(t)
     }
 
-    /// A tensor of `dtype` (f32 or f16) from f32 values, converted on the host.
+    /// A tensor of `dtype` from f32 values, converted on the host (rounding to nearest even).
     pub fn from_f32(dev: &Device, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
         match dtype {
             DType::F32 => Tensor::from_slice(dev, data, shape),
             DType::F16 => {
                 let h: Vec<f16> = data.iter().map(|&v| f16::from_f32(v)).collect();
+                Tensor::from_slice(dev, &h, shape)
+            }
+            DType::BF16 => {
+                let h: Vec<half::bf16> = data.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 Tensor::from_slice(dev, &h, shape)
             }
             DType::U32 => {
@@ -256,6 +260,11 @@ impl Tensor {
         Ok(match self.dtype() {
             DType::F32 => self.to_vec::<f32>()?,
             DType::F16 => self.to_vec::<f16>()?.into_iter().map(f16::to_f32).collect(),
+            DType::BF16 => self
+                .to_vec::<half::bf16>()?
+                .into_iter()
+                .map(half::bf16::to_f32)
+                .collect(),
             DType::U32 => self
                 .to_vec::<u32>()?
                 .into_iter()

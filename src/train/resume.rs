@@ -130,7 +130,7 @@ pub fn load_checkpoint(
     };
     let targets = file_tensors(model, &*opt);
     // Everything is checked; now write.
-    write_named(path, &st, &targets)?;
+    write_named(path, &st, &targets, false)?;
     opt.set_steps(opt_steps);
     if let (Some(s), Some(r)) = (scaler, restored_scaler) {
         *s = r;
@@ -156,7 +156,7 @@ pub fn load_weights(path: impl AsRef<Path>, model: &[(String, Tensor)]) -> Resul
     let map = open(path)?;
     let (st, _) = checked(path, &map)?;
     let targets = prefixed("model", model);
-    write_named(path, &st, &targets)
+    write_named(path, &st, &targets, false)
 }
 
 /// The tensors a checkpoint file holds, under their names there: `model.<name>` and

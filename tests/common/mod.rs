@@ -55,14 +55,20 @@ pub fn tol(dtype: DType) -> (f64, f64) {
         DType::F32 => (1e-5, 1e-4),
         // f16 storage: inputs and outputs rounded to 11 bits, arithmetic in f32.
         DType::F16 => (2e-3, 4e-3),
+        // bf16 storage: 8 significant bits, 8x f16's rounding error.
+        DType::BF16 => (1.6e-2, 3.2e-2),
         DType::U32 => (0.0, 0.0),
     }
 }
 
-/// The values a tensor of `dtype` holds for `data` (f16 rounds).
+/// The values a tensor of `dtype` holds for `data` (f16 and bf16 round).
 pub fn rounded(data: &[f32], dtype: DType) -> Vec<f64> {
     match dtype {
         DType::F16 => data.iter().map(|&v| f16::from_f32(v).to_f64()).collect(),
+        DType::BF16 => data
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f64())
+            .collect(),
         _ => data.iter().map(|&v| v as f64).collect(),
     }
 }
@@ -102,7 +108,13 @@ pub fn poisoned() -> wgrad::Device {
 }
 
 pub const SIZES: [usize; 5] = [1, 3, 17, 127, 1000];
-pub const DTYPES: [DType; 2] = [DType::F32, DType::F16];
+pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// How many times f16's error a dtype's storage adds (1 for f32 and f16, 8 for bf16): scales
+/// tolerances written for f16.
+pub fn f16_scale(dtype: DType) -> f64 {
+    if dtype == DType::BF16 { 8.0 } else { 1.0 }
+}
 
 /// `op` applied elementwise to `a` (shape `sa`) and `b` (shape `sb`) broadcast to `out`,
 /// in f64: the reference for broadcasting ops and their gradients.
