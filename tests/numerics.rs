@@ -203,3 +203,157 @@ fn nan_propagates_through_max_and_argmax() {
     let m = x.min(0, false).unwrap().to_f32_vec().unwrap();
     assert!(m[0] == 1.0 && m[1].is_nan() && m[2] == -1.0, "{m:?}");
 }
+
+/// f32 -> bf16 on the device rounds to nearest even bit for bit as `half` (and PyTorch) do, on
+/// random bit patterns and on the ties, overflow, subnormal and NaN cases; bf16 -> f32 is exact.
+#[test]
+fn bf16_rounding_is_exact() {
+    let dev = poisoned();
+    let mut rng = Rng::new(77);
+    let mut bits: Vec<u32> = (0..4093).map(|_| rng.next_u64() as u32).collect();
+    bits.extend([
+        0x3f80_8000, // 1 + 2^-8: a tie, rounds down to even
+        0x3f81_8000, // a tie rounding up to even
+        0x3f80_8001, // just above a tie
+        0x7f7f_ffff, // f32::MAX: rounds to infinity
+        0xff7f_8000, // -(largest bf16 + half an ulp): to -infinity
+        0x0000_8000, // a subnormal tie
+        0x8000_0001, // the smallest negative subnormal: to -0
+        0x7fc0_0001, // NaN stays NaN
+        0xff80_0001, // a signalling NaN too
+        0x7f80_0000, // infinity
+    ]);
+    let vals: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    let n = vals.len();
+    let x = Tensor::from_slice(&dev, &vals, &[n]).unwrap();
+    let got: Vec<half::bf16> = x.to_dtype(DType::BF16).unwrap().to_vec().unwrap();
+    for (i, (&g, &v)) in got.iter().zip(&vals).enumerate() {
+        let want = half::bf16::from_f32(v);
+        let ok = if v.is_nan() {
+            g.is_nan()
+        } else {
+            g.to_bits() == want.to_bits()
+        };
+        assert!(
+            ok,
+            "element {i}: {v:e} ({:#010x}) gave {:#06x}, want {:#06x}",
+            bits[i],
+            g.to_bits(),
+            want.to_bits()
+        );
+    }
+    // Back to f32 (odd length: the last word's high half is padding) without change.
+    let back = Tensor::from_slice(&dev, &got, &[n])
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for (i, (&b, &g)) in back.iter().zip(&got).enumerate() {
+        assert!(
+            b.to_bits() == g.to_f32().to_bits() || (b.is_nan() && g.is_nan()),
+            "element {i}"
+        );
+    }
+}
+
+/// var and std: two passes against the f64 reference, with a large offset, corrections 0 and
+/// 1, an axis of one element (NaN with correction 1) and an empty axis (NaN), in every float
+/// dtype; the gradient by finite differences.
+#[test]
+fn variance_and_standard_deviation() {
+    let dev = poisoned();
+    let mut rng = Rng::new(31);
+    let reference = |x: &[f64], rows: usize, len: usize, c: usize| -> Vec<f64> {
+        (0..rows)
+            .map(|r| {
+                let row = &x[r * len..(r + 1) * len];
+                let m = row.iter().sum::<f64>() / len as f64;
+                row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (len as f64 - c as f64)
+            })
+            .collect()
+    };
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for (rows, len) in [(1, 2), (3, 17), (2, 127), (1, 1000)] {
+            let x = rng.vec(rows * len);
+            let t = tensor(&dev, &x, &[rows, len], dt);
+            let xd: Vec<f64> = t.to_f32_vec().unwrap().iter().map(|&v| v as f64).collect();
+            for c in [0, 1] {
+                let want = reference(&xd, rows, len, c);
+                let tl = if dt == DType::F32 {
+                    (1e-6, 1e-5)
+                } else {
+                    (2e-2, 2e-2)
+                };
+                let v = t.var(1, c, false).unwrap();
+                assert_eq!(v.shape(), &[rows]);
+                assert_close_tol(
+                    &v.to_f32_vec().unwrap(),
+                    &want,
+                    tl,
+                    &format!("var {dt} {rows}x{len} c={c}"),
+                );
+                let sd: Vec<f64> = want.iter().map(|v| v.sqrt()).collect();
+                let s = t.std(-1, c, true).unwrap();
+                assert_eq!(s.shape(), &[rows, 1]);
+                assert_close_tol(
+                    &s.to_f32_vec().unwrap(),
+                    &sd,
+                    tl,
+                    &format!("std {dt} {rows}x{len} c={c}"),
+                );
+            }
+        }
+    }
+    // An offset of 10^4 on values of spread 1: a one-pass E[x^2] - E[x]^2 would lose all of it.
+    let x: Vec<f32> = rng.vec(1000).into_iter().map(|v| 1e4 + v).collect();
+    let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let t = tensor(&dev, &x, &[1, 1000], DType::F32);
+    assert_close_tol(
+        &t.var(1, 1, false).unwrap().to_f32_vec().unwrap(),
+        &reference(&xd, 1, 1000, 1),
+        (1e-4, 1e-4),
+        "offset",
+    );
+    // One element with correction 1, and an empty axis: NaN, as PyTorch gives.
+    let one = tensor(&dev, &[3.0], &[1, 1], DType::F32);
+    assert!(one.var(1, 1, false).unwrap().to_vec::<f32>().unwrap()[0].is_nan());
+    assert_eq!(
+        one.var(1, 0, false).unwrap().to_vec::<f32>().unwrap(),
+        [0.0]
+    );
+    let empty = Tensor::zeros(&dev, &[2, 0], DType::F32).unwrap();
+    let e = empty.var(1, 1, false).unwrap().to_vec::<f32>().unwrap();
+    assert!(e.len() == 2 && e.iter().all(|v| v.is_nan()), "{e:?}");
+    // Gradient: d var / dx_i = 2 (x_i - mean) / (n - c), checked by finite differences.
+    let x = rng.vec(12);
+    let xv = tensor(&dev, &x, &[3, 4], DType::F32).variable();
+    xv.std(1, 1, false)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g = xv.grad().unwrap().to_f32_vec().unwrap();
+    let loss = |v: &[f32]| -> f64 {
+        let t = tensor(&dev, v, &[3, 4], DType::F32);
+        t.std(1, 1, false)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+            .iter()
+            .map(|&s| s as f64)
+            .sum()
+    };
+    for i in 0..12 {
+        let (mut up, mut down) = (x.clone(), x.clone());
+        up[i] += 1e-2;
+        down[i] -= 1e-2;
+        let fd = (loss(&up) - loss(&down)) / 2e-2;
+        assert!(
+            (g[i] as f64 - fd).abs() < 2e-3,
+            "d std / dx[{i}]: {} vs {fd}",
+            g[i]
+        );
+    }
+}

@@ -39,6 +39,7 @@ pub(crate) mod copy;
 pub mod elementwise;
 pub(crate) mod embedding;
 pub(crate) mod fill;
+pub(crate) mod index;
 pub(crate) mod loss;
 pub mod matmul;
 pub(crate) mod norm;
@@ -136,6 +137,8 @@ families! {
     Optim => "optim.wgsl", optim::OptimParams, codes [], enables [];
     /// Cumulative sums along an axis, forward or reversed.
     Scan => "scan.wgsl", scan::ScanParams, codes [], enables [];
+    /// Gather, scatter-add and index-select along an axis; top-k ranks.
+    Index => "index.wgsl", index::IndexParams, codes [], enables [];
 }
 
 impl Kernel {

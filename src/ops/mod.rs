@@ -8,6 +8,7 @@ pub mod conv;
 pub mod dropout;
 pub mod elementwise;
 pub mod embedding;
+pub mod index;
 pub mod layout;
 pub mod loss;
 pub mod matmul;

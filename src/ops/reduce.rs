@@ -1,4 +1,5 @@
-//! Reductions: sum, mean, max, argmax along an axis or over everything.
+//! Reductions: sum, mean, max, min, argmax, argmin, var and std along an axis or over
+//! everything.
 
 use super::elementwise::float_only;
 use crate::dtype::DType;
@@ -120,6 +121,23 @@ impl Tensor {
     /// tied minima. An empty axis is an error.
     pub fn min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.reduce_axis(axis, keepdim, ReduceOp::Min, 1.0, "min")
+    }
+
+    /// Variance along `axis` with `correction` (1: the unbiased estimate, as PyTorch's
+    /// default; 0: the population variance). Two passes, the mean first and then the mean
+    /// squared deviation, so a large common offset does not cancel the result away. An axis
+    /// of at most `correction` elements gives NaN (0 / 0) or infinity, as in PyTorch.
+    pub fn var(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
+        let a = self.axis(axis, "var")?;
+        let n = self.shape()[a] as f32;
+        let dev = self.sub(&self.mean(axis, true)?)?;
+        let ss = dev.square()?.sum(axis, keepdim)?;
+        ss.mul_scalar(1.0 / (n - correction as f32).max(0.0))
+    }
+
+    /// Standard deviation along `axis`: the square root of [`var`](Tensor::var).
+    pub fn std(&self, axis: isize, correction: usize, keepdim: bool) -> Result<Tensor> {
+        self.var(axis, correction, keepdim)?.sqrt()
     }
 
     /// Sum of every element, shape `[]`.
