@@ -246,6 +246,47 @@ fn stats_trace_and_empty_cache() {
     );
 }
 
+/// A release threshold keeps at most that many bytes of empty pages: the largest go back to
+/// the driver as they empty, the cache still serves what it kept, and tensors alive on the
+/// device are untouched; lowering it later trims at once, `None` keeps everything.
+#[test]
+fn release_threshold_bounds_the_idle_cache() {
+    let dev = device_with(|o| {
+        o.no_cache = false;
+        o.release_threshold = Some(wgrad::MemoryLimit::Bytes(20 << 20));
+    });
+    assert_eq!(dev.memory_stats().release_threshold, 20 << 20);
+    let keep = Tensor::full(&dev, &[1000], 7.0, DType::F32).unwrap();
+    // Three large tensors of 12, 16 and 24 MiB, each in a page of its own size.
+    let big: Vec<Tensor> = [3usize << 20, 4 << 20, 6 << 20]
+        .iter()
+        .map(|&n| Tensor::full(&dev, &[n], 1.0, DType::F32).unwrap())
+        .collect();
+    let before = dev.memory_stats();
+    assert!(before.reserved >= 52 << 20, "{before:?}");
+    drop(big);
+    // 52 MiB emptied, 20 may stay: the 24 and 16 MiB pages go, the 12 MiB page stays.
+    let s = dev.memory_stats();
+    assert_eq!(s.free_pages, 12 << 20, "{s:?}");
+    assert_eq!(s.device_frees, 2, "{s:?}");
+    assert_eq!(s.reserved, before.reserved - (40 << 20), "{s:?}");
+    // What was kept is reused: no new page for a tensor that fits in it.
+    let allocs = s.device_allocs;
+    let again = Tensor::full(&dev, &[3 << 20], 2.0, DType::F32).unwrap();
+    assert_eq!(dev.memory_stats().device_allocs, allocs);
+    drop(again);
+    // Lowering the threshold to zero trims now; the live tensor is intact.
+    dev.set_release_threshold(Some(0));
+    let s = dev.memory_stats();
+    assert_eq!(s.free_pages, 0, "{s:?}");
+    assert_eq!(keep.to_vec::<f32>().unwrap(), vec![7.0; 1000]);
+    // Without a threshold, emptied pages stay.
+    dev.set_release_threshold(None);
+    let t = Tensor::full(&dev, &[4 << 20], 1.0, DType::F32).unwrap();
+    drop(t);
+    assert!(dev.memory_stats().free_pages >= 16 << 20);
+}
+
 /// WGRAD_NO_CACHE semantics: no reuse, every page returned on free.
 #[test]
 fn no_cache_mode() {

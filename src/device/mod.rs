@@ -295,19 +295,23 @@ impl Device {
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
         };
         let memory_size = adapter::device_memory(&adapter);
-        let limit = match opts.memory_limit {
-            None => u64::MAX,
-            Some(MemoryLimit::Bytes(b)) => b,
-            Some(MemoryLimit::Fraction(f)) => match memory_size {
-                Some(m) => (m as f64 * f) as u64,
-                None => {
-                    return Err(Error::Unsupported(format!(
-                        "a fractional memory limit needs the adapter's memory size, which {:?} does not report; give bytes instead",
-                        ainfo.backend
-                    )));
-                }
-            },
+        let bytes = |l: Option<MemoryLimit>| -> Result<u64> {
+            Ok(match l {
+                None => u64::MAX,
+                Some(MemoryLimit::Bytes(b)) => b,
+                Some(MemoryLimit::Fraction(f)) => match memory_size {
+                    Some(m) => (m as f64 * f) as u64,
+                    None => {
+                        return Err(Error::Unsupported(format!(
+                            "a fraction of memory needs the adapter's memory size, which {:?} does not report; give bytes instead",
+                            ainfo.backend
+                        )));
+                    }
+                },
+            })
         };
+        let limit = bytes(opts.memory_limit)?;
+        let release_threshold = bytes(opts.release_threshold)?;
         let memory = MemoryPool::new(
             device.clone(),
             PoolConfig {
@@ -316,6 +320,7 @@ impl Device {
                 limit,
                 no_cache: opts.no_cache,
                 trace: opts.trace,
+                release_threshold,
             },
         );
         let info = DeviceInfo {
@@ -480,6 +485,14 @@ impl Device {
         self.inner.memory.empty_cache();
         lock(&self.inner.stream).belt.trim();
         lock(&self.inner.downloads).trim();
+    }
+
+    /// Keeps at most `bytes` of empty cached pages from now on (`None`: keep them all), and
+    /// releases the excess at once. See [`DeviceOptions::release_threshold`].
+    pub fn set_release_threshold(&self, bytes: Option<u64>) {
+        self.inner
+            .memory
+            .set_release_threshold(bytes.unwrap_or(u64::MAX));
     }
 
     /// Sets every peak to the current value.

@@ -71,6 +71,10 @@ pub struct DeviceOptions {
     pub memory_limit: Option<MemoryLimit>,
     /// Disable block reuse (every allocation gets its own buffer), to hunt aliasing bugs.
     pub no_cache: bool,
+    /// Keep at most this much memory in empty cached pages, returning the rest to the driver
+    /// as pages empty (`WGRAD_RELEASE_THRESHOLD=512MiB|5%`); `None` keeps every page until
+    /// [`Device::empty_cache`](crate::Device::empty_cache).
+    pub release_threshold: Option<MemoryLimit>,
     /// Record the memory event trace from the start.
     pub trace: bool,
     /// The runtime checks wgpu adds to shaders (`WGRAD_SHADER_CHECKS=full|fast|none`).
@@ -92,7 +96,8 @@ pub struct DeviceOptions {
 
 impl DeviceOptions {
     /// Options from the environment:
-    /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`, `WGRAD_NO_CACHE=1`,
+    /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`,
+    /// `WGRAD_RELEASE_THRESHOLD=512MiB|5%`, `WGRAD_NO_CACHE=1`,
     /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop`.
     /// wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
@@ -117,6 +122,9 @@ impl DeviceOptions {
                 .map(|v| MemoryLimit::parse(&v))
                 .transpose()?,
             no_cache: flag("WGRAD_NO_CACHE"),
+            release_threshold: var("WGRAD_RELEASE_THRESHOLD")
+                .map(|v| MemoryLimit::parse(&v))
+                .transpose()?,
             trace: flag("WGRAD_TRACE"),
             poison: flag("WGRAD_POISON"),
             checked: flag("WGRAD_CHECKED"),

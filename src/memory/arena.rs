@@ -279,17 +279,42 @@ impl Arena {
 
     /// Removes every page whose blocks are all free and returns (id, size) of each.
     pub fn release_free_pages(&mut self) -> Vec<(PageId, u64)> {
-        let empty: Vec<(PageId, u64, PoolKind)> = self
-            .pages
+        self.release_free_pages_over(0)
+    }
+
+    /// Pages whose blocks are all free, as (id, size, pool).
+    fn empty_pages(&self) -> Vec<(PageId, u64, PoolKind)> {
+        self.pages
             .iter()
             .filter(|(_, pg)| pg.spans.len() == 1 && pg.spans.values().all(|s| s.free))
             .map(|(&id, pg)| (id, pg.size, pg.pool))
-            .collect();
-        for &(id, size, pool) in &empty {
+            .collect()
+    }
+
+    /// Bytes of pages whose blocks are all free (what releasing the cache would return).
+    pub fn free_page_bytes(&self) -> u64 {
+        self.empty_pages().iter().map(|e| e.1).sum()
+    }
+
+    /// Removes empty pages, largest first, until at most `keep` bytes of empty pages remain;
+    /// returns (id, size) of each removed.
+    pub fn release_free_pages_over(&mut self, keep: u64) -> Vec<(PageId, u64)> {
+        let mut empty = self.empty_pages();
+        let mut total: u64 = empty.iter().map(|e| e.1).sum();
+        // Largest first (then by id, so the order does not depend on the map's): fewest
+        // driver calls, and small pages, the ones reused most, stay.
+        empty.sort_by_key(|e| (std::cmp::Reverse(e.1), e.0));
+        let mut out = Vec::new();
+        for (id, size, pool) in empty {
+            if total <= keep {
+                break;
+            }
             self.pages.remove(&id);
             self.free_set(pool).remove(&(size, id, 0));
+            total -= size;
+            out.push((id, size));
         }
-        empty.into_iter().map(|(id, size, _)| (id, size)).collect()
+        out
     }
 
     /// The largest cached free block, in bytes (0 when none).

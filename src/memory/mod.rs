@@ -14,6 +14,12 @@
 //! memory is free. Past the budget a request first releases cached pages, then waits for the
 //! device, then fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory), leaving every
 //! live tensor intact.
+//!
+//! Why a release threshold: a cache that keeps every page holds the peak of a step for the
+//! whole run, which other processes sharing the GPU cannot use. With a threshold of N bytes
+//! (`DeviceOptions::release_threshold`, default unlimited) the pool keeps at most N bytes of
+//! empty pages, returning the largest to the driver as soon as more are empty; a training
+//! loop then pays device allocations each step for whatever it needs past N.
 
 pub mod arena;
 pub(crate) mod staging;
@@ -49,6 +55,8 @@ struct PoolState {
     trace: Trace,
     /// Open scopes, innermost last, each with the peak of `allocated` seen inside it.
     scopes: Vec<(Arc<str>, u64)>,
+    /// Bytes of empty pages the cache keeps (`u64::MAX`: all of them).
+    release_threshold: u64,
 }
 
 /// A block of device memory: a byte range of one page. Dropping it returns it to the pool.
@@ -91,6 +99,8 @@ pub(crate) struct PoolConfig {
     pub limit: u64,
     pub no_cache: bool,
     pub trace: bool,
+    /// Bytes of empty cached pages kept; more go back to the driver as they empty.
+    pub release_threshold: u64,
 }
 
 impl MemoryPool {
@@ -109,6 +119,7 @@ impl MemoryPool {
                 stats,
                 trace: Trace::new(cfg.trace, TRACE_CAPACITY),
                 scopes: Vec::new(),
+                release_threshold: cfg.release_threshold,
             }),
             epoch: Instant::now(),
         })
@@ -244,6 +255,25 @@ impl MemoryPool {
             // WGRAD_NO_CACHE: the page goes back to the driver at once. Queued commands that
             // still use it keep wgpu's handle alive until they finish.
             self.drop_page(&mut st, page, p.size);
+        } else if st.release_threshold != u64::MAX {
+            self.trim(&mut st);
+        }
+    }
+
+    /// Releases empty pages past the release threshold.
+    fn trim(&self, st: &mut PoolState) {
+        let keep = st.release_threshold;
+        for (page, size) in st.arena.release_free_pages_over(keep) {
+            self.drop_page(st, page, size);
+        }
+    }
+
+    /// Sets the release threshold (`u64::MAX`: keep every empty page) and applies it now.
+    pub(crate) fn set_release_threshold(&self, bytes: u64) {
+        let mut st = self.lock();
+        st.release_threshold = bytes;
+        if bytes != u64::MAX {
+            self.trim(&mut st);
         }
     }
 
@@ -289,6 +319,8 @@ impl MemoryPool {
         s.small_pages = small as u64;
         s.large_pages = large as u64;
         s.largest_free = st.arena.largest_free();
+        s.free_pages = st.arena.free_page_bytes();
+        s.release_threshold = st.release_threshold;
         s
     }
 

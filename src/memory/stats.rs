@@ -44,6 +44,10 @@ pub struct MemoryStats {
     pub ooms: u64,
     /// The largest free block in the cache.
     pub largest_free: u64,
+    /// Bytes of cached pages with no live block (what `empty_cache` would release).
+    pub free_pages: u64,
+    /// Bytes of empty pages the cache keeps at most (`u64::MAX`: no threshold).
+    pub release_threshold: u64,
     /// The budget in bytes (`u64::MAX` when none).
     pub limit: u64,
     /// Staging buffers created for uploads (pooled; flat in a steady loop).
