@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example bench -- [--json] [--quick]
 //!     [--matmul 4096x4096x4096,...] [--attn 4x16x2048x64,...] [--conv 32x64x56x56x64x3,...]
-//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16] [--ms 300]
+//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16,bf16] [--ms 300]
 //! ```
 //!
 //! Every size is given as a flag, so the same binary measures lavapipe (`--quick`) and a
@@ -27,7 +27,67 @@ struct Row {
     check: String,
 }
 
+/// Kernel benchmark: time, GFLOP/s or GB/s per kernel and size, each result spot-checked
+/// against an f64 CPU computation. Sizes are lists like 4096x4096x4096,1024x1024x1024.
+#[derive(clap::Parser, Debug)]
+#[command(name = "bench")]
 struct Args {
+    /// One JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Small sizes for CPU adapters (lavapipe); sizes given as options still win.
+    #[arg(long)]
+    quick: bool,
+    /// Matrix products MxNxK [default: 1024x1024x1024,4096x4096x4096].
+    #[arg(long, value_parser = dims)]
+    matmul: Option<Sizes>,
+    /// Attention BxHxSxD [default: 4x16x1024x64,2x16x4096x128].
+    #[arg(long, value_parser = dims)]
+    attn: Option<Sizes>,
+    /// Convolutions NxCxHxWxOxK [default: 32x64x56x56x64x3].
+    #[arg(long, value_parser = dims)]
+    conv: Option<Sizes>,
+    /// Row ops (softmax, norms) RxC [default: 4096x4096].
+    #[arg(long, value_parser = dims)]
+    rows: Option<Sizes>,
+    /// Elements for the elementwise and copy rows [default: 67108864].
+    #[arg(long)]
+    elems: Option<usize>,
+    /// Dtypes to measure: f32, f16, bf16.
+    #[arg(long, value_delimiter = ',', value_parser = parse_dtype, default_value = "f32,f16")]
+    dtypes: Vec<DType>,
+    /// Milliseconds each measurement loops for [default: 300].
+    #[arg(long)]
+    ms: Option<f64>,
+}
+
+/// A list of sizes, each a list of dimensions.
+#[derive(Clone, Debug)]
+struct Sizes(Vec<Vec<usize>>);
+
+fn dims(s: &str) -> std::result::Result<Sizes, String> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split('x')
+                .map(|d| d.parse().map_err(|_| format!("{p:?}: {d:?} is not a size")))
+                .collect()
+        })
+        .collect::<std::result::Result<_, _>>()
+        .map(Sizes)
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(format!("{s:?} is not f32, f16 or bf16")),
+    }
+}
+
+/// The sizes to run: defaults (or --quick's), then what the command line gave.
+struct Plan {
     json: bool,
     matmul: Vec<Vec<usize>>,
     attn: Vec<Vec<usize>>,
@@ -38,57 +98,38 @@ struct Args {
     ms: f64,
 }
 
-fn dims(s: &str) -> Vec<Vec<usize>> {
-    s.split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.split('x').map(|d| d.parse().expect("size")).collect())
-        .collect()
-}
-
-fn parse() -> Args {
-    let mut a = Args {
-        json: false,
-        matmul: dims("1024x1024x1024,4096x4096x4096"),
-        attn: dims("4x16x1024x64,2x16x4096x128"),
-        conv: dims("32x64x56x56x64x3"),
-        rows: dims("4096x4096"),
-        elems: 1 << 26,
-        dtypes: vec![DType::F32, DType::F16],
-        ms: 300.0,
+fn parse() -> Plan {
+    let a = <Args as clap::Parser>::parse();
+    let d = |s: &str| dims(s).map(|x| x.0).unwrap_or_default();
+    let (matmul, attn, conv, rows, elems, ms) = if a.quick {
+        (
+            d("256x256x256,255x257x129"),
+            d("1x4x256x64"),
+            d("4x16x28x28x16x3"),
+            d("256x1000"),
+            1 << 23,
+            150.0,
+        )
+    } else {
+        (
+            d("1024x1024x1024,4096x4096x4096"),
+            d("4x16x1024x64,2x16x4096x128"),
+            d("32x64x56x56x64x3"),
+            d("4096x4096"),
+            1 << 26,
+            300.0,
+        )
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().expect("flag value");
-        match flag.as_str() {
-            "--json" => a.json = true,
-            "--quick" => {
-                a.matmul = dims("256x256x256,255x257x129");
-                a.attn = dims("1x4x256x64");
-                a.conv = dims("4x16x28x28x16x3");
-                a.rows = dims("256x1000");
-                a.elems = 1 << 23;
-                a.ms = 150.0;
-            }
-            "--matmul" => a.matmul = dims(&val()),
-            "--attn" => a.attn = dims(&val()),
-            "--conv" => a.conv = dims(&val()),
-            "--rows" => a.rows = dims(&val()),
-            "--elems" => a.elems = val().parse().expect("count"),
-            "--ms" => a.ms = val().parse().expect("milliseconds"),
-            "--dtypes" => {
-                a.dtypes = val()
-                    .split(',')
-                    .map(|d| match d {
-                        "f32" => DType::F32,
-                        "f16" => DType::F16,
-                        other => panic!("unknown dtype {other}"),
-                    })
-                    .collect()
-            }
-            other => panic!("unknown flag {other}; see the header of examples/bench.rs"),
-        }
+    Plan {
+        json: a.json,
+        matmul: a.matmul.map_or(matmul, |s| s.0),
+        attn: a.attn.map_or(attn, |s| s.0),
+        conv: a.conv.map_or(conv, |s| s.0),
+        rows: a.rows.map_or(rows, |s| s.0),
+        elems: a.elems.unwrap_or(elems),
+        dtypes: a.dtypes,
+        ms: a.ms.unwrap_or(ms),
     }
-    a
 }
 
 /// Median milliseconds of one call of `f`, timed in loops of about `target_ms`.
@@ -541,27 +582,27 @@ fn main() -> Result<()> {
     }
 
     if a.json {
-        let items: Vec<String> = rows
+        let rows: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| {
-                format!(
-                    "{{\"name\":\"{}\",\"shape\":\"{}\",\"dtype\":\"{}\",\"ms\":{:.5},\"rate\":{:.2},\"unit\":\"{}\",\"check\":\"{}\"}}",
-                    r.name,
-                    r.shape,
-                    r.dtype,
-                    r.ms,
-                    r.rate,
-                    r.unit,
-                    r.check.replace(['"', '\\', '\n'], "'")
-                )
+                serde_json::json!({
+                    "name": r.name,
+                    "shape": r.shape,
+                    "dtype": r.dtype.to_string(),
+                    "ms": r.ms,
+                    "rate": r.rate,
+                    "unit": r.unit,
+                    "check": r.check,
+                })
             })
             .collect();
-        println!(
-            "{{\"adapter\":\"{}\",\"backend\":\"{}\",\"rows\":[{}]}}",
-            dev.info().name,
-            dev.info().backend,
-            items.join(",")
-        );
+        let out = serde_json::json!({
+            "adapter": dev.info().name,
+            "backend": dev.info().backend,
+            "driver": dev.info().driver,
+            "rows": rows,
+        });
+        println!("{out}");
     } else {
         println!(
             "{:<28} {:<26} {:<5} {:>10} {:>12} {:<8} {:>9}",

@@ -10,30 +10,39 @@ use std::path::PathBuf;
 use wgrad::Result;
 use wgrad::data::{Dataset, MmapDataset, mnist, write_records};
 
+/// Writes MNIST IDX files as a wgrad record file.
+#[derive(clap::Parser, Debug)]
+#[command(name = "make_records")]
+struct Args {
+    /// Directory of the IDX files (.gz or not) [default: data/mnist].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// File prefix: t10k or train.
+    #[arg(long, default_value = "t10k")]
+    prefix: String,
+    /// The record file to write [default: mnist-PREFIX.rec].
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 fn main() -> Result<()> {
-    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
-    let mut prefix = "t10k".to_string();
-    let mut out: Option<PathBuf> = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let v = it.next().unwrap_or_else(|| panic!("{f} needs a value"));
-        match f.as_str() {
-            "--data" => dir = PathBuf::from(v),
-            "--prefix" => prefix = v,
-            "--out" => out = Some(PathBuf::from(v)),
-            other => panic!("unknown flag {other}"),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
+    let dir = a
+        .data
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist"));
+    let (prefix, out) = (a.prefix, a.out);
     let out = out.unwrap_or_else(|| PathBuf::from(format!("mnist-{prefix}.rec")));
     let find = |stem: &str| {
         [dir.join(format!("{stem}.gz")), dir.join(stem)]
             .into_iter()
             .find(|p| p.exists())
     };
-    let images = find(&format!("{prefix}-images-idx3-ubyte"))
-        .unwrap_or_else(|| panic!("no {prefix} images in {}", dir.display()));
-    let labels = find(&format!("{prefix}-labels-idx1-ubyte"))
-        .unwrap_or_else(|| panic!("no {prefix} labels in {}", dir.display()));
+    let missing = |what: &str| wgrad::Error::Format {
+        path: dir.display().to_string(),
+        detail: format!("no {prefix} {what} (.gz or not) in this directory"),
+    };
+    let images = find(&format!("{prefix}-images-idx3-ubyte")).ok_or_else(|| missing("images"))?;
+    let labels = find(&format!("{prefix}-labels-idx1-ubyte")).ok_or_else(|| missing("labels"))?;
     let (pixels, n, rows, cols) = mnist::read_images(&images)?;
     let labels: Vec<u32> = mnist::read_labels(&labels)?
         .into_iter()

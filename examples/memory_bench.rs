@@ -35,45 +35,74 @@ struct Cfg {
     json: bool,
 }
 
-fn parse() -> Cfg {
-    let mut c = Cfg {
-        mlp: (1024, 24, 2048),
-        tf: (512, 8, 256, 16),
-        budget: 2 << 30,
-        json: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let mut num = || -> usize {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{f} needs a number"))
-        };
-        match f.as_str() {
-            "--quick" => {
-                c.mlp = (256, 24, 64);
-                c.tf = (128, 4, 64, 4);
-                c.budget = 64 << 20;
-            }
-            "--json" => c.json = true,
-            "--mlp-width" => c.mlp.0 = num(),
-            "--mlp-blocks" => c.mlp.1 = num(),
-            "--mlp-batch" => c.mlp.2 = num(),
-            "--tf-width" => c.tf.0 = num(),
-            "--tf-blocks" => c.tf.1 = num(),
-            "--tf-ctx" => c.tf.2 = num(),
-            "--tf-batch" => c.tf.3 = num(),
-            "--budget" => {
-                let v = it.next().expect("--budget SIZE");
-                c.budget = match MemoryLimit::parse(&v).expect("--budget like 1GiB") {
-                    MemoryLimit::Bytes(b) => b,
-                    MemoryLimit::Fraction(_) => panic!("--budget takes bytes"),
-                };
-            }
-            other => panic!("unknown flag {other}; see the header of examples/memory_bench.rs"),
+/// Memory-saving training, measured: peak memory and step time with f16 storage and
+/// checkpointing, and the largest batch that fits a budget.
+#[derive(clap::Parser, Debug)]
+#[command(name = "memory_bench")]
+struct Args {
+    /// Small models and a 64 MiB budget (CPU adapters); sizes given as options still win.
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// MLP width [default: 1024].
+    #[arg(long)]
+    mlp_width: Option<usize>,
+    /// MLP blocks [default: 24].
+    #[arg(long)]
+    mlp_blocks: Option<usize>,
+    /// MLP batch [default: 2048].
+    #[arg(long)]
+    mlp_batch: Option<usize>,
+    /// Transformer width [default: 512].
+    #[arg(long)]
+    tf_width: Option<usize>,
+    /// Transformer blocks [default: 8].
+    #[arg(long)]
+    tf_blocks: Option<usize>,
+    /// Transformer context [default: 256].
+    #[arg(long)]
+    tf_ctx: Option<usize>,
+    /// Transformer batch [default: 16].
+    #[arg(long)]
+    tf_batch: Option<usize>,
+    /// Budget for the largest-batch search, in bytes like 2GiB [default: 2GiB].
+    #[arg(long, value_parser = parse_bytes)]
+    budget: Option<u64>,
+}
+
+fn parse_bytes(v: &str) -> std::result::Result<u64, String> {
+    match MemoryLimit::parse(v).map_err(|e| e.to_string())? {
+        MemoryLimit::Bytes(b) => Ok(b),
+        MemoryLimit::Fraction(_) => {
+            Err("--budget takes bytes (like 512MiB), not a fraction".into())
         }
     }
-    c
+}
+
+fn parse() -> Cfg {
+    let a = <Args as clap::Parser>::parse();
+    let (mlp, tf, budget) = if a.quick {
+        ((256, 24, 64), (128, 4, 64, 4), 64 << 20)
+    } else {
+        ((1024, 24, 2048), (512, 8, 256, 16), 2 << 30)
+    };
+    Cfg {
+        mlp: (
+            a.mlp_width.unwrap_or(mlp.0),
+            a.mlp_blocks.unwrap_or(mlp.1),
+            a.mlp_batch.unwrap_or(mlp.2),
+        ),
+        tf: (
+            a.tf_width.unwrap_or(tf.0),
+            a.tf_blocks.unwrap_or(tf.1),
+            a.tf_ctx.unwrap_or(tf.2),
+            a.tf_batch.unwrap_or(tf.3),
+        ),
+        budget: a.budget.unwrap_or(budget),
+        json: a.json,
+    }
 }
 
 fn build(dev: &Device, m: Model, c: &Cfg, dt: DType, ckpt: bool) -> Result<Sequential> {
@@ -254,21 +283,23 @@ fn main() -> Result<()> {
     }
 
     if c.json {
-        let r: Vec<String> = rows
+        let r: Vec<serde_json::Value> = rows
             .iter()
-            .map(|r| format!("{{\"model\":\"{}\",\"variant\":\"{}\",\"batch\":{},\"peak\":{},\"act\":{},\"fwd\":{},\"ms\":{:.3}}}", r.model, r.variant, r.batch, r.peak, r.act, r.fwd, r.ms))
+            .map(|r| {
+                serde_json::json!({
+                    "model": r.model, "variant": r.variant, "batch": r.batch, "peak": r.peak,
+                    "act": r.act, "fwd": r.fwd, "ms": r.ms,
+                })
+            })
             .collect();
-        let f: Vec<String> = fits
+        let f: Vec<serde_json::Value> = fits
             .iter()
-            .map(|(n, a, b)| format!("{{\"model\":\"{n}\",\"f32\":{a},\"f16_ckpt\":{b}}}"))
+            .map(|(n, a, b)| serde_json::json!({"model": n, "f32": a, "f16_ckpt": b}))
             .collect();
-        println!(
-            "{{\"adapter\":\"{}\",\"budget\":{},\"rows\":[{}],\"fits\":[{}]}}",
-            dev.info().name,
-            c.budget,
-            r.join(","),
-            f.join(",")
-        );
+        let out = serde_json::json!({
+            "adapter": dev.info().name, "budget": c.budget, "rows": r, "fits": f,
+        });
+        println!("{out}");
         return Ok(());
     }
     println!(

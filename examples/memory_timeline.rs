@@ -14,19 +14,23 @@ use wgrad::nn::Module;
 use wgrad::optim::{Adam, Optimizer};
 use wgrad::{DType, Device, Result};
 
+/// Draws allocated and reserved memory over a few MNIST training steps as an SVG.
+#[derive(clap::Parser, Debug)]
+#[command(name = "memory_timeline")]
+struct Args {
+    /// Training steps to draw.
+    #[arg(long, default_value_t = 6)]
+    steps: usize,
+    /// Images per step.
+    #[arg(long = "batch-size", default_value_t = 64)]
+    batch: usize,
+    /// The SVG to write.
+    #[arg(long, default_value = "docs/memory_timeline.svg")]
+    out: PathBuf,
+}
+
 fn main() -> Result<()> {
-    let (mut steps, mut batch, mut out) =
-        (6usize, 64usize, PathBuf::from("docs/memory_timeline.svg"));
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let v = it.next().unwrap_or_else(|| panic!("{f} needs a value"));
-        match f.as_str() {
-            "--steps" => steps = v.parse().expect("--steps N"),
-            "--batch-size" => batch = v.parse().expect("--batch-size N"),
-            "--out" => out = PathBuf::from(v),
-            other => panic!("unknown flag {other}"),
-        }
-    }
+    let Args { steps, batch, out } = <Args as clap::Parser>::parse();
     let dev = Device::new()?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
     let train = wgrad::data::mnist::load(&root, "t10k")?.subset(0..8000)?;

@@ -18,36 +18,28 @@ use wgrad::nn::Module;
 use wgrad::optim::{Adam, Optimizer};
 use wgrad::{DType, Device, Result};
 
+/// Profiles MNIST training: GPU time per kernel and per scope, and a Chrome trace with the
+/// memory events on the same timeline.
+#[derive(clap::Parser, Debug)]
+#[command(name = "profile")]
+struct Args {
+    /// Training steps to profile.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Images per step.
+    #[arg(long = "batch-size", default_value_t = 64)]
+    batch: usize,
+    /// Where to write the trace [default: target/profile_trace.json].
+    #[arg(long)]
+    trace: Option<std::path::PathBuf>,
+}
+
 fn main() -> Result<()> {
-    let mut steps = 20usize;
-    let mut batch = 64usize;
-    let mut trace =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/profile_trace.json");
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let v = it.next();
-        match (f.as_str(), v) {
-            ("--steps", Some(v)) => {
-                steps = v.parse().map_err(|_| wgrad::Error::Invalid {
-                    op: "--steps",
-                    detail: v,
-                })?
-            }
-            ("--batch-size", Some(v)) => {
-                batch = v.parse().map_err(|_| wgrad::Error::Invalid {
-                    op: "--batch-size",
-                    detail: v,
-                })?
-            }
-            ("--trace", Some(v)) => trace = v.into(),
-            (f, _) => {
-                eprintln!(
-                    "usage: profile [--steps N] [--batch-size N] [--trace FILE] (unknown {f})"
-                );
-                std::process::exit(2);
-            }
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
+    let (steps, batch) = (a.steps, a.batch);
+    let trace = a.trace.unwrap_or_else(|| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/profile_trace.json")
+    });
     let dev = Device::new()?;
     eprintln!("{}\n", dev.info());
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");

@@ -29,20 +29,104 @@ use wgrad::optim::{Adam, GradScaler, LrSchedule, NonFinite, Optimizer, guarded_s
 use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
 use wgrad::{DType, Device, Error, Result, Tensor};
 
-const USAGE: &str = "usage: train_gpt [options]
-  --layers N --heads N --width N --context N   model (defaults: nanoGPT's on a GPU, small on a CPU)
-  --batch N --steps N --lr F --min-lr F --warmup N --weight-decay F --dropout F
-  --fp16 | --fp32          storage dtype (default: f16 on a GPU, f32 on a CPU)
-  --checkpoint             recompute each block in the backward pass (less memory)
-  --seed N                 initialisation, dropout and data order (default 1337)
-  --data FILE              text file (default data/tinyshakespeare/input.txt)
-  --out DIR                checkpoint and loss curve (default target/train_gpt)
-  --resume                 continue from DIR/checkpoint.safetensors
-  --eval-every N --eval-batches N
-  --generate               sample from DIR/checkpoint.safetensors, no training
-  --sample-len N --temperature F --top-k N
-  --bench N [--profile]    time N steps (after 3 warm-up steps); no evaluation
-  --help";
+/// A character-level GPT on tinyshakespeare, resumable. Options left out take the
+/// adapter's defaults: nanoGPT's shakespeare-char configuration on a GPU, a small model that
+/// trains in a few minutes on a CPU adapter.
+#[derive(clap::Parser, Debug)]
+#[command(name = "train_gpt")]
+struct Args {
+    /// Transformer blocks.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Attention heads per block (must divide --width).
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Model width.
+    #[arg(long)]
+    width: Option<usize>,
+    /// Context length in characters.
+    #[arg(long)]
+    context: Option<usize>,
+    /// Sequences per step.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Training steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Learning rate at the end of the cosine decay.
+    #[arg(long)]
+    min_lr: Option<f32>,
+    /// Warm-up steps.
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// AdamW's decoupled weight decay.
+    #[arg(long)]
+    weight_decay: Option<f32>,
+    /// Dropout probability (embeddings and residual branches).
+    #[arg(long)]
+    dropout: Option<f32>,
+    /// Storage dtype: f32, f16 (with a loss scaler) or bf16 (without one). Default: f16 on a
+    /// GPU, f32 on a CPU.
+    #[arg(long, value_parser = parse_dtype)]
+    dtype: Option<DType>,
+    /// Same as --dtype f16.
+    #[arg(long, conflicts_with_all = ["dtype", "fp32"])]
+    fp16: bool,
+    /// Same as --dtype f32.
+    #[arg(long, conflicts_with = "dtype")]
+    fp32: bool,
+    /// Recompute each block in the backward pass (less memory).
+    #[arg(long)]
+    checkpoint: bool,
+    /// Seed of initialisation, dropout and data order.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Text file to train on [default: data/tinyshakespeare/input.txt].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Directory for the checkpoint and the loss curve [default: target/train_gpt].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue from OUT/checkpoint.safetensors.
+    #[arg(long)]
+    resume: bool,
+    /// Steps between evaluations (and checkpoints).
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Batches averaged per evaluation.
+    #[arg(long)]
+    eval_batches: Option<usize>,
+    /// Sample from OUT/checkpoint.safetensors without training.
+    #[arg(long)]
+    generate: bool,
+    /// Characters to sample.
+    #[arg(long)]
+    sample_len: Option<usize>,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the k most likely characters.
+    #[arg(long, default_value_t = 20)]
+    top_k: usize,
+    /// Time N training steps (after 3 warm-up steps), no evaluation.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    bench: u64,
+    /// With --bench: break one step down by kernel and scope.
+    #[arg(long)]
+    profile: bool,
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(format!("{s:?} is not f32, f16 or bf16")),
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Cfg {
@@ -135,59 +219,51 @@ impl Cfg {
     }
 }
 
-fn parse(dev: &Device) -> std::result::Result<Cfg, String> {
-    let mut c = Cfg::defaults(dev.info().is_cpu());
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = |name: &str| -> std::result::Result<String, String> {
-            it.next().ok_or_else(|| format!("{name} needs a value"))
+impl Cfg {
+    /// The adapter's defaults with the command line's choices on top.
+    fn from_args(a: Args, cpu: bool) -> std::result::Result<Cfg, String> {
+        let d = Cfg::defaults(cpu);
+        let dtype = match (a.dtype, a.fp16, a.fp32) {
+            (Some(t), _, _) => t,
+            (None, true, _) => DType::F16,
+            (None, _, true) => DType::F32,
+            _ => d.dtype,
         };
-        macro_rules! num {
-            ($field:expr, $name:expr) => {{
-                let v = val($name)?;
-                $field = v
-                    .parse()
-                    .map_err(|_| format!("{}: {v:?} is not a valid value", $name))?;
-            }};
+        let c = Cfg {
+            layers: a.layers.unwrap_or(d.layers),
+            heads: a.heads.unwrap_or(d.heads),
+            width: a.width.unwrap_or(d.width),
+            context: a.context.unwrap_or(d.context),
+            batch: a.batch.unwrap_or(d.batch),
+            steps: a.steps.unwrap_or(d.steps),
+            lr: a.lr.unwrap_or(d.lr),
+            min_lr: a.min_lr.unwrap_or(d.min_lr),
+            warmup: a.warmup.unwrap_or(d.warmup),
+            weight_decay: a.weight_decay.unwrap_or(d.weight_decay),
+            dropout: a.dropout.unwrap_or(d.dropout),
+            dtype,
+            checkpoint: a.checkpoint,
+            seed: a.seed,
+            data: a.data.unwrap_or(d.data),
+            out: a.out.unwrap_or(d.out),
+            resume: a.resume,
+            eval_every: a.eval_every.unwrap_or(d.eval_every),
+            eval_batches: a.eval_batches.unwrap_or(d.eval_batches),
+            generate: a.generate,
+            sample_len: a.sample_len.unwrap_or(d.sample_len),
+            temperature: a.temperature,
+            top_k: a.top_k,
+            bench: a.bench,
+            profile: a.profile,
+        };
+        if c.heads == 0 || !c.width.is_multiple_of(c.heads) || c.context == 0 || c.batch == 0 {
+            return Err(format!(
+                "width {} must split into {} heads; context and batch must be positive",
+                c.width, c.heads
+            ));
         }
-        match flag.as_str() {
-            "--layers" => num!(c.layers, "--layers"),
-            "--heads" => num!(c.heads, "--heads"),
-            "--width" => num!(c.width, "--width"),
-            "--context" => num!(c.context, "--context"),
-            "--batch" => num!(c.batch, "--batch"),
-            "--steps" => num!(c.steps, "--steps"),
-            "--lr" => num!(c.lr, "--lr"),
-            "--min-lr" => num!(c.min_lr, "--min-lr"),
-            "--warmup" => num!(c.warmup, "--warmup"),
-            "--weight-decay" => num!(c.weight_decay, "--weight-decay"),
-            "--dropout" => num!(c.dropout, "--dropout"),
-            "--fp16" => c.dtype = DType::F16,
-            "--fp32" => c.dtype = DType::F32,
-            "--checkpoint" => c.checkpoint = true,
-            "--seed" => num!(c.seed, "--seed"),
-            "--data" => c.data = PathBuf::from(val("--data")?),
-            "--out" => c.out = PathBuf::from(val("--out")?),
-            "--resume" => c.resume = true,
-            "--eval-every" => num!(c.eval_every, "--eval-every"),
-            "--eval-batches" => num!(c.eval_batches, "--eval-batches"),
-            "--generate" => c.generate = true,
-            "--sample-len" => num!(c.sample_len, "--sample-len"),
-            "--temperature" => num!(c.temperature, "--temperature"),
-            "--top-k" => num!(c.top_k, "--top-k"),
-            "--bench" => num!(c.bench, "--bench"),
-            "--profile" => c.profile = true,
-            "--help" | "-h" => return Err(String::new()),
-            other => return Err(format!("unknown option {other}")),
-        }
+        Ok(c)
     }
-    if c.heads == 0 || !c.width.is_multiple_of(c.heads) || c.context == 0 || c.batch == 0 {
-        return Err(format!(
-            "width {} must split into {} heads; context and batch must be positive",
-            c.width, c.heads
-        ));
-    }
-    Ok(c)
 }
 
 // ----- data -----
@@ -516,15 +592,13 @@ fn main() {
 }
 
 fn run() -> Result<()> {
+    // Parsed before the device opens, so --help and typos answer at once.
+    let args = <Args as clap::Parser>::parse();
     let dev = Device::new()?;
-    let c = match parse(&dev) {
+    let c = match Cfg::from_args(args, dev.info().is_cpu()) {
         Ok(c) => c,
         Err(e) => {
-            if e.is_empty() {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            eprintln!("train_gpt: {e}\n{USAGE}");
+            eprintln!("train_gpt: {e}");
             std::process::exit(2);
         }
     };
@@ -558,6 +632,7 @@ fn run() -> Result<()> {
     }
 
     let mut opt = Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true)?;
+    // f16's range needs a loss scaler; bf16 has f32's and trains without one.
     let mut scaler = (c.dtype == DType::F16).then(GradScaler::new);
     let sched = LrSchedule {
         base: c.lr,
