@@ -229,3 +229,106 @@ fn char_text_windows() {
     assert_eq!(big.vocab_size(), 65);
     assert!(CharText::from_text("ab", 5, 0).is_err());
 }
+
+/// The profiler on MNIST training (the CNN of the examples, shipped data): every dispatch is
+/// timed, per-kernel and per-scope sums agree with the total, and the Chrome trace parses as
+/// trace-event JSON with the kernels, the scopes (balanced) and the memory counters on one
+/// clock.
+#[test]
+fn profiler_trace_of_mnist_training_is_valid_trace_event_json() {
+    #[path = "../examples/common/mnist_cnn.rs"]
+    mod mnist_cnn;
+    use wgrad::nn::Module;
+    use wgrad::optim::{Adam, Optimizer};
+    let dev = device();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let train = wgrad::data::mnist::load(&root, "t10k")
+        .unwrap()
+        .subset(0..64)
+        .unwrap();
+    let net = mnist_cnn::cnn(&dev, wgrad::DType::F32).unwrap();
+    let mut opt = Adam::new(net.params(), 1e-3).unwrap();
+    let loader = DataLoader::new(&dev, train, opts(16, true, 0)).unwrap();
+    dev.set_memory_trace(true);
+    dev.clear_memory_trace();
+    dev.start_profiling().unwrap();
+    let mut steps = 0;
+    for b in loader.epoch(0) {
+        let b = b.unwrap();
+        dev.begin_scope("forward");
+        let loss = net.forward(&b.x).unwrap().cross_entropy(&b.y).unwrap();
+        dev.end_scope();
+        dev.begin_scope("backward");
+        loss.backward().unwrap();
+        dev.end_scope();
+        dev.begin_scope("optimizer");
+        opt.step().unwrap();
+        opt.zero_grad();
+        dev.end_scope();
+        steps += 1;
+    }
+    let profile = dev.stop_profiling().unwrap();
+    assert_eq!(steps, 4);
+    assert!(
+        profile.events.len() > 4 * 10,
+        "{} dispatches",
+        profile.events.len()
+    );
+    let total = profile.total().as_secs_f64();
+    let by_kernel: f64 = profile
+        .by_kernel()
+        .iter()
+        .map(|s| s.total.as_secs_f64())
+        .sum();
+    let by_scope = profile.by_scope();
+    assert!((by_kernel - total).abs() <= 1e-9 + 1e-9 * total);
+    let scopes: HashSet<&str> = by_scope.iter().map(|s| s.name.as_str()).collect();
+    for s in ["forward", "backward", "optimizer"] {
+        assert!(scopes.contains(s), "scope {s} missing: {scopes:?}");
+    }
+    assert!(
+        profile
+            .by_kernel()
+            .iter()
+            .any(|s| s.name.starts_with("Conv/"))
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&profile.chrome_trace(&dev.memory_events())).expect("valid JSON");
+    let events = json["traceEvents"].as_array().expect("a traceEvents array");
+    let (mut kernels, mut begins, mut ends, mut counters) = (0, 0, 0, 0);
+    let mut last_ts = f64::MIN;
+    for e in events {
+        let ph = e["ph"].as_str().expect("every event has a phase");
+        let ts = e["ts"].as_f64().expect("every event has a time");
+        assert!(ts >= 0.0, "{e}");
+        match ph {
+            "X" => {
+                kernels += 1;
+                assert!(e["name"].as_str().is_some_and(|n| n.contains('/')), "{e}");
+                assert!(e["dur"].as_f64().is_some_and(|d| d >= 0.0), "{e}");
+                // Dispatches come in submission order.
+                assert!(ts >= last_ts - 1.0, "{e} before {last_ts}");
+                last_ts = ts;
+            }
+            "B" => begins += 1,
+            "E" => ends += 1,
+            "C" => {
+                counters += 1;
+                assert!(
+                    e["args"]["allocated"].as_u64().is_some()
+                        && e["args"]["reserved"].as_u64().is_some(),
+                    "{e}"
+                );
+            }
+            other => panic!("unexpected phase {other}: {e}"),
+        }
+    }
+    assert_eq!(kernels, profile.events.len());
+    assert_eq!(
+        (begins, ends),
+        (12, 12),
+        "three scopes a step, each opened and closed"
+    );
+    assert!(counters > 0, "memory counters on the timeline");
+}

@@ -288,3 +288,238 @@ fn bf16_trains_without_a_loss_scaler() {
     // bf16 ends near f32 (within its rounding, not orders of magnitude away).
     assert!(finals[1] < 3.0 * finals[0] + 1e-3, "{finals:?}");
 }
+
+/// Finite-difference check of d(sum(w * f(x)))/dx for a layer, on the device's forward pass.
+fn fd_check(dev: &wgrad::Device, layer: &dyn Module, x: &[f32], shape: &[usize], what: &str) {
+    let xt = Tensor::from_slice(dev, x, shape).unwrap().variable();
+    let y = layer.forward(&xt).unwrap();
+    let mut rng = Rng::new(99);
+    let w = rng.vec(y.numel());
+    let wt = Tensor::from_slice(dev, &w, y.shape()).unwrap();
+    y.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = xt.grad().unwrap().to_f32_vec().unwrap();
+    let loss = |v: &[f32]| -> f64 {
+        let t = Tensor::from_slice(dev, v, shape).unwrap();
+        let y = layer.forward(&t).unwrap().to_f32_vec().unwrap();
+        y.iter().zip(&w).map(|(a, b)| *a as f64 * *b as f64).sum()
+    };
+    for i in 0..x.len() {
+        let (mut up, mut down) = (x.to_vec(), x.to_vec());
+        up[i] += 1e-2;
+        down[i] -= 1e-2;
+        let fd = (loss(&up) - loss(&down)) / 2e-2;
+        assert!(
+            (g[i] as f64 - fd).abs() < 5e-3 * (1.0 + fd.abs()),
+            "{what}: d/dx[{i}]: got {}, fd {fd}",
+            g[i]
+        );
+    }
+}
+
+/// BatchNorm2d against an f64 reference: batch statistics while training, running estimates
+/// (momentum 0.1, unbiased variance) after two steps, those estimates in evaluation, the
+/// gradient by finite differences, and the running estimates through a weight file.
+#[test]
+fn batch_norm_2d() {
+    use wgrad::nn::BatchNorm2d;
+    let dev = poisoned();
+    let mut rng = Rng::new(61);
+    let (n, c, h, w) = (3, 4, 5, 2);
+    let bn = BatchNorm2d::new(&dev, c, DType::F32).unwrap();
+    let gamma: Vec<f32> = (0..c).map(|i| 0.5 + i as f32).collect();
+    bn.gamma.copy_from_slice(&gamma).unwrap();
+    let stats = |x: &[f64]| -> Vec<(f64, f64)> {
+        (0..c)
+            .map(|ch| {
+                let v: Vec<f64> = (0..n)
+                    .flat_map(|b| (0..h * w).map(move |p| (b * c + ch) * h * w + p))
+                    .map(|i| x[i])
+                    .collect();
+                let m = v.iter().sum::<f64>() / v.len() as f64;
+                (
+                    m,
+                    v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / v.len() as f64,
+                )
+            })
+            .collect()
+    };
+    let (mut rm, mut rv) = (vec![0.0f64; c], vec![1.0f64; c]);
+    let count = (n * h * w) as f64;
+    for step in 0..2 {
+        let x: Vec<f32> = rng
+            .vec(n * c * h * w)
+            .iter()
+            .map(|v| 3.0 * v + step as f32)
+            .collect();
+        let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let y = bn
+            .forward(&Tensor::from_slice(&dev, &x, &[n, c, h, w]).unwrap())
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let st = stats(&xd);
+        let want: Vec<f64> = (0..xd.len())
+            .map(|i| {
+                let ch = (i / (h * w)) % c;
+                (xd[i] - st[ch].0) / (st[ch].1 + 1e-5).sqrt() * gamma[ch] as f64
+            })
+            .collect();
+        assert_close_tol(&y, &want, (1e-5, 1e-4), &format!("train step {step}"));
+        for ch in 0..c {
+            rm[ch] = 0.9 * rm[ch] + 0.1 * st[ch].0;
+            rv[ch] = 0.9 * rv[ch] + 0.1 * st[ch].1 * count / (count - 1.0);
+        }
+    }
+    assert_close_tol(
+        &bn.running_mean().to_f32_vec().unwrap(),
+        &rm,
+        (1e-6, 1e-5),
+        "running mean",
+    );
+    assert_close_tol(
+        &bn.running_var().to_f32_vec().unwrap(),
+        &rv,
+        (1e-6, 1e-5),
+        "running var",
+    );
+    // Evaluation: the running estimates, whatever the batch.
+    bn.train(false);
+    let x = rng.vec(c * 2);
+    let y = bn
+        .forward(&Tensor::from_slice(&dev, &x, &[1, c, 1, 2]).unwrap())
+        .unwrap();
+    let want: Vec<f64> = (0..x.len())
+        .map(|i| {
+            let ch = i / 2;
+            (x[i] as f64 - rm[ch]) / (rv[ch] + 1e-5).sqrt() * gamma[ch] as f64
+        })
+        .collect();
+    assert_close_tol(&y.to_f32_vec().unwrap(), &want, (1e-5, 1e-4), "eval");
+    // Gradients in both modes; one value per channel is refused while training.
+    fd_check(
+        &dev,
+        &bn,
+        &rng.vec(2 * c * 3),
+        &[2, c, 3, 1],
+        "BatchNorm2d eval",
+    );
+    bn.train(true);
+    fd_check(
+        &dev,
+        &bn,
+        &rng.vec(2 * c * 3),
+        &[2, c, 3, 1],
+        "BatchNorm2d train",
+    );
+    assert!(
+        bn.forward(&Tensor::zeros(&dev, &[1, c, 1, 1], DType::F32).unwrap())
+            .is_err()
+    );
+    // Weight files carry the running estimates.
+    let net = Sequential::new().add("bn", bn);
+    let path = std::env::temp_dir().join(format!("wgrad-bn-{}.safetensors", std::process::id()));
+    wgrad::nn::save(&path, &net.state_dict()).unwrap();
+    let fresh = Sequential::new().add("bn", BatchNorm2d::new(&dev, c, DType::F32).unwrap());
+    wgrad::nn::load_into(&fresh, &path).unwrap();
+    let names: Vec<String> = fresh.state_dict().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        ["bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"]
+    );
+    // (The finite differences above ran training steps: the saved estimates are the latest.)
+    for ((name, a), (_, b)) in net.buffers().iter().zip(fresh.buffers()) {
+        assert_eq!(
+            a.to_vec::<f32>().unwrap(),
+            b.to_vec::<f32>().unwrap(),
+            "{name}"
+        );
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+/// GroupNorm against an f64 reference (groups of two channels, and one group: LayerNorm
+/// over everything) and by finite differences.
+#[test]
+fn group_norm() {
+    use wgrad::nn::GroupNorm;
+    let dev = poisoned();
+    let mut rng = Rng::new(62);
+    let (n, c, l) = (2, 6, 7);
+    for groups in [3, 1] {
+        let gn = GroupNorm::new(&dev, groups, c, DType::F32).unwrap();
+        let beta: Vec<f32> = (0..c).map(|i| i as f32 * 0.1).collect();
+        gn.beta.copy_from_slice(&beta).unwrap();
+        let x: Vec<f32> = rng.vec(n * c * l).iter().map(|v| 5.0 * v + 2.0).collect();
+        let y = gn
+            .forward(&Tensor::from_slice(&dev, &x, &[n, c, l]).unwrap())
+            .unwrap();
+        let per = c / groups * l;
+        let mut want = vec![0.0f64; x.len()];
+        for blk in 0..n * groups {
+            let v: Vec<f64> = x[blk * per..(blk + 1) * per]
+                .iter()
+                .map(|&a| a as f64)
+                .collect();
+            let m = v.iter().sum::<f64>() / per as f64;
+            let var = v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / per as f64;
+            for (j, a) in v.iter().enumerate() {
+                let ch = (blk * per + j) / l % c;
+                want[blk * per + j] = (a - m) / (var + 1e-5).sqrt() + beta[ch] as f64;
+            }
+        }
+        assert_close_tol(
+            &y.to_f32_vec().unwrap(),
+            &want,
+            (1e-5, 1e-4),
+            &format!("groups {groups}"),
+        );
+        fd_check(&dev, &gn, &rng.vec(n * c * 2), &[n, c, 2], "GroupNorm");
+    }
+    assert!(GroupNorm::new(&dev, 4, 6, DType::F32).is_err());
+}
+
+/// Conv1d (stride 2, padding 1, dilation 2) against a direct f64 convolution, and its input
+/// gradient by finite differences.
+#[test]
+fn conv1d() {
+    use wgrad::nn::Conv1d;
+    let dev = poisoned();
+    let mut rng = Rng::new(63);
+    let (n, ci, co, k, len) = (2, 3, 4, 3, 17);
+    let mut conv = Conv1d::new(&dev, ci, co, k, DType::F32).unwrap();
+    conv.stride = 2;
+    conv.padding = 1;
+    conv.dilation = 2;
+    let x = rng.vec(n * ci * len);
+    let y = conv
+        .forward(&Tensor::from_slice(&dev, &x, &[n, ci, len]).unwrap())
+        .unwrap();
+    let lo = (len + 2 - 2 * (k - 1) - 1) / 2 + 1;
+    assert_eq!(y.shape(), &[n, co, lo]);
+    let wv = conv.weight.to_vec::<f32>().unwrap();
+    let bv = conv.bias.as_ref().unwrap().to_vec::<f32>().unwrap();
+    let mut want = vec![0.0f64; n * co * lo];
+    for b in 0..n {
+        for o in 0..co {
+            for t in 0..lo {
+                let mut acc = bv[o] as f64;
+                for i in 0..ci {
+                    for j in 0..k {
+                        let p = (t * 2 + j * 2) as isize - 1;
+                        if p >= 0 && (p as usize) < len {
+                            acc += wv[(o * ci + i) * k + j] as f64
+                                * x[(b * ci + i) * len + p as usize] as f64;
+                        }
+                    }
+                }
+                want[(b * co + o) * lo + t] = acc;
+            }
+        }
+    }
+    assert_close_tol(&y.to_f32_vec().unwrap(), &want, (1e-5, 1e-4), "conv1d");
+    fd_check(&dev, &conv, &rng.vec(n * ci * 9), &[n, ci, 9], "Conv1d");
+    assert!(
+        conv.forward(&Tensor::zeros(&dev, &[2, 3], DType::F32).unwrap())
+            .is_err()
+    );
+}

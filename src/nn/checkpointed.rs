@@ -38,4 +38,7 @@ impl<M: Module + 'static> Module for Checkpointed<M> {
     fn train(&self, on: bool) {
         self.inner.train(on);
     }
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        self.inner.buffers()
+    }
 }

@@ -1,4 +1,4 @@
-//! 2-D convolution layer.
+//! Convolution layers.
 
 use super::init;
 use super::module::Module;
@@ -43,6 +43,75 @@ impl Conv2d {
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.conv2d(&self.weight, self.bias.as_ref(), self.opts)
+    }
+
+    fn params(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push(("bias".to_string(), b.clone()));
+        }
+        v
+    }
+}
+
+/// 1-D convolution of [N, C, L] with an [out, in / groups, k] weight (PyTorch's Conv1d),
+/// run as a 2-D convolution of height 1 (views, no copies).
+pub struct Conv1d {
+    /// [out, in / groups, k].
+    pub weight: Tensor,
+    /// [out].
+    pub bias: Option<Tensor>,
+    /// Step along the length.
+    pub stride: usize,
+    /// Zero padding at each end.
+    pub padding: usize,
+    /// Spacing of the kernel's taps.
+    pub dilation: usize,
+    /// Channel groups (the weight is then [out, in / groups, k]).
+    pub groups: usize,
+}
+
+impl Conv1d {
+    /// A convolution with kernel length `k` and PyTorch's default initialisation: stride 1,
+    /// no padding, dilation 1 (set the fields to change them), one group.
+    pub fn new(
+        dev: &Device,
+        inputs: usize,
+        outputs: usize,
+        k: usize,
+        dtype: DType,
+    ) -> Result<Conv1d> {
+        let fan_in = inputs * k;
+        Ok(Conv1d {
+            weight: init::default_uniform(dev, &[outputs, inputs, k], fan_in, dtype)?,
+            bias: Some(init::default_uniform(dev, &[outputs], fan_in, dtype)?),
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+        })
+    }
+}
+
+impl Module for Conv1d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 3 {
+            return Err(crate::Error::shape(
+                "Conv1d",
+                format!("input {:?} must be [N, C, L]", x.shape()),
+            ));
+        }
+        let w = &self.weight;
+        let w4 = w.reshape(&[w.shape()[0], w.shape()[1], 1, w.shape()[2]])?;
+        let opts = Conv2dOpts {
+            stride: (1, self.stride),
+            padding: (0, self.padding),
+            dilation: (1, self.dilation),
+            groups: self.groups,
+            ..Default::default()
+        };
+        let y = x.unsqueeze(2)?.conv2d(&w4, self.bias.as_ref(), opts)?;
+        y.squeeze(2)
     }
 
     fn params(&self) -> Vec<(String, Tensor)> {

@@ -9,8 +9,21 @@ pub trait Module: Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
     /// Named parameters, in a stable order (names are what weight files use).
     fn params(&self) -> Vec<(String, Tensor)>;
-    /// Switches between training and evaluation behaviour (dropout). No-op by default.
+    /// Switches between training and evaluation behaviour (dropout, batch statistics).
+    /// No-op by default.
     fn train(&self, _on: bool) {}
+    /// Named state that is not trained but belongs in weight files (BatchNorm's running
+    /// statistics). None by default.
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    /// Parameters then buffers: everything a weight file holds
+    /// ([`save`](crate::nn::save) it; [`load_into`](crate::nn::load_into) reads both back).
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.params();
+        v.extend(self.buffers());
+        v
+    }
 }
 
 /// Layers applied in order. Parameter names are `<layer name>.<parameter name>`.
@@ -74,6 +87,13 @@ impl Module for Sequential {
 
     fn train(&self, on: bool) {
         self.layers.iter().for_each(|(_, l)| l.train(on));
+    }
+
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .flat_map(|(name, l)| prefixed(name, l.buffers()))
+            .collect()
     }
 }
 

@@ -154,7 +154,8 @@ fn load_impl(dev: &Device, path: &Path, to: Option<DType>) -> Result<Vec<(String
         .collect()
 }
 
-/// Copies weights from a safetensors file into a module's parameters, by name. A tensor the
+/// Copies weights from a safetensors file into a module's parameters and buffers
+/// ([`Module::state_dict`]), by name. A tensor the
 /// module has but the file lacks, or one of another shape or dtype, is an error naming it;
 /// nothing is written unless every parameter matches. To load a checkpoint stored in another
 /// float dtype (a bf16 file into an f32 model), use [`load_into_converting`].
@@ -162,7 +163,7 @@ pub fn load_into(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let map = open(path)?;
     let st = parse(path, &map)?;
-    write_named(path, &st, &module.params(), false)
+    write_named(path, &st, &module.state_dict(), false)
 }
 
 /// Like [`load_into`], converting float tensors to each parameter's dtype on the device
@@ -171,7 +172,7 @@ pub fn load_into_converting(module: &dyn Module, path: impl AsRef<Path>) -> Resu
     let path = path.as_ref();
     let map = open(path)?;
     let st = parse(path, &map)?;
-    write_named(path, &st, &module.params(), true)
+    write_named(path, &st, &module.state_dict(), true)
 }
 
 /// Copies the file's tensor `name` into each `(name, tensor)` pair: all are checked (present,
