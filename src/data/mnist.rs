@@ -2,21 +2,29 @@
 
 use super::dataset::InMemory;
 use crate::error::{Error, Result};
-use std::io::Read;
 use std::path::Path;
 
-/// Reads a whole file, inflating it when it starts with the gzip magic.
+/// Reads a whole file, inflating it when it starts with the gzip magic (with the `gzip`
+/// feature; without it a gzip'd file is an error that says so).
 fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     let raw = std::fs::read(path)?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(raw);
+    }
+    #[cfg(feature = "gzip")]
+    {
+        use std::io::Read;
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(&raw[..])
             .read_to_end(&mut out)
             .map_err(|e| Error::format(path.display().to_string(), format!("gzip: {e}")))?;
         Ok(out)
-    } else {
-        Ok(raw)
     }
+    #[cfg(not(feature = "gzip"))]
+    Err(Error::format(
+        path.display().to_string(),
+        "gzip'd, and wgrad was built without its `gzip` feature: inflate it first (gunzip)",
+    ))
 }
 
 fn be_u32(b: &[u8], at: usize) -> u32 {
