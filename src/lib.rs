@@ -12,6 +12,7 @@ pub mod memory;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod parallel;
 pub mod reference;
 pub mod tensor;
 #[cfg(feature = "testing")]

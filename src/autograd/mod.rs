@@ -23,18 +23,31 @@ impl Tensor {
     /// and adds them to their `grad()`. The graph is consumed: intermediate results are freed
     /// as soon as the backward pass no longer needs them.
     pub fn backward(&self) -> Result<()> {
-        backward(self, None)
+        backward(self, None, &mut |_| Ok(()))
     }
 
     /// Like [`Tensor::backward`] with an explicit gradient of this tensor (any shape).
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
-        backward(self, Some(grad.clone()))
+        backward(self, Some(grad.clone()), &mut |_| Ok(()))
+    }
+
+    /// Like [`Tensor::backward`], calling `on_leaf` with each variable as soon as its gradient
+    /// for this pass is complete (each variable once, in the order the walk finishes them:
+    /// roughly the reverse of the forward pass). The work that computed the gradient is queued
+    /// on the device, not necessarily finished: data-parallel training starts the exchange of
+    /// early gradients here while the rest of the backward pass is still being queued.
+    pub fn backward_hooked(&self, on_leaf: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
+        backward(self, None, on_leaf)
     }
 }
 
 /// Gradients of `root` (seeded with `grad`, or ones) accumulated into every variable it depends
-/// on. Consumes the graph.
-fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
+/// on, each variable passed to `on_leaf` once its gradient is in. Consumes the graph.
+fn backward(
+    root: &Tensor,
+    grad: Option<Tensor>,
+    on_leaf: &mut dyn FnMut(&Tensor) -> Result<()>,
+) -> Result<()> {
     if !root.requires_grad() {
         return Err(Error::invalid(
             "backward",
@@ -80,7 +93,12 @@ fn backward(root: &Tensor, grad: Option<Tensor>) -> Result<()> {
             };
             let rec = lock(&node.0.node).take();
             match rec {
-                None if node.is_variable() => accumulate_leaf(&node, g)?,
+                None if node.is_variable() => {
+                    accumulate_leaf(&node, g)?;
+                    // A variable appears once in the order, after every tensor computed from
+                    // it: its gradient for this pass is complete.
+                    on_leaf(&node)?;
+                }
                 None => {
                     return Err(Error::invalid(
                         "backward",

@@ -16,6 +16,7 @@ pub mod norm;
 pub mod reduce;
 pub mod scan;
 pub mod softmax;
+pub mod transfer;
 
 pub use activation::Activation;
 pub use conv::Conv2dOpts;

@@ -317,6 +317,20 @@ impl Tensor {
         self.dense_copy()?.read_async()
     }
 
+    /// Starts reading the elements' bytes back (any dtype), for moving them to another device.
+    pub(crate) fn read_bytes_async(&self) -> Result<Readback<u8>> {
+        let l = self.layout();
+        let byte_off = self.dtype().bytes(l.offset());
+        if l.is_contiguous() && byte_off.is_multiple_of(4) {
+            return self.device().read_block(
+                &self.0.storage,
+                byte_off,
+                self.dtype().bytes(self.numel()),
+            );
+        }
+        self.dense_copy()?.read_bytes_async()
+    }
+
     /// A dense copy of the elements (not recorded; `contiguous` is the differentiable one).
     pub(crate) fn dense_copy(&self) -> Result<Tensor> {
         let out = Tensor::uninit(self.device(), self.shape(), self.dtype())?;

@@ -1,0 +1,328 @@
+//! Data parallelism in one process: a replica of the model on each device, each fed its own
+//! shard of the batch on its own thread, gradients averaged across replicas after every
+//! backward pass.
+//!
+//! Gradients travel in buckets of parameters (about [`DataParallel::DEFAULT_BUCKET_BYTES`]
+//! each, filled from the last parameter backwards, the order the backward pass finishes
+//! them). A replica starts the read-back of a bucket the moment the last of its gradients is
+//! complete ([`Tensor::backward_hooked`]), while it goes on queueing the rest of its backward
+//! pass; the calling thread sums each bucket as soon as every replica's copy is on the host
+//! and uploads the mean into every replica's gradients. So the exchange of the early buckets
+//! overlaps the late part of the backward pass, and the host's summing overlaps the devices'
+//! work. The sum is in f32 on the host, in replica order, and every replica receives the same
+//! bytes, so replicas on identical adapters keep bit-identical parameters.
+
+use crate::device::{Device, Readback};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::nn::Module;
+use crate::tensor::{Tensor, TensorId};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// What one [`DataParallel::step`] did.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    /// Each replica's loss, in device order.
+    pub losses: Vec<f32>,
+    /// Wall time of the step (forward, backward, exchange).
+    pub total: Duration,
+    /// Time the host spent blocked waiting for gradient read-backs: the part of the exchange
+    /// the computation did not hide.
+    pub exchange_wait: Duration,
+    /// Buckets exchanged and the bytes read back per replica.
+    pub buckets: usize,
+    /// Bytes of gradients each replica sent (f32).
+    pub bytes: u64,
+}
+
+/// One replica per device; see the module documentation.
+pub struct DataParallel<M: Module> {
+    replicas: Vec<(Device, M)>,
+    /// Parameters of each replica, in one order.
+    params: Vec<Vec<(String, Tensor)>>,
+    /// Parameter indices of each bucket.
+    buckets: Vec<Vec<usize>>,
+}
+
+enum Msg {
+    Bucket(usize, usize, Readback<f32>),
+    Done(usize, Result<f32>),
+}
+
+impl<M: Module> DataParallel<M> {
+    /// Gradient bytes per bucket by default.
+    pub const DEFAULT_BUCKET_BYTES: u64 = 4 << 20;
+
+    /// Builds a replica on each device with `build`, then copies the first replica's parameters
+    /// into the others, so every replica starts from the same weights.
+    pub fn new(devices: Vec<Device>, build: impl Fn(&Device) -> Result<M>) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(Error::invalid("DataParallel", "no devices"));
+        }
+        let replicas = devices
+            .into_iter()
+            .map(|d| build(&d).map(|m| (d, m)))
+            .collect::<Result<Vec<_>>>()?;
+        let params: Vec<Vec<(String, Tensor)>> = replicas.iter().map(|(_, m)| m.params()).collect();
+        for (r, p) in params.iter().enumerate().skip(1) {
+            let same = p.len() == params[0].len()
+                && p.iter().zip(&params[0]).all(|((na, a), (nb, b))| {
+                    na == nb && a.shape() == b.shape() && a.dtype() == b.dtype()
+                });
+            if !same {
+                return Err(Error::invalid(
+                    "DataParallel",
+                    format!("replica {r} has other parameters than replica 0"),
+                ));
+            }
+        }
+        let mut dp = DataParallel {
+            replicas,
+            params,
+            buckets: Vec::new(),
+        };
+        dp.set_bucket_bytes(Self::DEFAULT_BUCKET_BYTES);
+        dp.broadcast_params()?;
+        Ok(dp)
+    }
+
+    /// Regroups the parameters into buckets of about `bytes` of gradients each (at least one
+    /// parameter per bucket): smaller buckets start the exchange earlier, larger ones pay fewer
+    /// read-backs.
+    pub fn set_bucket_bytes(&mut self, bytes: u64) {
+        let mut buckets: Vec<Vec<usize>> = Vec::new();
+        let mut cur: Vec<usize> = Vec::new();
+        let mut size = 0u64;
+        for i in (0..self.params[0].len()).rev() {
+            cur.push(i);
+            size += 4 * self.params[0][i].1.numel() as u64;
+            if size >= bytes {
+                buckets.push(std::mem::take(&mut cur));
+                size = 0;
+            }
+        }
+        if !cur.is_empty() {
+            buckets.push(cur);
+        }
+        self.buckets = buckets;
+    }
+
+    /// The devices and their replicas (build one optimizer per replica from its parameters).
+    pub fn replicas(&self) -> &[(Device, M)] {
+        &self.replicas
+    }
+
+    /// Copies the first replica's parameters into every other replica (through the host).
+    pub fn broadcast_params(&self) -> Result<()> {
+        for (i, (_, p0)) in self.params[0].iter().enumerate() {
+            if self.replicas.len() == 1 {
+                break;
+            }
+            let bytes = p0.read_bytes_async()?.wait()?;
+            for p in &self.params[1..] {
+                p[i].1.write_bytes(&bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One data-parallel step: replica r runs `loss(r, model, &inputs[r])` (a one-element loss,
+    /// each replica on its own thread) and its backward pass, and every replica's gradients
+    /// become the mean over the replicas. Step each replica's optimizer afterwards. With shards
+    /// of equal size and a mean loss, this is the gradient of the whole batch.
+    pub fn step<I: Sync>(
+        &self,
+        inputs: &[I],
+        loss: impl Fn(usize, &M, &I) -> Result<Tensor> + Sync,
+    ) -> Result<StepReport> {
+        let n = self.replicas.len();
+        if inputs.len() != n {
+            return Err(Error::invalid(
+                "DataParallel::step",
+                format!("{} inputs for {n} replicas", inputs.len()),
+            ));
+        }
+        let t0 = Instant::now();
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let loss = &loss;
+        let mut losses = vec![0.0f32; n];
+        let mut wait = Duration::ZERO;
+        let mut bytes = 0u64;
+        let outcome = std::thread::scope(|scope| -> Result<()> {
+            for (r, ((_, model), input)) in self.replicas.iter().zip(inputs).enumerate() {
+                let tx = tx.clone();
+                let params = &self.params[r];
+                let buckets = &self.buckets;
+                scope.spawn(move || {
+                    let res = self.replica_pass(r, model, input, params, buckets, loss, &tx);
+                    // The receiver outlives the scope; a send cannot fail while it waits.
+                    let _ = tx.send(Msg::Done(r, res));
+                });
+            }
+            drop(tx);
+            // Collect buckets as replicas send them; reduce each once all replicas have.
+            let mut arrived: HashMap<usize, Vec<Option<Readback<f32>>>> = HashMap::new();
+            let mut first_err: Option<Error> = None;
+            let mut done = 0;
+            while done < n {
+                let Ok(msg) = rx.recv() else {
+                    return Err(Error::Internal(
+                        "a replica thread ended without reporting".into(),
+                    ));
+                };
+                match msg {
+                    Msg::Done(r, res) => {
+                        done += 1;
+                        match res {
+                            Ok(l) => losses[r] = l,
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                    }
+                    Msg::Bucket(r, b, rb) => {
+                        let slot = arrived
+                            .entry(b)
+                            .or_insert_with(|| (0..n).map(|_| None).collect());
+                        slot[r] = Some(rb);
+                        if first_err.is_none() && slot.iter().all(Option::is_some) {
+                            let reads = arrived.remove(&b).unwrap_or_default();
+                            match self.reduce(b, reads, &mut wait) {
+                                Ok(nb) => bytes += nb,
+                                Err(e) => {
+                                    first_err.get_or_insert(e);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            match first_err {
+                Some(e) => Err(e),
+                None if !arrived.is_empty() => Err(Error::Internal(
+                    "a gradient bucket did not arrive from every replica".into(),
+                )),
+                None => Ok(()),
+            }
+        });
+        outcome?;
+        Ok(StepReport {
+            losses,
+            total: t0.elapsed(),
+            exchange_wait: wait,
+            buckets: self.buckets.len(),
+            bytes,
+        })
+    }
+
+    /// Forward and backward on one replica, sending each bucket as its gradients complete.
+    #[allow(clippy::too_many_arguments)]
+    fn replica_pass<I>(
+        &self,
+        r: usize,
+        model: &M,
+        input: &I,
+        params: &[(String, Tensor)],
+        buckets: &[Vec<usize>],
+        loss: &(impl Fn(usize, &M, &I) -> Result<Tensor> + Sync),
+        tx: &mpsc::Sender<Msg>,
+    ) -> Result<f32> {
+        let l = loss(r, model, input)?;
+        let index: HashMap<TensorId, usize> = params
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| (p.id(), i))
+            .collect();
+        let mut bucket_of = vec![0usize; params.len()];
+        let mut left: Vec<usize> = buckets.iter().map(Vec::len).collect();
+        for (b, ps) in buckets.iter().enumerate() {
+            for &i in ps {
+                bucket_of[i] = b;
+            }
+        }
+        let mut sent = vec![false; buckets.len()];
+        let send = |b: usize, sent: &mut Vec<bool>| -> Result<()> {
+            let rb = flatten(params, &buckets[b])?.to_vec_async::<f32>()?;
+            sent[b] = true;
+            tx.send(Msg::Bucket(r, b, rb))
+                .map_err(|_| Error::Internal("the step's collector has gone".into()))
+        };
+        l.backward_hooked(&mut |leaf| {
+            if let Some(&i) = index.get(&leaf.id()) {
+                let b = bucket_of[i];
+                left[b] -= 1;
+                if left[b] == 0 {
+                    send(b, &mut sent)?;
+                }
+            }
+            Ok(())
+        })?;
+        // Parameters the loss did not use have no gradient: zeros, as in every replica.
+        for b in 0..buckets.len() {
+            if !sent[b] {
+                for &i in &buckets[b] {
+                    let p = &params[i].1;
+                    if p.grad().is_none() {
+                        p.set_grad(Some(Tensor::zeros(p.device(), p.shape(), p.dtype())?));
+                    }
+                }
+                send(b, &mut sent)?;
+            }
+        }
+        l.to_scalar()
+    }
+
+    /// Waits for bucket `b` from every replica, averages it and writes the mean into every
+    /// replica's gradients. Returns the bytes one replica sent.
+    fn reduce(
+        &self,
+        b: usize,
+        reads: Vec<Option<Readback<f32>>>,
+        wait: &mut Duration,
+    ) -> Result<u64> {
+        let n = reads.len();
+        let mut sum: Vec<f32> = Vec::new();
+        for rb in reads.into_iter().flatten() {
+            let t = Instant::now();
+            let v = rb.wait()?;
+            *wait += t.elapsed();
+            if sum.is_empty() {
+                sum = v;
+            } else {
+                sum.iter_mut().zip(&v).for_each(|(s, x)| *s += x);
+            }
+        }
+        let inv = 1.0 / n as f32;
+        sum.iter_mut().for_each(|s| *s *= inv);
+        for (r, (dev, _)) in self.replicas.iter().enumerate() {
+            let mut at = 0;
+            for &i in &self.buckets[b] {
+                let p = &self.params[r][i].1;
+                let len = p.numel();
+                let g = Tensor::from_slice(dev, &sum[at..at + len], p.shape())?;
+                let g = crate::autograd::no_grad(|| g.to_dtype(p.dtype()))?;
+                p.set_grad(Some(g));
+                at += len;
+            }
+        }
+        Ok(4 * sum.len() as u64)
+    }
+}
+
+/// The gradients of `idx` as one f32 vector on their device.
+fn flatten(params: &[(String, Tensor)], idx: &[usize]) -> Result<Tensor> {
+    crate::autograd::no_grad(|| {
+        let mut parts = Vec::with_capacity(idx.len());
+        for &i in idx {
+            let (name, p) = &params[i];
+            let g = p.grad().ok_or_else(|| {
+                Error::Internal(format!("parameter {name} has no gradient after backward"))
+            })?;
+            parts.push(g.reshape(&[g.numel()])?.to_dtype(DType::F32)?);
+        }
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        Tensor::cat(&refs, 0)
+    })
+}
