@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use wgrad::nn::{Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
 use wgrad::optim::{Adam, GradScaler, LrSchedule, NonFinite, Optimizer, guarded_step};
+use wgrad::parallel::DataParallel;
 use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
 use wgrad::{DType, Device, Error, Result, Tensor};
 
@@ -117,6 +118,10 @@ struct Args {
     /// With --bench: break one step down by kernel and scope.
     #[arg(long)]
     profile: bool,
+    /// Train data-parallel on these adapters (indices in `Device::all()`'s order, e.g. 0,1;
+    /// repeat one to put two replicas on one adapter). --batch is per device.
+    #[arg(long, value_name = "LIST")]
+    devices: Option<String>,
 }
 
 fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
@@ -438,44 +443,81 @@ impl Gpt {
     }
 }
 
+impl Module for Gpt {
+    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        self.logits(idx)
+    }
+    fn params(&self) -> Vec<(String, Tensor)> {
+        Gpt::params(self)
+    }
+    fn train(&self, on: bool) {
+        Gpt::train(self, on)
+    }
+}
+
 // ----- training -----
 
-/// One step: forward, cross-entropy, backward (scaled with f16), clipped AdamW update.
-#[allow(clippy::too_many_arguments)]
+/// One model per device (a plain model on one device), each with its AdamW and, for f16, its
+/// loss scaler. Replicas see the same averaged gradients, so they make the same decisions.
+struct Trainer {
+    dp: DataParallel<Gpt>,
+    opts: Vec<Adam>,
+    scalers: Vec<Option<GradScaler>>,
+}
+
+impl Trainer {
+    /// The first replica: evaluation, sampling and checkpoints use it.
+    fn model(&self) -> (&Device, &Gpt) {
+        let (d, g) = &self.dp.replicas()[0];
+        (d, g)
+    }
+}
+
+/// One step on every replica: forward, cross-entropy, backward (scaled with f16), gradients
+/// averaged across replicas, clipped AdamW update. Returns the mean loss.
 fn train_step(
-    dev: &Device,
-    g: &Gpt,
+    t: &mut Trainer,
     text: &Text,
     c: &Cfg,
     range: (usize, usize),
-    opt: &mut Adam,
-    scaler: &mut Option<GradScaler>,
     lr: f32,
     data: &mut u64,
 ) -> Result<f32> {
-    opt.set_lr(lr);
-    let (x, y) = batch(dev, text, range, c, data)?;
-    dev.begin_scope("forward");
-    let loss = g.logits(&x)?.cross_entropy(&y)?;
-    dev.end_scope();
-    dev.begin_scope("backward");
-    match scaler {
-        Some(s) => s.scale_loss(&loss)?.backward()?,
-        None => loss.backward()?,
-    }
-    dev.end_scope();
-    dev.begin_scope("optimizer");
-    match scaler {
-        Some(s) => {
-            s.step(opt, Some(1.0))?;
+    // One batch per replica, drawn in order from the one data stream (so resuming is exact).
+    let batches = t
+        .dp
+        .replicas()
+        .iter()
+        .map(|(dev, _)| batch(dev, text, range, c, data))
+        .collect::<Result<Vec<_>>>()?;
+    let scales: Vec<f32> = t.scalers.iter().map(|s| s.as_ref().map_or(1.0, |s| s.scale)).collect();
+    let report = t.dp.step(&batches, |r, g, (x, y)| {
+        let dev = x.device();
+        dev.begin_scope("forward");
+        let loss = g.logits(x)?.cross_entropy(y)?;
+        dev.end_scope();
+        loss.mul_scalar(scales[r])
+    })?;
+    for ((opt, scaler), (dev, _)) in t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas()) {
+        dev.begin_scope("optimizer");
+        opt.set_lr(lr);
+        match scaler {
+            Some(s) => {
+                s.step(opt, Some(1.0))?;
+            }
+            None => {
+                guarded_step(opt, 1.0, Some(1.0), NonFinite::Error)?;
+            }
         }
-        None => {
-            guarded_step(opt, 1.0, Some(1.0), NonFinite::Error)?;
-        }
+        opt.zero_grad();
+        dev.end_scope();
     }
-    opt.zero_grad();
-    dev.end_scope();
-    loss.to_scalar()
+    let n = report.losses.len() as f32;
+    let mut sum = 0.0;
+    for (l, s) in report.losses.iter().zip(&scales) {
+        sum += l.to_scalar()? / s;
+    }
+    Ok(sum / n)
 }
 
 fn mean_loss(
@@ -594,7 +636,11 @@ fn main() {
 fn run() -> Result<()> {
     // Parsed before the device opens, so --help and typos answer at once.
     let args = <Args as clap::Parser>::parse();
-    let dev = Device::new()?;
+    let devices = match &args.devices {
+        Some(list) => wgrad::parallel::open_devices(list)?,
+        None => vec![Device::new()?],
+    };
+    let dev = devices[0].clone();
     let c = match Cfg::from_args(args, dev.info().is_cpu()) {
         Ok(c) => c,
         Err(e) => {
@@ -615,25 +661,40 @@ fn run() -> Result<()> {
         text.split,
         text.ids.len() - text.split
     );
-    dev.manual_seed(c.seed);
-    let g = Gpt::new(&dev, &c, vocab)?;
-    let n_params: usize = g.params().iter().map(|(_, t)| t.numel()).sum();
+    let replicas = devices.len();
+    // Each replica's dropout draws from its own device's generator: seeded apart.
+    for (r, d) in devices.iter().enumerate() {
+        d.manual_seed(c.seed.wrapping_add(r as u64));
+    }
+    let dp = DataParallel::new(devices, |d| Gpt::new(d, &c, vocab))?;
+    let n_params: usize = dp.replicas()[0].1.params().iter().map(|(_, t)| t.numel()).sum();
     println!(
-        "          {:.2}M parameters, batch {} x {}",
+        "          {:.2}M parameters, batch {} x {}{}",
         n_params as f64 / 1e6,
         c.batch,
-        c.context
+        c.context,
+        if replicas > 1 {
+            format!(" on each of {replicas} devices (data parallel)")
+        } else {
+            String::new()
+        }
     );
 
     if c.generate {
+        let g = &dp.replicas()[0].1;
         load_weights(&ckpt, &g.params())?;
-        println!("{}", generate(&dev, &g, &text, &c, &[text.ids[0]], c.seed)?);
+        println!("{}", generate(&dev, g, &text, &c, &[text.ids[0]], c.seed)?);
         return Ok(());
     }
 
-    let mut opt = Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true)?;
+    let opts = dp
+        .replicas()
+        .iter()
+        .map(|(_, g)| Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true))
+        .collect::<Result<Vec<_>>>()?;
     // f16's range needs a loss scaler; bf16 has f32's and trains without one.
-    let mut scaler = (c.dtype == DType::F16).then(GradScaler::new);
+    let scalers = (0..replicas).map(|_| (c.dtype == DType::F16).then(GradScaler::new)).collect();
+    let mut tr = Trainer { dp, opts, scalers };
     let sched = LrSchedule {
         base: c.lr,
         min: c.min_lr,
@@ -644,7 +705,15 @@ fn run() -> Result<()> {
     let mut data = c.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let (mut train_curve, mut val_curve) = (Vec::new(), Vec::new());
     if c.resume {
-        let p = load_checkpoint(&ckpt, &g.params(), &mut opt, scaler.as_mut())?;
+        // Every replica loads the same state.
+        let mut last = None;
+        for ((opt, scaler), (_, g)) in tr.opts.iter_mut().zip(&mut tr.scalers).zip(tr.dp.replicas()) {
+            last = Some(load_checkpoint(&ckpt, &g.params(), opt, scaler.as_mut())?);
+        }
+        let p = last.ok_or_else(|| Error::Invalid {
+            op: "resume",
+            detail: "no replicas".into(),
+        })?;
         if p.notes.get("model").map(String::as_str) != Some(c.model_key().as_str()) {
             return Err(Error::Format {
                 path: ckpt.display().to_string(),
@@ -661,39 +730,32 @@ fn run() -> Result<()> {
         println!("resumed   at step {step} from {}", ckpt.display());
     }
 
-    let one_step = |opt: &mut Adam, scaler: &mut Option<GradScaler>, step: u64, data: &mut u64| {
-        train_step(
-            &dev,
-            &g,
-            &text,
-            &c,
-            train_range,
-            opt,
-            scaler,
-            sched.at(step),
-            data,
-        )
+    let one_step = |tr: &mut Trainer, step: u64, data: &mut u64| {
+        train_step(tr, &text, &c, train_range, sched.at(step), data)
+    };
+    let sync_all = |tr: &Trainer| -> Result<()> {
+        tr.dp.replicas().iter().try_for_each(|(d, _)| d.sync())
     };
 
     if c.bench > 0 {
         for _ in 0..3 {
-            one_step(&mut opt, &mut scaler, step, &mut data)?;
+            one_step(&mut tr, step, &mut data)?;
         }
-        dev.sync()?;
+        sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
         for _ in 0..c.bench {
-            one_step(&mut opt, &mut scaler, step, &mut data)?;
+            one_step(&mut tr, step, &mut data)?;
         }
-        dev.sync()?;
+        sync_all(&tr)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3 / c.bench as f64;
         let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
-        let tps = (c.batch * c.context) as f64 / ms * 1e3;
+        let tps = (replicas * c.batch * c.context) as f64 / ms * 1e3;
         println!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
         if c.profile {
             dev.start_profiling()?;
             let t1 = Instant::now();
-            one_step(&mut opt, &mut scaler, step, &mut data)?;
+            one_step(&mut tr, step, &mut data)?;
             dev.sync()?;
             let wall = t1.elapsed().as_secs_f64() * 1e3;
             let prof = dev.stop_profiling()?;
@@ -717,21 +779,21 @@ fn run() -> Result<()> {
 
     let val_seed = 0x0005_eed0_f7a1;
     let train_seed = 0x0007_a10f_5eed;
-    let tokens = (c.batch * c.context) as f64;
+    let tokens = (replicas * c.batch * c.context) as f64;
     let start = Instant::now();
     let first_step = step;
     let mut last_val = f32::NAN;
     if val_curve.is_empty() {
         let (tl, vl) = (
-            mean_loss(&dev, &g, &text, train_range, &c, train_seed)?,
-            mean_loss(&dev, &g, &text, val_range, &c, val_seed)?,
+            mean_loss(tr.model().0, tr.model().1, &text, train_range, &c, train_seed)?,
+            mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
         );
         println!("step {step:>5}  train {tl:.4}  val {vl:.4}");
         train_curve.push((step, tl));
         val_curve.push((step, vl));
     }
     while step < c.steps {
-        let loss = one_step(&mut opt, &mut scaler, step, &mut data)?;
+        let loss = one_step(&mut tr, step, &mut data)?;
         step += 1;
         let done = step - first_step;
         let tps = tokens * done as f64 / start.elapsed().as_secs_f64();
@@ -746,8 +808,8 @@ fn run() -> Result<()> {
         );
         if step.is_multiple_of(c.eval_every) || step == c.steps {
             let (tl, vl) = (
-                mean_loss(&dev, &g, &text, train_range, &c, train_seed)?,
-                mean_loss(&dev, &g, &text, val_range, &c, val_seed)?,
+                mean_loss(tr.model().0, tr.model().1, &text, train_range, &c, train_seed)?,
+                mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
             );
             last_val = vl;
             eprintln!();
@@ -767,7 +829,7 @@ fn run() -> Result<()> {
                 data_position: data,
                 notes,
             };
-            save_checkpoint(&ckpt, &g.params(), &opt, scaler.as_ref(), &progress)?;
+            save_checkpoint(&ckpt, &tr.model().1.params(), &tr.opts[0], tr.scalers[0].as_ref(), &progress)?;
             std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;
         }
     }
@@ -788,7 +850,7 @@ fn run() -> Result<()> {
         "sample:\n{}",
         generate(
             &dev,
-            &g,
+            tr.model().1,
             &text,
             &c,
             &text.ids[text.split..text.split + 1],

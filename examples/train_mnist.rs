@@ -19,6 +19,7 @@ use std::time::Instant;
 use wgrad::data::{DataLoader, Dataset, InMemory, LoaderOptions};
 use wgrad::nn::{Activation, Flatten, Linear, Module, Sequential};
 use wgrad::optim::{Adam, LrSchedule, Optimizer};
+use wgrad::parallel::DataParallel;
 use wgrad::{DType, Device, Result, Tensor};
 
 /// Trains a small CNN (or an MLP) on MNIST and reports held-out accuracy, speed and memory.
@@ -46,6 +47,11 @@ struct Args {
     /// Loader threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Train data-parallel on these adapters (indices in `Device::all()`'s order, e.g. 0,1;
+    /// repeat one for two replicas on one adapter). Each replica takes --batch-size images of
+    /// its own share of the training set per step.
+    #[arg(long, value_name = "LIST")]
+    devices: Option<String>,
 }
 
 fn model(dev: &Device, kind: &str) -> Result<Sequential> {
@@ -90,8 +96,14 @@ fn accuracy(dev: &Device, net: &Sequential, ds: InMemory<f32>, batch: usize) -> 
 
 fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
-    let dev = Device::new()?;
-    dev.manual_seed(a.seed);
+    let devices = match &a.devices {
+        Some(list) => wgrad::parallel::open_devices(list)?,
+        None => vec![Device::new()?],
+    };
+    let dev = devices[0].clone();
+    for d in &devices {
+        d.manual_seed(a.seed);
+    }
     eprintln!("{}\n", dev.info());
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
@@ -111,23 +123,43 @@ fn main() -> Result<()> {
         a.model
     );
 
-    let net = model(&dev, &a.model)?;
-    let params = net.params();
+    let replicas = devices.len();
+    let dp = DataParallel::new(devices, |d| model(d, &a.model))?;
+    let params = dp.replicas()[0].1.params();
     let n_params: usize = params.iter().map(|(_, t)| t.numel()).sum();
-    eprintln!("{} parameters in {} tensors", n_params, params.len());
-    let mut opt = Adam::new(params, a.lr)?;
-    let loader = DataLoader::new(
-        &dev,
-        train,
-        LoaderOptions {
-            batch_size: a.batch,
-            shuffle: true,
-            seed: a.seed,
-            drop_last: true,
-            workers: a.workers,
-            prefetch: 2,
-        },
-    )?;
+    eprintln!(
+        "{} parameters in {} tensors{}",
+        n_params,
+        params.len(),
+        if replicas > 1 { format!(", {replicas} replicas (data parallel)") } else { String::new() }
+    );
+    let mut opts = dp
+        .replicas()
+        .iter()
+        .map(|(_, m)| Adam::new(m.params(), a.lr))
+        .collect::<Result<Vec<_>>>()?;
+    // Each replica reads its own share of the training set.
+    let loaders = dp
+        .replicas()
+        .iter()
+        .enumerate()
+        .map(|(r, (d, _))| {
+            DataLoader::new(
+                d,
+                train.subset(r * n_train / replicas..(r + 1) * n_train / replicas)?,
+                LoaderOptions {
+                    batch_size: a.batch,
+                    shuffle: true,
+                    seed: a.seed.wrapping_add(r as u64),
+                    drop_last: true,
+                    workers: a.workers,
+                    prefetch: 2,
+                },
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let loader = &loaders[0];
+    let net = &dp.replicas()[0].1;
     let steps = loader.batches_per_epoch() as u64;
     let sched = LrSchedule {
         base: a.lr,
@@ -150,16 +182,26 @@ fn main() -> Result<()> {
         bar.set_message(format!("{}/{}", epoch + 1, a.epochs));
         let t0 = Instant::now();
         let mut loss_sum = Tensor::zeros(&dev, &[], DType::F32)?;
-        for batch in loader.epoch(epoch as u64) {
-            let batch = batch?;
-            opt.set_lr(sched.at(step));
-            let loss = net.forward(&batch.x)?.cross_entropy(&batch.y)?;
-            loss.backward()?;
-            opt.step()?;
-            opt.zero_grad();
+        let mut epochs: Vec<_> = loaders.iter().map(|l| l.epoch(epoch as u64)).collect();
+        'steps: loop {
+            let mut batches = Vec::with_capacity(replicas);
+            for e in &mut epochs {
+                match e.next() {
+                    Some(b) => batches.push(b?),
+                    None => break 'steps,
+                }
+            }
+            for o in &mut opts {
+                o.set_lr(sched.at(step));
+            }
+            let rep = dp.step(&batches, |_, net, b| net.forward(&b.x)?.cross_entropy(&b.y))?;
+            for o in &mut opts {
+                o.step()?;
+                o.zero_grad();
+            }
             // Summed on the device: reading the loss every step would stall the pipeline.
-            loss_sum = wgrad::no_grad(|| loss_sum.add(&loss.detach()))?;
-            images += batch.indices.len();
+            loss_sum = wgrad::no_grad(|| loss_sum.add(&rep.losses[0]))?;
+            images += batches.iter().map(|b| b.indices.len()).sum::<usize>();
             step += 1;
             bar.inc(1);
         }
@@ -168,13 +210,13 @@ fn main() -> Result<()> {
         let dt = t0.elapsed().as_secs_f64();
         train_time += dt;
         bar.finish_and_clear();
-        acc = accuracy(&dev, &net, held.subset(0..n_held)?, a.batch)?;
+        acc = accuracy(&dev, net, held.subset(0..n_held)?, a.batch)?;
         let s = dev.memory_stats();
         println!(
             "epoch {}/{}  loss {mean_loss:.4}  held-out accuracy {acc:.4}  {:.0} images/s  peak {:.1} MiB allocated, {:.1} MiB reserved",
             epoch + 1,
             a.epochs,
-            (steps as usize * a.batch) as f64 / dt,
+            (steps as usize * a.batch * replicas) as f64 / dt,
             s.peak_allocated as f64 / 1048576.0,
             s.peak_reserved as f64 / 1048576.0
         );

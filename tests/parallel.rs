@@ -118,11 +118,11 @@ fn data_parallel_matches_one_device_with_the_whole_batch() {
         l.backward().unwrap();
         opt1.step().unwrap();
         opt1.zero_grad();
-        let mean = (rep.losses[0] + rep.losses[1]) / 2.0;
+        let losses: Vec<f32> = rep.losses.iter().map(|l| l.to_scalar().unwrap()).collect();
+        let mean = (losses[0] + losses[1]) / 2.0;
         assert!(
             (mean - whole).abs() <= 1e-5 * (1.0 + whole.abs()),
-            "step {s}: replicas {:?} (mean {mean}) vs one device {whole}",
-            rep.losses
+            "step {s}: replicas {losses:?} (mean {mean}) vs one device {whole}"
         );
     }
     let p0 = dp.replicas()[0].1.params();

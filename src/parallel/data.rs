@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 /// What one [`DataParallel::step`] did.
 #[derive(Clone, Debug)]
 pub struct StepReport {
-    /// Each replica's loss, in device order.
-    pub losses: Vec<f32>,
+    /// Each replica's loss (one element, on its device, not read back: reading it waits for
+    /// the step to finish), in device order.
+    pub losses: Vec<Tensor>,
     /// Wall time of the step (forward, backward, exchange).
     pub total: Duration,
     /// Time the host spent blocked waiting for gradient read-backs: the part of the exchange
@@ -48,7 +49,7 @@ pub struct DataParallel<M: Module> {
 
 enum Msg {
     Bucket(usize, usize, Readback<f32>),
-    Done(usize, Result<f32>),
+    Done(usize, Result<Tensor>),
 }
 
 impl<M: Module> DataParallel<M> {
@@ -129,7 +130,8 @@ impl<M: Module> DataParallel<M> {
     }
 
     /// One data-parallel step: replica r runs `loss(r, model, &inputs[r])` (a one-element loss,
-    /// each replica on its own thread) and its backward pass, and every replica's gradients
+    /// each replica on its own thread) and its backward pass (in a scope named "backward" on
+    /// its device, for profiles), and every replica's gradients
     /// become the mean over the replicas. Step each replica's optimizer afterwards. With shards
     /// of equal size and a mean loss, this is the gradient of the whole batch.
     pub fn step<I: Sync>(
@@ -145,9 +147,25 @@ impl<M: Module> DataParallel<M> {
             ));
         }
         let t0 = Instant::now();
+        if n == 1 {
+            // Nothing to exchange: the plain step, on the calling thread.
+            let l = loss(0, &self.replicas[0].1, &inputs[0])?;
+            let dev = &self.replicas[0].0;
+            dev.begin_scope("backward");
+            let done = l.backward();
+            dev.end_scope();
+            done?;
+            return Ok(StepReport {
+                losses: vec![l.detach()],
+                total: t0.elapsed(),
+                exchange_wait: Duration::ZERO,
+                buckets: 0,
+                bytes: 0,
+            });
+        }
         let (tx, rx) = mpsc::channel::<Msg>();
         let loss = &loss;
-        let mut losses = vec![0.0f32; n];
+        let mut losses: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
         let mut wait = Duration::ZERO;
         let mut bytes = 0u64;
         let outcome = std::thread::scope(|scope| -> Result<()> {
@@ -176,7 +194,7 @@ impl<M: Module> DataParallel<M> {
                     Msg::Done(r, res) => {
                         done += 1;
                         match res {
-                            Ok(l) => losses[r] = l,
+                            Ok(l) => losses[r] = Some(l),
                             Err(e) => {
                                 first_err.get_or_insert(e);
                             }
@@ -209,7 +227,7 @@ impl<M: Module> DataParallel<M> {
         });
         outcome?;
         Ok(StepReport {
-            losses,
+            losses: losses.into_iter().flatten().collect(),
             total: t0.elapsed(),
             exchange_wait: wait,
             buckets: self.buckets.len(),
@@ -228,7 +246,7 @@ impl<M: Module> DataParallel<M> {
         buckets: &[Vec<usize>],
         loss: &(impl Fn(usize, &M, &I) -> Result<Tensor> + Sync),
         tx: &mpsc::Sender<Msg>,
-    ) -> Result<f32> {
+    ) -> Result<Tensor> {
         let l = loss(r, model, input)?;
         let index: HashMap<TensorId, usize> = params
             .iter()
@@ -249,7 +267,9 @@ impl<M: Module> DataParallel<M> {
             tx.send(Msg::Bucket(r, b, rb))
                 .map_err(|_| Error::Internal("the step's collector has gone".into()))
         };
-        l.backward_hooked(&mut |leaf| {
+        let dev = &self.replicas[r].0;
+        dev.begin_scope("backward");
+        let done = l.backward_hooked(&mut |leaf| {
             if let Some(&i) = index.get(&leaf.id()) {
                 let b = bucket_of[i];
                 left[b] -= 1;
@@ -258,7 +278,9 @@ impl<M: Module> DataParallel<M> {
                 }
             }
             Ok(())
-        })?;
+        });
+        dev.end_scope();
+        done?;
         // Parameters the loss did not use have no gradient: zeros, as in every replica.
         for b in 0..buckets.len() {
             if !sent[b] {
@@ -271,7 +293,7 @@ impl<M: Module> DataParallel<M> {
                 send(b, &mut sent)?;
             }
         }
-        l.to_scalar()
+        Ok(l.detach())
     }
 
     /// Waits for bucket `b` from every replica, averages it and writes the mean into every
