@@ -653,9 +653,10 @@ fn run() -> Result<()> {
     let (train_range, val_range) = ((0, text.split), (text.split, text.ids.len()));
     std::fs::create_dir_all(&c.out)?;
     let ckpt = c.out.join("checkpoint.safetensors");
+    let names: Vec<String> = devices.iter().map(|d| d.info().name.clone()).collect();
     println!(
         "adapter   {} ({:?})\nmodel     {}, vocabulary {vocab}, {} training and {} validation characters",
-        dev.info().name,
+        names.join(" + "),
         dev.info().backend,
         c.model_key(),
         text.split,
