@@ -90,7 +90,11 @@ fn main() -> Result<()> {
     for d in &devs {
         d.set_memory_limit(Some(limit));
     }
-    println!("stage 0: {}\nstage 1: {}", devs[0].info().name, devs[1].info().name);
+    println!(
+        "stage 0: {}\nstage 1: {}",
+        devs[0].info().name,
+        devs[1].info().name
+    );
     let (b, s, w) = (a.batch, a.context, a.width);
     let mb = (limit as f64) / 1048576.0;
 

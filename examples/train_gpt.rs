@@ -122,6 +122,12 @@ struct Args {
     /// repeat one to put two replicas on one adapter). --batch is per device.
     #[arg(long, value_name = "LIST")]
     devices: Option<String>,
+    /// Gradient bucket size of the data-parallel exchange, in MiB.
+    #[arg(long, default_value_t = 4)]
+    bucket_mib: u64,
+    /// List the adapters --devices can name, and exit.
+    #[arg(long)]
+    list_devices: bool,
 }
 
 fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
@@ -474,7 +480,8 @@ impl Trainer {
 }
 
 /// One step on every replica: forward, cross-entropy, backward (scaled with f16), gradients
-/// averaged across replicas, clipped AdamW update. Returns the mean loss.
+/// averaged across replicas, clipped AdamW update. Returns the mean loss and how long the host
+/// waited for gradient read-backs.
 fn train_step(
     t: &mut Trainer,
     text: &Text,
@@ -482,15 +489,18 @@ fn train_step(
     range: (usize, usize),
     lr: f32,
     data: &mut u64,
-) -> Result<f32> {
+) -> Result<(f32, std::time::Duration)> {
     // One batch per replica, drawn in order from the one data stream (so resuming is exact).
-    let batches = t
-        .dp
-        .replicas()
+    let batches =
+        t.dp.replicas()
+            .iter()
+            .map(|(dev, _)| batch(dev, text, range, c, data))
+            .collect::<Result<Vec<_>>>()?;
+    let scales: Vec<f32> = t
+        .scalers
         .iter()
-        .map(|(dev, _)| batch(dev, text, range, c, data))
-        .collect::<Result<Vec<_>>>()?;
-    let scales: Vec<f32> = t.scalers.iter().map(|s| s.as_ref().map_or(1.0, |s| s.scale)).collect();
+        .map(|s| s.as_ref().map_or(1.0, |s| s.scale))
+        .collect();
     let report = t.dp.step(&batches, |r, g, (x, y)| {
         let dev = x.device();
         dev.begin_scope("forward");
@@ -517,7 +527,7 @@ fn train_step(
     for (l, s) in report.losses.iter().zip(&scales) {
         sum += l.to_scalar()? / s;
     }
-    Ok(sum / n)
+    Ok((sum / n, report.exchange_wait))
 }
 
 fn mean_loss(
@@ -636,11 +646,21 @@ fn main() {
 fn run() -> Result<()> {
     // Parsed before the device opens, so --help and typos answer at once.
     let args = <Args as clap::Parser>::parse();
+    if args.list_devices {
+        for a in Device::all() {
+            println!(
+                "#{} {} ({}, {}, {})",
+                a.index, a.name, a.backend, a.device_type, a.driver
+            );
+        }
+        return Ok(());
+    }
     let devices = match &args.devices {
         Some(list) => wgrad::parallel::open_devices(list)?,
         None => vec![Device::new()?],
     };
     let dev = devices[0].clone();
+    let args_bucket_mib = args.bucket_mib;
     let c = match Cfg::from_args(args, dev.info().is_cpu()) {
         Ok(c) => c,
         Err(e) => {
@@ -653,7 +673,17 @@ fn run() -> Result<()> {
     let (train_range, val_range) = ((0, text.split), (text.split, text.ids.len()));
     std::fs::create_dir_all(&c.out)?;
     let ckpt = c.out.join("checkpoint.safetensors");
-    let names: Vec<String> = devices.iter().map(|d| d.info().name.clone()).collect();
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            format!(
+                "{} [{}, {}]",
+                d.info().name,
+                d.info().backend,
+                d.info().driver
+            )
+        })
+        .collect();
     println!(
         "adapter   {} ({:?})\nmodel     {}, vocabulary {vocab}, {} training and {} validation characters",
         names.join(" + "),
@@ -667,8 +697,15 @@ fn run() -> Result<()> {
     for (r, d) in devices.iter().enumerate() {
         d.manual_seed(c.seed.wrapping_add(r as u64));
     }
-    let dp = DataParallel::new(devices, |d| Gpt::new(d, &c, vocab))?;
-    let n_params: usize = dp.replicas()[0].1.params().iter().map(|(_, t)| t.numel()).sum();
+    let bucket = args_bucket_mib << 20;
+    let mut dp = DataParallel::new(devices, |d| Gpt::new(d, &c, vocab))?;
+    dp.set_bucket_bytes(bucket);
+    let n_params: usize = dp.replicas()[0]
+        .1
+        .params()
+        .iter()
+        .map(|(_, t)| t.numel())
+        .sum();
     println!(
         "          {:.2}M parameters, batch {} x {}{}",
         n_params as f64 / 1e6,
@@ -694,7 +731,9 @@ fn run() -> Result<()> {
         .map(|(_, g)| Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true))
         .collect::<Result<Vec<_>>>()?;
     // f16's range needs a loss scaler; bf16 has f32's and trains without one.
-    let scalers = (0..replicas).map(|_| (c.dtype == DType::F16).then(GradScaler::new)).collect();
+    let scalers = (0..replicas)
+        .map(|_| (c.dtype == DType::F16).then(GradScaler::new))
+        .collect();
     let mut tr = Trainer { dp, opts, scalers };
     let sched = LrSchedule {
         base: c.lr,
@@ -708,7 +747,12 @@ fn run() -> Result<()> {
     if c.resume {
         // Every replica loads the same state.
         let mut last = None;
-        for ((opt, scaler), (_, g)) in tr.opts.iter_mut().zip(&mut tr.scalers).zip(tr.dp.replicas()) {
+        for ((opt, scaler), (_, g)) in tr
+            .opts
+            .iter_mut()
+            .zip(&mut tr.scalers)
+            .zip(tr.dp.replicas())
+        {
             last = Some(load_checkpoint(&ckpt, &g.params(), opt, scaler.as_mut())?);
         }
         let p = last.ok_or_else(|| Error::Invalid {
@@ -732,11 +776,10 @@ fn run() -> Result<()> {
     }
 
     let one_step = |tr: &mut Trainer, step: u64, data: &mut u64| {
-        train_step(tr, &text, &c, train_range, sched.at(step), data)
+        train_step(tr, &text, &c, train_range, sched.at(step), data).map(|r| r.0)
     };
-    let sync_all = |tr: &Trainer| -> Result<()> {
-        tr.dp.replicas().iter().try_for_each(|(d, _)| d.sync())
-    };
+    let sync_all =
+        |tr: &Trainer| -> Result<()> { tr.dp.replicas().iter().try_for_each(|(d, _)| d.sync()) };
 
     if c.bench > 0 {
         for _ in 0..3 {
@@ -745,14 +788,23 @@ fn run() -> Result<()> {
         sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
+        let mut exchange = 0.0;
         for _ in 0..c.bench {
-            one_step(&mut tr, step, &mut data)?;
+            exchange += train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?
+                .1
+                .as_secs_f64();
         }
         sync_all(&tr)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3 / c.bench as f64;
         let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
         let tps = (replicas * c.batch * c.context) as f64 / ms * 1e3;
         println!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
+        if replicas > 1 {
+            println!(
+                "exchange  the host waited {:.2} ms a step for gradient read-backs",
+                exchange * 1e3 / c.bench as f64
+            );
+        }
         if c.profile {
             dev.start_profiling()?;
             let t1 = Instant::now();
@@ -786,7 +838,14 @@ fn run() -> Result<()> {
     let mut last_val = f32::NAN;
     if val_curve.is_empty() {
         let (tl, vl) = (
-            mean_loss(tr.model().0, tr.model().1, &text, train_range, &c, train_seed)?,
+            mean_loss(
+                tr.model().0,
+                tr.model().1,
+                &text,
+                train_range,
+                &c,
+                train_seed,
+            )?,
             mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
         );
         println!("step {step:>5}  train {tl:.4}  val {vl:.4}");
@@ -809,7 +868,14 @@ fn run() -> Result<()> {
         );
         if step.is_multiple_of(c.eval_every) || step == c.steps {
             let (tl, vl) = (
-                mean_loss(tr.model().0, tr.model().1, &text, train_range, &c, train_seed)?,
+                mean_loss(
+                    tr.model().0,
+                    tr.model().1,
+                    &text,
+                    train_range,
+                    &c,
+                    train_seed,
+                )?,
                 mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
             );
             last_val = vl;
@@ -830,7 +896,13 @@ fn run() -> Result<()> {
                 data_position: data,
                 notes,
             };
-            save_checkpoint(&ckpt, &tr.model().1.params(), &tr.opts[0], tr.scalers[0].as_ref(), &progress)?;
+            save_checkpoint(
+                &ckpt,
+                &tr.model().1.params(),
+                &tr.opts[0],
+                tr.scalers[0].as_ref(),
+                &progress,
+            )?;
             std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;
         }
     }

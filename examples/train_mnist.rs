@@ -131,7 +131,11 @@ fn main() -> Result<()> {
         "{} parameters in {} tensors{}",
         n_params,
         params.len(),
-        if replicas > 1 { format!(", {replicas} replicas (data parallel)") } else { String::new() }
+        if replicas > 1 {
+            format!(", {replicas} replicas (data parallel)")
+        } else {
+            String::new()
+        }
     );
     let mut opts = dp
         .replicas()

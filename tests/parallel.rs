@@ -254,3 +254,73 @@ fn pipeline_gradients_match_the_unsplit_model() {
     assert_eq!(wgrad::parallel::open_devices("0,0").unwrap().len(), 2);
     assert!(wgrad::parallel::open_devices("x").is_err());
 }
+
+/// f16 replicas exchange f16 buckets: they stay bit-identical and track one f16 device on the
+/// whole batch within f16 rounding.
+#[test]
+fn data_parallel_in_f16() {
+    let (a, b) = two_devices();
+    let mut rng = Rng::new(4);
+    let n = 8usize;
+    let build = |dev: &Device| -> wgrad::Result<Sequential> {
+        Ok(Sequential::new()
+            .add("l1", Linear::new(dev, 12, 16, true, DType::F16)?)
+            .add("act", Activation::Tanh)
+            .add("l2", Linear::new(dev, 16, 5, true, DType::F16)?))
+    };
+    let dp = DataParallel::new(vec![a, b], build).unwrap();
+    let one_dev = device();
+    let single = build(&one_dev).unwrap();
+    for ((_, p), (_, q)) in dp.replicas()[0].1.params().iter().zip(single.params()) {
+        q.copy_from_slice(&p.to_vec::<half::f16>().unwrap())
+            .unwrap();
+    }
+    let x = rng.vec(n * 12);
+    let y = rng.vec(n * 5);
+    let shards: Vec<(Vec<f32>, Vec<f32>)> = (0..2)
+        .map(|r| {
+            (
+                x[r * 48..(r + 1) * 48].to_vec(),
+                y[r * 20..(r + 1) * 20].to_vec(),
+            )
+        })
+        .collect();
+    let rep = dp
+        .step(&shards, |r, m, (xs, ys)| {
+            let dev = &dp.replicas()[r].0;
+            let xt = tensor(dev, xs, &[n / 2, 12], DType::F16);
+            let yt = tensor(dev, ys, &[n / 2, 5], DType::F16);
+            m.forward(&xt)?.mse_loss(&yt)
+        })
+        .unwrap();
+    assert_eq!(rep.bytes, 2 * (12 * 16 + 16 + 16 * 5 + 5) as u64, "{rep:?}");
+    let xt = tensor(&one_dev, &x, &[n, 12], DType::F16);
+    let yt = tensor(&one_dev, &y, &[n, 5], DType::F16);
+    single
+        .forward(&xt)
+        .unwrap()
+        .mse_loss(&yt)
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g0 = dp.replicas()[0].1.params();
+    let g1 = dp.replicas()[1].1.params();
+    for (((name, p), (_, q)), (_, s)) in g0.iter().zip(&g1).zip(single.params()) {
+        let (gp, gq) = (p.grad().unwrap(), q.grad().unwrap());
+        assert_eq!(gp.dtype(), DType::F16);
+        assert_eq!(
+            gp.to_vec::<half::f16>().unwrap(),
+            gq.to_vec::<half::f16>().unwrap(),
+            "{name}"
+        );
+        let want: Vec<f64> = s
+            .grad()
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        assert_close_tol(&gp.to_f32_vec().unwrap(), &want, (2e-3, 1e-2), name);
+    }
+}

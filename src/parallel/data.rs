@@ -4,13 +4,17 @@
 //!
 //! Gradients travel in buckets of parameters (about [`DataParallel::DEFAULT_BUCKET_BYTES`]
 //! each, filled from the last parameter backwards, the order the backward pass finishes
-//! them). A replica starts the read-back of a bucket the moment the last of its gradients is
-//! complete ([`Tensor::backward_hooked`]), while it goes on queueing the rest of its backward
-//! pass; the calling thread sums each bucket as soon as every replica's copy is on the host
-//! and uploads the mean into every replica's gradients. So the exchange of the early buckets
-//! overlaps the late part of the backward pass, and the host's summing overlaps the devices'
-//! work. The sum is in f32 on the host, in replica order, and every replica receives the same
-//! bytes, so replicas on identical adapters keep bit-identical parameters.
+//! them). A replica queues the read-back of a bucket the moment the last of its gradients is
+//! complete ([`Tensor::backward_hooked`]) and goes on queueing the rest of its backward pass,
+//! so the device copies the early buckets out while it computes the late gradients. The
+//! calling thread waits for the buckets once every replica has queued its whole backward pass
+//! (waiting earlier, on a device another thread is still submitting to, measured the same on
+//! two H200s and would tie the queueing to polling), then waits for each bucket's copies on
+//! one thread per replica. Each bucket's mean goes back in one upload per replica. Buckets of f16 (bf16) parameters travel as f16 (bf16), half the bytes of f32: on
+//! an H200 the read-back through wgpu's mapped staging memory ran at 1.3-5 GB/s, and it, not
+//! the device's computation, bounds the step (BENCHMARKS.md). The sum is in f32 on the host,
+//! in replica order, and every replica receives the same bytes, so replicas on identical
+//! adapters keep bit-identical parameters.
 
 use crate::device::{Device, Readback};
 use crate::dtype::DType;
@@ -32,9 +36,9 @@ pub struct StepReport {
     /// Time the host spent blocked waiting for gradient read-backs: the part of the exchange
     /// the computation did not hide.
     pub exchange_wait: Duration,
-    /// Buckets exchanged and the bytes read back per replica.
+    /// Buckets exchanged.
     pub buckets: usize,
-    /// Bytes of gradients each replica sent (f32).
+    /// Bytes of gradients each replica sent (16-bit for f16 and bf16 models, else f32).
     pub bytes: u64,
 }
 
@@ -48,7 +52,7 @@ pub struct DataParallel<M: Module> {
 }
 
 enum Msg {
-    Bucket(usize, usize, Readback<f32>),
+    Bucket(usize, usize, Readback<u8>),
     Done(usize, Result<Tensor>),
 }
 
@@ -181,7 +185,7 @@ impl<M: Module> DataParallel<M> {
             }
             drop(tx);
             // Collect buckets as replicas send them; reduce each once all replicas have.
-            let mut arrived: HashMap<usize, Vec<Option<Readback<f32>>>> = HashMap::new();
+            let mut arrived: HashMap<usize, Vec<Option<Readback<u8>>>> = HashMap::new();
             let mut first_err: Option<Error> = None;
             let mut done = 0;
             while done < n {
@@ -205,23 +209,27 @@ impl<M: Module> DataParallel<M> {
                             .entry(b)
                             .or_insert_with(|| (0..n).map(|_| None).collect());
                         slot[r] = Some(rb);
-                        if first_err.is_none() && slot.iter().all(Option::is_some) {
-                            let reads = arrived.remove(&b).unwrap_or_default();
-                            match self.reduce(b, reads, &mut wait) {
-                                Ok(nb) => bytes += nb,
-                                Err(e) => {
-                                    first_err.get_or_insert(e);
-                                }
-                            }
-                        }
                     }
+                }
+            }
+            // Every replica has queued its backward pass: reduce, in bucket order.
+            if first_err.is_none() {
+                for b in 0..self.buckets.len() {
+                    let Some(reads) = arrived.remove(&b) else {
+                        return Err(Error::Internal(format!(
+                            "gradient bucket {b} never arrived"
+                        )));
+                    };
+                    if reads.iter().any(Option::is_none) {
+                        return Err(Error::Internal(format!(
+                            "gradient bucket {b} did not arrive from every replica"
+                        )));
+                    }
+                    bytes += self.reduce(b, reads, &mut wait)?;
                 }
             }
             match first_err {
                 Some(e) => Err(e),
-                None if !arrived.is_empty() => Err(Error::Internal(
-                    "a gradient bucket did not arrive from every replica".into(),
-                )),
                 None => Ok(()),
             }
         });
@@ -262,7 +270,7 @@ impl<M: Module> DataParallel<M> {
         }
         let mut sent = vec![false; buckets.len()];
         let send = |b: usize, sent: &mut Vec<bool>| -> Result<()> {
-            let rb = flatten(params, &buckets[b])?.to_vec_async::<f32>()?;
+            let rb = flatten(params, &buckets[b])?.read_bytes_async()?;
             sent[b] = true;
             tx.send(Msg::Bucket(r, b, rb))
                 .map_err(|_| Error::Internal("the step's collector has gone".into()))
@@ -301,15 +309,34 @@ impl<M: Module> DataParallel<M> {
     fn reduce(
         &self,
         b: usize,
-        reads: Vec<Option<Readback<f32>>>,
+        reads: Vec<Option<Readback<u8>>>,
         wait: &mut Duration,
     ) -> Result<u64> {
         let n = reads.len();
+        let dtype = bucket_dtype(&self.params[0], &self.buckets[b]);
+        // Each replica's copy waited for and widened on its own thread: the read-backs of
+        // the devices then overlap, and so do the copies out of their mapped memory.
+        let t = Instant::now();
+        let parts: Vec<Result<Vec<f32>>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = reads
+                .into_iter()
+                .flatten()
+                .map(|rb| sc.spawn(move || rb.wait().map(|bytes| widen(&bytes, dtype))))
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Internal("a read-back thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        *wait += t.elapsed();
         let mut sum: Vec<f32> = Vec::new();
-        for rb in reads.into_iter().flatten() {
-            let t = Instant::now();
-            let v = rb.wait()?;
-            *wait += t.elapsed();
+        let mut sent = 0u64;
+        for v in parts {
+            let v = v?;
+            sent = (v.len() * dtype.size()) as u64;
             if sum.is_empty() {
                 sum = v;
             } else {
@@ -319,22 +346,57 @@ impl<M: Module> DataParallel<M> {
         let inv = 1.0 / n as f32;
         sum.iter_mut().for_each(|s| *s *= inv);
         for (r, (dev, _)) in self.replicas.iter().enumerate() {
+            // One upload per replica, then each parameter's slice in its dtype.
+            let flat = Tensor::from_slice(dev, &sum, &[sum.len()])?;
             let mut at = 0;
             for &i in &self.buckets[b] {
                 let p = &self.params[r][i].1;
                 let len = p.numel();
-                let g = Tensor::from_slice(dev, &sum[at..at + len], p.shape())?;
-                let g = crate::autograd::no_grad(|| g.to_dtype(p.dtype()))?;
+                let g = crate::autograd::no_grad(|| {
+                    flat.narrow(0, at, len)?
+                        .reshape(p.shape())?
+                        .to_dtype(p.dtype())?
+                        .contiguous()
+                })?;
                 p.set_grad(Some(g));
                 at += len;
             }
         }
-        Ok(4 * sum.len() as u64)
+        Ok(sent)
     }
 }
 
-/// The gradients of `idx` as one f32 vector on their device.
+/// The dtype a bucket travels in: its parameters' when they share a 16-bit one (half the
+/// bytes of f32), else f32.
+fn bucket_dtype(params: &[(String, Tensor)], idx: &[usize]) -> DType {
+    let first = idx.first().map(|&i| params[i].1.dtype());
+    match first {
+        Some(d @ (DType::F16 | DType::BF16)) if idx.iter().all(|&i| params[i].1.dtype() == d) => d,
+        _ => DType::F32,
+    }
+}
+
+/// Read-back bytes of a bucket in `dtype` as f32 values.
+fn widen(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
+/// The gradients of `idx` as one vector on their device, in the bucket's dtype.
 fn flatten(params: &[(String, Tensor)], idx: &[usize]) -> Result<Tensor> {
+    let dtype = bucket_dtype(params, idx);
     crate::autograd::no_grad(|| {
         let mut parts = Vec::with_capacity(idx.len());
         for &i in idx {
@@ -342,7 +404,7 @@ fn flatten(params: &[(String, Tensor)], idx: &[usize]) -> Result<Tensor> {
             let g = p.grad().ok_or_else(|| {
                 Error::Internal(format!("parameter {name} has no gradient after backward"))
             })?;
-            parts.push(g.reshape(&[g.numel()])?.to_dtype(DType::F32)?);
+            parts.push(g.reshape(&[g.numel()])?.to_dtype(dtype)?);
         }
         let refs: Vec<&Tensor> = parts.iter().collect();
         Tensor::cat(&refs, 0)
