@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use wgrad::nn::{Activation, Linear, Module, Sequential};
-use wgrad::optim::{Adam, Optimizer};
+use wgrad::optim::{Optimizer, Sgd};
 use wgrad::parallel::{DataParallel, Pipeline};
 use wgrad::{DType, Device, Tensor};
 
@@ -81,12 +81,10 @@ fn data_parallel_matches_one_device_with_the_whole_batch() {
     let single = mlp(&one_dev).unwrap();
     copy_params(&dp.replicas()[0].1.params(), &single.params());
 
-    let mut opts: Vec<Adam> = dp
-        .replicas()
-        .iter()
-        .map(|(_, m)| Adam::new(m.params(), 1e-2).unwrap())
-        .collect();
-    let mut opt1 = Adam::new(single.params(), 1e-2).unwrap();
+    // SGD, whose step scales with the gradient (Adam's would hide a sum taken for a mean).
+    let sgd = |p| Sgd::new(p, 0.2, 0.9, 0.0, false).unwrap();
+    let mut opts: Vec<Sgd> = dp.replicas().iter().map(|(_, m)| sgd(m.params())).collect();
+    let mut opt1 = sgd(single.params());
     for s in 0..steps {
         // Shard r: rows [r * n/2, (r + 1) * n/2).
         let shards: Vec<(Vec<f32>, Vec<f32>)> = (0..2)

@@ -16,8 +16,8 @@
 //! in replica order, and every replica receives the same bytes, so replicas on identical
 //! adapters keep bit-identical parameters.
 
+use super::bucket::{bucket_dtype, buckets, flatten, widen};
 use crate::device::{Device, Readback};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::tensor::{Tensor, TensorId};
@@ -97,21 +97,7 @@ impl<M: Module> DataParallel<M> {
     /// parameter per bucket): smaller buckets start the exchange earlier, larger ones pay fewer
     /// read-backs.
     pub fn set_bucket_bytes(&mut self, bytes: u64) {
-        let mut buckets: Vec<Vec<usize>> = Vec::new();
-        let mut cur: Vec<usize> = Vec::new();
-        let mut size = 0u64;
-        for i in (0..self.params[0].len()).rev() {
-            cur.push(i);
-            size += 4 * self.params[0][i].1.numel() as u64;
-            if size >= bytes {
-                buckets.push(std::mem::take(&mut cur));
-                size = 0;
-            }
-        }
-        if !cur.is_empty() {
-            buckets.push(cur);
-        }
-        self.buckets = buckets;
+        self.buckets = buckets(&self.params[0], bytes);
     }
 
     /// The devices and their replicas (build one optimizer per replica from its parameters).
@@ -364,49 +350,4 @@ impl<M: Module> DataParallel<M> {
         }
         Ok(sent)
     }
-}
-
-/// The dtype a bucket travels in: its parameters' when they share a 16-bit one (half the
-/// bytes of f32), else f32.
-fn bucket_dtype(params: &[(String, Tensor)], idx: &[usize]) -> DType {
-    let first = idx.first().map(|&i| params[i].1.dtype());
-    match first {
-        Some(d @ (DType::F16 | DType::BF16)) if idx.iter().all(|&i| params[i].1.dtype() == d) => d,
-        _ => DType::F32,
-    }
-}
-
-/// Read-back bytes of a bucket in `dtype` as f32 values.
-fn widen(bytes: &[u8], dtype: DType) -> Vec<f32> {
-    match dtype {
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    }
-}
-
-/// The gradients of `idx` as one vector on their device, in the bucket's dtype.
-fn flatten(params: &[(String, Tensor)], idx: &[usize]) -> Result<Tensor> {
-    let dtype = bucket_dtype(params, idx);
-    crate::autograd::no_grad(|| {
-        let mut parts = Vec::with_capacity(idx.len());
-        for &i in idx {
-            let (name, p) = &params[i];
-            let g = p.grad().ok_or_else(|| {
-                Error::Internal(format!("parameter {name} has no gradient after backward"))
-            })?;
-            parts.push(g.reshape(&[g.numel()])?.to_dtype(dtype)?);
-        }
-        let refs: Vec<&Tensor> = parts.iter().collect();
-        Tensor::cat(&refs, 0)
-    })
 }

@@ -10,10 +10,15 @@
 //! Several devices may sit on one adapter (`Device::with_options` twice), which is how the
 //! tests run this on a CPU-only machine.
 
+mod bucket;
 mod data;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod pipeline;
 
 pub use data::{DataParallel, StepReport};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiGroup;
 pub use pipeline::{Pipeline, PipelineReport};
 
 use crate::device::Device;
