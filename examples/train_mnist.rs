@@ -52,6 +52,43 @@ struct Args {
     /// its own share of the training set per step.
     #[arg(long, value_name = "LIST")]
     devices: Option<String>,
+    /// One process per GPU under `mpirun -np N` (build with `--features mpi`): each process
+    /// trains on its share of the images on its host's adapter number local-rank, and the
+    /// gradients are averaged across processes with MPI. Rank 0 reports.
+    #[arg(long, conflicts_with = "devices")]
+    mpi: bool,
+}
+
+#[cfg(feature = "mpi")]
+use wgrad::parallel::MpiGroup;
+
+/// Stands in for `wgrad::parallel::MpiGroup` in a build without the `mpi` feature.
+#[cfg(not(feature = "mpi"))]
+struct MpiGroup;
+
+#[cfg(not(feature = "mpi"))]
+impl MpiGroup {
+    fn init() -> Result<MpiGroup> {
+        Err(wgrad::Error::Unsupported(
+            "--mpi needs the example built with `--features mpi`".into(),
+        ))
+    }
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn broadcast_params(&self, _: &[(String, Tensor)]) -> Result<()> {
+        Ok(())
+    }
+    fn backward(&self, l: &Tensor, _: &[(String, Tensor)]) -> Result<std::time::Duration> {
+        l.backward()?;
+        Ok(std::time::Duration::ZERO)
+    }
 }
 
 fn model(dev: &Device, kind: &str) -> Result<Sequential> {
@@ -96,8 +133,15 @@ fn accuracy(dev: &Device, net: &Sequential, ds: InMemory<f32>, batch: usize) -> 
 
 fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
+    let group = if a.mpi { Some(MpiGroup::init()?) } else { None };
+    let (rank, ranks) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
+    let root_rank = rank == 0;
     let devices = match &a.devices {
         Some(list) => wgrad::parallel::open_devices(list)?,
+        None if group.is_some() => {
+            let local = group.as_ref().map_or(0, |g| g.local_rank());
+            vec![Device::with_index(local % Device::all().len().max(1))?]
+        }
         None => vec![Device::new()?],
     };
     let dev = devices[0].clone();
@@ -116,6 +160,13 @@ fn main() -> Result<()> {
             wgrad::data::mnist::load(dir, "train")?,
             wgrad::data::mnist::load(dir, "t10k")?,
         ),
+    };
+    // Under MPI each process trains on its share of the images.
+    let train = if ranks > 1 {
+        let n = train.len();
+        train.subset(rank * n / ranks..(rank + 1) * n / ranks)?
+    } else {
+        train
     };
     let (n_train, n_held) = (train.len(), held.len());
     eprintln!(
@@ -137,6 +188,10 @@ fn main() -> Result<()> {
             String::new()
         }
     );
+    if let Some(g) = &group {
+        // Every process starts from rank 0's weights.
+        g.broadcast_params(&params)?;
+    }
     let mut opts = dp
         .replicas()
         .iter()
@@ -178,7 +233,11 @@ fn main() -> Result<()> {
     let mut images = 0usize;
     dev.reset_peak();
     for epoch in 0..a.epochs {
-        let bar = ProgressBar::new(steps);
+        let bar = if root_rank {
+            ProgressBar::new(steps)
+        } else {
+            ProgressBar::hidden()
+        };
         bar.set_style(
             ProgressStyle::with_template("epoch {msg} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -198,13 +257,26 @@ fn main() -> Result<()> {
             for o in &mut opts {
                 o.set_lr(sched.at(step));
             }
-            let rep = dp.step(&batches, |_, net, b| net.forward(&b.x)?.cross_entropy(&b.y))?;
+            let loss = match &group {
+                Some(g) => {
+                    let b = &batches[0];
+                    let l = net.forward(&b.x)?.cross_entropy(&b.y)?;
+                    g.backward(&l, &params)?;
+                    l.detach()
+                }
+                None => {
+                    let rep =
+                        dp.step(&batches, |_, net, b| net.forward(&b.x)?.cross_entropy(&b.y))?;
+                    rep.losses[0].clone()
+                }
+            };
             for o in &mut opts {
                 o.step()?;
                 o.zero_grad();
             }
-            // Summed on the device: reading the loss every step would stall the pipeline.
-            loss_sum = wgrad::no_grad(|| loss_sum.add(&rep.losses[0]))?;
+            // This process's (first replica's) loss, summed on the device: reading it every
+            // step would stall the pipeline.
+            loss_sum = wgrad::no_grad(|| loss_sum.add(&loss))?;
             images += batches.iter().map(|b| b.indices.len()).sum::<usize>();
             step += 1;
             bar.inc(1);
@@ -216,20 +288,27 @@ fn main() -> Result<()> {
         bar.finish_and_clear();
         acc = accuracy(&dev, net, held.subset(0..n_held)?, a.batch)?;
         let s = dev.memory_stats();
+        if !root_rank {
+            continue;
+        }
         println!(
             "epoch {}/{}  loss {mean_loss:.4}  held-out accuracy {acc:.4}  {:.0} images/s  peak {:.1} MiB allocated, {:.1} MiB reserved",
             epoch + 1,
             a.epochs,
-            (steps as usize * a.batch * replicas) as f64 / dt,
+            (steps as usize * a.batch * replicas * ranks) as f64 / dt,
             s.peak_allocated as f64 / 1048576.0,
             s.peak_reserved as f64 / 1048576.0
         );
     }
+    if !root_rank {
+        return Ok(());
+    }
     println!("\n{}\n", dev.memory_report());
     let peak = dev.memory_stats().peak_allocated as f64 / 1048576.0;
+    // Images of every process (each trains the same number of steps).
     println!(
         "accuracy={acc:.4} images_per_s={:.0} peak_mem_mb={peak:.1}",
-        images as f64 / train_time
+        (images * ranks) as f64 / train_time
     );
     Ok(())
 }
