@@ -27,6 +27,29 @@ use std::time::Instant;
 use wgrad::nn::{Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
 use wgrad::optim::{Adam, GradScaler, LrSchedule, NonFinite, Optimizer, guarded_step};
 use wgrad::parallel::DataParallel;
+
+#[path = "common/mpi_group.rs"]
+mod mpi_group;
+use mpi_group::MpiGroup;
+
+/// Set on the ranks other than 0 under mpirun: only rank 0 reports.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+macro_rules! say {
+    ($($t:tt)*) => {
+        if !QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+            println!($($t)*)
+        }
+    };
+}
+
+macro_rules! say_err {
+    ($($t:tt)*) => {
+        if !QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+            eprint!($($t)*)
+        }
+    };
+}
 use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
 use wgrad::{DType, Device, Error, Result, Tensor};
 
@@ -122,6 +145,11 @@ struct Args {
     /// repeat one to put two replicas on one adapter). --batch is per device.
     #[arg(long, value_name = "LIST")]
     devices: Option<String>,
+    /// One process per GPU under `mpirun -np N` (build with `--features mpi`): each process
+    /// trains on its own batches on its host's adapter number local-rank, gradients are
+    /// averaged with MPI, rank 0 reports and saves. --batch is per process.
+    #[arg(long, conflicts_with = "devices")]
+    mpi: bool,
     /// Gradient bucket size of the data-parallel exchange, in MiB.
     #[arg(long, default_value_t = 4)]
     bucket_mib: u64,
@@ -469,6 +497,8 @@ struct Trainer {
     dp: DataParallel<Gpt>,
     opts: Vec<Adam>,
     scalers: Vec<Option<GradScaler>>,
+    /// Under mpirun: the other processes (this one has one replica).
+    mpi: Option<MpiGroup>,
 }
 
 impl Trainer {
@@ -490,24 +520,52 @@ fn train_step(
     lr: f32,
     data: &mut u64,
 ) -> Result<(f32, std::time::Duration)> {
-    // One batch per replica, drawn in order from the one data stream (so resuming is exact).
-    let batches =
-        t.dp.replicas()
-            .iter()
-            .map(|(dev, _)| batch(dev, text, range, c, data))
-            .collect::<Result<Vec<_>>>()?;
     let scales: Vec<f32> = t
         .scalers
         .iter()
         .map(|s| s.as_ref().map_or(1.0, |s| s.scale))
         .collect();
-    let report = t.dp.step(&batches, |r, g, (x, y)| {
+    let forward = |g: &Gpt, x: &Tensor, y: &Tensor, scale: f32| -> Result<Tensor> {
         let dev = x.device();
         dev.begin_scope("forward");
         let loss = g.logits(x)?.cross_entropy(y)?;
         dev.end_scope();
-        loss.mul_scalar(scales[r])
-    })?;
+        loss.mul_scalar(scale)
+    };
+    let (losses, wait) = match &t.mpi {
+        Some(group) => {
+            // Every process draws the same batches from the one data stream (so resuming is
+            // exact) and trains on the one of its rank.
+            let (dev, g) = &t.dp.replicas()[0];
+            let mut mine = None;
+            for k in 0..group.size() {
+                if k == group.rank() {
+                    mine = Some(batch(dev, text, range, c, data)?);
+                } else {
+                    (0..c.batch).for_each(|_| {
+                        next(data);
+                    });
+                }
+            }
+            let (x, y) = mine.ok_or_else(|| Error::Internal("no batch for this rank".into()))?;
+            let loss = forward(g, &x, &y, scales[0])?;
+            dev.begin_scope("backward");
+            let wait = group.backward(&loss, &g.params());
+            dev.end_scope();
+            (vec![loss.detach()], wait?)
+        }
+        None => {
+            // One batch per replica, drawn in order from the one data stream.
+            let batches =
+                t.dp.replicas()
+                    .iter()
+                    .map(|(dev, _)| batch(dev, text, range, c, data))
+                    .collect::<Result<Vec<_>>>()?;
+            let report =
+                t.dp.step(&batches, |r, g, (x, y)| forward(g, x, y, scales[r]))?;
+            (report.losses, report.exchange_wait)
+        }
+    };
     for ((opt, scaler), (dev, _)) in t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas()) {
         dev.begin_scope("optimizer");
         opt.set_lr(lr);
@@ -522,12 +580,16 @@ fn train_step(
         opt.zero_grad();
         dev.end_scope();
     }
-    let n = report.losses.len() as f32;
+    let n = losses.len() as f32;
     let mut sum = 0.0;
-    for (l, s) in report.losses.iter().zip(&scales) {
+    for (l, s) in losses.iter().zip(&scales) {
         sum += l.to_scalar()? / s;
     }
-    Ok((sum / n, report.exchange_wait))
+    let mean = match &t.mpi {
+        Some(group) => group.mean(sum / n),
+        None => sum / n,
+    };
+    Ok((mean, wait))
 }
 
 fn mean_loss(
@@ -655,8 +717,19 @@ fn run() -> Result<()> {
         }
         return Ok(());
     }
+    let group = if args.mpi {
+        Some(MpiGroup::init()?)
+    } else {
+        None
+    };
+    let root = group.as_ref().is_none_or(|g| g.rank() == 0);
+    QUIET.store(!root, std::sync::atomic::Ordering::Relaxed);
     let devices = match &args.devices {
         Some(list) => wgrad::parallel::open_devices(list)?,
+        None if group.is_some() => {
+            let local = group.as_ref().map_or(0, |g| g.local_rank());
+            vec![Device::with_index(local % Device::all().len().max(1))?]
+        }
         None => vec![Device::new()?],
     };
     let dev = devices[0].clone();
@@ -684,7 +757,7 @@ fn run() -> Result<()> {
             )
         })
         .collect();
-    println!(
+    say!(
         "adapter   {} ({:?})\nmodel     {}, vocabulary {vocab}, {} training and {} validation characters",
         names.join(" + "),
         dev.info().backend,
@@ -706,7 +779,7 @@ fn run() -> Result<()> {
         .iter()
         .map(|(_, t)| t.numel())
         .sum();
-    println!(
+    say!(
         "          {:.2}M parameters, batch {} x {}{}",
         n_params as f64 / 1e6,
         c.batch,
@@ -721,7 +794,7 @@ fn run() -> Result<()> {
     if c.generate {
         let g = &dp.replicas()[0].1;
         load_weights(&ckpt, &g.params())?;
-        println!("{}", generate(&dev, g, &text, &c, &[text.ids[0]], c.seed)?);
+        say!("{}", generate(&dev, g, &text, &c, &[text.ids[0]], c.seed)?);
         return Ok(());
     }
 
@@ -734,7 +807,17 @@ fn run() -> Result<()> {
     let scalers = (0..replicas)
         .map(|_| (c.dtype == DType::F16).then(GradScaler::new))
         .collect();
-    let mut tr = Trainer { dp, opts, scalers };
+    if let Some(g) = &group {
+        // Every process starts from rank 0's weights.
+        g.broadcast_params(&dp.replicas()[0].1.params())?;
+    }
+    let ranks = group.as_ref().map_or(1, |g| g.size());
+    let mut tr = Trainer {
+        dp,
+        opts,
+        scalers,
+        mpi: group,
+    };
     let sched = LrSchedule {
         base: c.lr,
         min: c.min_lr,
@@ -772,7 +855,7 @@ fn run() -> Result<()> {
         (step, data) = (p.step, p.data_position);
         train_curve = curve_parse(p.notes.get("train_curve"));
         val_curve = curve_parse(p.notes.get("val_curve"));
-        println!("resumed   at step {step} from {}", ckpt.display());
+        say!("resumed   at step {step} from {}", ckpt.display());
     }
 
     let one_step = |tr: &mut Trainer, step: u64, data: &mut u64| {
@@ -797,10 +880,10 @@ fn run() -> Result<()> {
         sync_all(&tr)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3 / c.bench as f64;
         let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
-        let tps = (replicas * c.batch * c.context) as f64 / ms * 1e3;
-        println!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
+        let tps = (ranks * replicas * c.batch * c.context) as f64 / ms * 1e3;
+        say!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
         if replicas > 1 {
-            println!(
+            say!(
                 "exchange  the host waited {:.2} ms a step for gradient read-backs",
                 exchange * 1e3 / c.bench as f64
             );
@@ -812,27 +895,27 @@ fn run() -> Result<()> {
             dev.sync()?;
             let wall = t1.elapsed().as_secs_f64() * 1e3;
             let prof = dev.stop_profiling()?;
-            println!("{prof}");
+            say!("{prof}");
             for s in prof.by_scope() {
-                println!(
+                say!(
                     "scope {:<10} {:>5} dispatches {:>9.3} ms",
                     s.name,
                     s.calls,
                     s.total.as_secs_f64() * 1e3
                 );
             }
-            println!(
+            say!(
                 "profiled step: {wall:.2} ms wall, {:.2} ms in kernels",
                 prof.total().as_secs_f64() * 1e3
             );
         }
-        println!("bench_ms_per_step={ms:.3} tokens_per_s={tps:.0} peak_mem_mb={peak:.1}");
+        say!("bench_ms_per_step={ms:.3} tokens_per_s={tps:.0} peak_mem_mb={peak:.1}");
         return Ok(());
     }
 
     let val_seed = 0x0005_eed0_f7a1;
     let train_seed = 0x0007_a10f_5eed;
-    let tokens = (replicas * c.batch * c.context) as f64;
+    let tokens = (ranks * replicas * c.batch * c.context) as f64;
     let start = Instant::now();
     let first_step = step;
     let mut last_val = f32::NAN;
@@ -848,7 +931,7 @@ fn run() -> Result<()> {
             )?,
             mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
         );
-        println!("step {step:>5}  train {tl:.4}  val {vl:.4}");
+        say!("step {step:>5}  train {tl:.4}  val {vl:.4}");
         train_curve.push((step, tl));
         val_curve.push((step, vl));
     }
@@ -860,7 +943,7 @@ fn run() -> Result<()> {
         let mem = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
         let w = 30;
         let filled = (w as u64 * step / c.steps.max(1)) as usize;
-        eprint!(
+        say_err!(
             "\r[{}{}] {step}/{}  loss {loss:.4}  {tps:.0} tokens/s  peak {mem:.0} MiB ",
             "#".repeat(filled),
             ".".repeat(w - filled),
@@ -879,8 +962,8 @@ fn run() -> Result<()> {
                 mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
             );
             last_val = vl;
-            eprintln!();
-            println!(
+            say_err!("\n");
+            say!(
                 "step {step:>5}  train {tl:.4}  val {vl:.4}  lr {:.2e}  {:.0} s",
                 sched.at(step - 1),
                 start.elapsed().as_secs_f64()
@@ -896,14 +979,17 @@ fn run() -> Result<()> {
                 data_position: data,
                 notes,
             };
-            save_checkpoint(
-                &ckpt,
-                &tr.model().1.params(),
-                &tr.opts[0],
-                tr.scalers[0].as_ref(),
-                &progress,
-            )?;
-            std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;
+            // Rank 0 saves (every process holds the same state).
+            if root {
+                save_checkpoint(
+                    &ckpt,
+                    &tr.model().1.params(),
+                    &tr.opts[0],
+                    tr.scalers[0].as_ref(),
+                    &progress,
+                )?;
+                std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;
+            }
         }
     }
     let secs = start.elapsed().as_secs_f64();
@@ -915,11 +1001,11 @@ fn run() -> Result<()> {
     }
     let first_val = val_curve.first().map(|p| p.1).unwrap_or(f32::NAN);
     let best_val = val_curve.iter().map(|p| p.1).fold(f32::INFINITY, f32::min);
-    println!(
+    say!(
         "\n{done} steps in {secs:.1} s; validation loss {first_val:.4} -> {last_val:.4} (best {best_val:.4}); checkpoint and loss.svg in {}",
         c.out.display()
     );
-    println!(
+    say!(
         "sample:\n{}",
         generate(
             &dev,
@@ -931,7 +1017,7 @@ fn run() -> Result<()> {
         )?
     );
     std::io::stdout().flush()?;
-    println!(
+    say!(
         "val_loss={last_val:.4} best_val_loss={best_val:.4} tokens_per_s={tps:.0} peak_mem_mb={peak:.1}"
     );
     Ok(())

@@ -59,37 +59,9 @@ struct Args {
     mpi: bool,
 }
 
-#[cfg(feature = "mpi")]
-use wgrad::parallel::MpiGroup;
-
-/// Stands in for `wgrad::parallel::MpiGroup` in a build without the `mpi` feature.
-#[cfg(not(feature = "mpi"))]
-struct MpiGroup;
-
-#[cfg(not(feature = "mpi"))]
-impl MpiGroup {
-    fn init() -> Result<MpiGroup> {
-        Err(wgrad::Error::Unsupported(
-            "--mpi needs the example built with `--features mpi`".into(),
-        ))
-    }
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        1
-    }
-    fn local_rank(&self) -> usize {
-        0
-    }
-    fn broadcast_params(&self, _: &[(String, Tensor)]) -> Result<()> {
-        Ok(())
-    }
-    fn backward(&self, l: &Tensor, _: &[(String, Tensor)]) -> Result<std::time::Duration> {
-        l.backward()?;
-        Ok(std::time::Duration::ZERO)
-    }
-}
+#[path = "common/mpi_group.rs"]
+mod mpi_group;
+use mpi_group::MpiGroup;
 
 fn model(dev: &Device, kind: &str) -> Result<Sequential> {
     let dt = DType::F32;
