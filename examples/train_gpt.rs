@@ -150,6 +150,10 @@ struct Args {
     /// averaged with MPI, rank 0 reports and saves. --batch is per process.
     #[arg(long, conflicts_with = "devices")]
     mpi: bool,
+    /// With --devices: skip the gradient exchange (replicas then train apart), to measure
+    /// what the exchange costs in --bench.
+    #[arg(long)]
+    no_sync: bool,
     /// Gradient bucket size of the data-parallel exchange, in MiB.
     #[arg(long, default_value_t = 4)]
     bucket_mib: u64,
@@ -499,6 +503,8 @@ struct Trainer {
     scalers: Vec<Option<GradScaler>>,
     /// Under mpirun: the other processes (this one has one replica).
     mpi: Option<MpiGroup>,
+    /// Skip the exchange between replicas (a diagnostic).
+    no_sync: bool,
 }
 
 impl Trainer {
@@ -561,8 +567,12 @@ fn train_step(
                     .iter()
                     .map(|(dev, _)| batch(dev, text, range, c, data))
                     .collect::<Result<Vec<_>>>()?;
-            let report =
-                t.dp.step(&batches, |r, g, (x, y)| forward(g, x, y, scales[r]))?;
+            let f = |r: usize, g: &Gpt, (x, y): &(Tensor, Tensor)| forward(g, x, y, scales[r]);
+            let report = if t.no_sync {
+                t.dp.step_no_sync(&batches, f)?
+            } else {
+                t.dp.step(&batches, f)?
+            };
             (report.losses, report.exchange_wait)
         }
     };
@@ -734,6 +744,7 @@ fn run() -> Result<()> {
     };
     let dev = devices[0].clone();
     let args_bucket_mib = args.bucket_mib;
+    let no_sync = args.no_sync;
     let c = match Cfg::from_args(args, dev.info().is_cpu()) {
         Ok(c) => c,
         Err(e) => {
@@ -817,6 +828,7 @@ fn run() -> Result<()> {
         opts,
         scalers,
         mpi: group,
+        no_sync,
     };
     let sched = LrSchedule {
         base: c.lr,
@@ -882,7 +894,7 @@ fn run() -> Result<()> {
         let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
         let tps = (ranks * replicas * c.batch * c.context) as f64 / ms * 1e3;
         say!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
-        if replicas > 1 {
+        if replicas * ranks > 1 {
             say!(
                 "exchange  the host waited {:.2} ms a step for gradient read-backs",
                 exchange * 1e3 / c.bench as f64

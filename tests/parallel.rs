@@ -322,3 +322,79 @@ fn data_parallel_in_f16() {
         assert_close_tol(&gp.to_f32_vec().unwrap(), &want, (2e-3, 1e-2), name);
     }
 }
+
+/// `step_no_sync` keeps each replica's gradient to its own shard; a later `step` averages what
+/// every replica accumulated: two shards accumulated then synchronised equal one device that
+/// accumulates both whole batches.
+#[test]
+fn no_sync_steps_accumulate_then_one_step_averages() {
+    let (a, b) = two_devices();
+    let mut rng = Rng::new(5);
+    let n = 8usize;
+    let dp = DataParallel::new(vec![a, b], mlp).unwrap();
+    let single = mlp(&device()).unwrap();
+    copy_params(&dp.replicas()[0].1.params(), &single.params());
+    let batches: Vec<(Vec<f32>, Vec<f32>)> =
+        (0..2).map(|_| (rng.vec(n * 12), rng.vec(n * 5))).collect();
+    let shard = |(x, y): &(Vec<f32>, Vec<f32>), r: usize| -> (Vec<f32>, Vec<f32>) {
+        let h = n / 2;
+        (
+            x[r * h * 12..(r + 1) * h * 12].to_vec(),
+            y[r * h * 5..(r + 1) * h * 5].to_vec(),
+        )
+    };
+    let run = |r: usize, m: &Sequential, (x, y): &(Vec<f32>, Vec<f32>)| -> wgrad::Result<Tensor> {
+        let dev = &dp.replicas()[r].0;
+        let xt = Tensor::from_slice(dev, x, &[n / 2, 12])?;
+        let yt = Tensor::from_slice(dev, y, &[n / 2, 5])?;
+        m.forward(&xt)?.mse_loss(&yt)
+    };
+    let first: Vec<_> = (0..2).map(|r| shard(&batches[0], r)).collect();
+    dp.step_no_sync(&first, run).unwrap();
+    // Before the synchronising step the replicas hold different gradients.
+    let g0 = dp.replicas()[0].1.params()[0]
+        .1
+        .grad()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let g1 = dp.replicas()[1].1.params()[0]
+        .1
+        .grad()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_ne!(g0, g1);
+    let second: Vec<_> = (0..2).map(|r| shard(&batches[1], r)).collect();
+    dp.step(&second, run).unwrap();
+    let dev = single.params()[0].1.device().clone();
+    for (x, y) in &batches {
+        let xt = Tensor::from_slice(&dev, x, &[n, 12]).unwrap();
+        let yt = Tensor::from_slice(&dev, y, &[n, 5]).unwrap();
+        single
+            .forward(&xt)
+            .unwrap()
+            .mse_loss(&yt)
+            .unwrap()
+            .backward()
+            .unwrap();
+    }
+    for r in 0..2 {
+        for ((name, p), (_, q)) in dp.replicas()[r].1.params().iter().zip(single.params()) {
+            let want: Vec<f64> = q
+                .grad()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            assert_close_tol(
+                &p.grad().unwrap().to_vec::<f32>().unwrap(),
+                &want,
+                (1e-6, 1e-4),
+                &format!("replica {r} {name}"),
+            );
+        }
+    }
+}

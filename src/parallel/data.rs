@@ -129,6 +129,26 @@ impl<M: Module> DataParallel<M> {
         inputs: &[I],
         loss: impl Fn(usize, &M, &I) -> Result<Tensor> + Sync,
     ) -> Result<StepReport> {
+        self.run(inputs, loss, true)
+    }
+
+    /// [`DataParallel::step`] without the exchange (PyTorch DDP's `no_sync`): each replica's
+    /// gradients accumulate its own shard only. For gradient accumulation: some local steps,
+    /// then one `step`, which averages what every replica accumulated.
+    pub fn step_no_sync<I: Sync>(
+        &self,
+        inputs: &[I],
+        loss: impl Fn(usize, &M, &I) -> Result<Tensor> + Sync,
+    ) -> Result<StepReport> {
+        self.run(inputs, loss, false)
+    }
+
+    fn run<I: Sync>(
+        &self,
+        inputs: &[I],
+        loss: impl Fn(usize, &M, &I) -> Result<Tensor> + Sync,
+        sync: bool,
+    ) -> Result<StepReport> {
         let n = self.replicas.len();
         if inputs.len() != n {
             return Err(Error::invalid(
@@ -137,16 +157,31 @@ impl<M: Module> DataParallel<M> {
             ));
         }
         let t0 = Instant::now();
-        if n == 1 {
-            // Nothing to exchange: the plain step, on the calling thread.
-            let l = loss(0, &self.replicas[0].1, &inputs[0])?;
-            let dev = &self.replicas[0].0;
-            dev.begin_scope("backward");
-            let done = l.backward();
-            dev.end_scope();
-            done?;
+        if n == 1 || !sync {
+            // Nothing to exchange: the plain step, one replica per thread.
+            let losses = std::thread::scope(|sc| -> Result<Vec<Tensor>> {
+                let hs: Vec<_> = self
+                    .replicas
+                    .iter()
+                    .zip(inputs)
+                    .enumerate()
+                    .skip(1)
+                    .map(|(r, ((dev, m), input))| {
+                        let loss = &loss;
+                        sc.spawn(move || Self::local_pass(r, dev, m, input, loss))
+                    })
+                    .collect();
+                let (dev, m) = &self.replicas[0];
+                let mut out = vec![Self::local_pass(0, dev, m, &inputs[0], &loss)?];
+                for h in hs {
+                    out.push(h.join().unwrap_or_else(|_| {
+                        Err(Error::Internal("a replica thread panicked".into()))
+                    })?);
+                }
+                Ok(out)
+            })?;
             return Ok(StepReport {
-                losses: vec![l.detach()],
+                losses,
                 total: t0.elapsed(),
                 exchange_wait: Duration::ZERO,
                 buckets: 0,
@@ -227,6 +262,22 @@ impl<M: Module> DataParallel<M> {
             buckets: self.buckets.len(),
             bytes,
         })
+    }
+
+    /// Forward and backward on one replica, no exchange.
+    fn local_pass<I>(
+        r: usize,
+        dev: &Device,
+        model: &M,
+        input: &I,
+        loss: &(impl Fn(usize, &M, &I) -> Result<Tensor> + Sync),
+    ) -> Result<Tensor> {
+        let l = loss(r, model, input)?;
+        dev.begin_scope("backward");
+        let done = l.backward();
+        dev.end_scope();
+        done?;
+        Ok(l.detach())
     }
 
     /// Forward and backward on one replica, sending each bucket as its gradients complete.
