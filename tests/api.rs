@@ -111,3 +111,49 @@ fn one_activation_type_and_half() {
     assert_eq!(t.dtype(), DType::F16);
     assert_eq!(t.to_f32_vec().unwrap(), vec![1.5, -2.0]);
 }
+
+/// Every example answers `--help` with its options and exit status 0, and refuses an unknown
+/// option with status 2 instead of a panic. `cargo test` builds the examples beside this
+/// test's directory (target/<profile>/examples).
+#[test]
+fn examples_answer_help_and_refuse_unknown_options() {
+    let exe = std::env::current_exe().expect("test path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>")
+        .join("examples");
+    for name in [
+        "bench",
+        "loader_bench",
+        "make_records",
+        "memory_bench",
+        "memory_timeline",
+        "pipeline",
+        "profile",
+        "train_gpt",
+        "train_mnist",
+        "transfer_bench",
+    ] {
+        let bin = dir.join(name);
+        let out = std::process::Command::new(&bin)
+            .arg("--help")
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (a full `cargo test` or `cargo build --examples` builds it)",
+                    bin.display()
+                )
+            });
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("Usage:"),
+            "{name} --help: {text}"
+        );
+        let bad = std::process::Command::new(&bin)
+            .arg("--no-such-option")
+            .output()
+            .unwrap();
+        assert_eq!(bad.status.code(), Some(2), "{name} with an unknown option");
+    }
+}
