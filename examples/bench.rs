@@ -54,7 +54,7 @@ struct Args {
     #[arg(long)]
     elems: Option<usize>,
     /// Dtypes to measure: f32, f16, bf16.
-    #[arg(long, value_delimiter = ',', value_parser = parse_dtype, default_value = "f32,f16")]
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16")]
     dtypes: Vec<DType>,
     /// Milliseconds each measurement loops for [default: 300].
     #[arg(long)]
@@ -75,15 +75,6 @@ fn dims(s: &str) -> std::result::Result<Sizes, String> {
         })
         .collect::<std::result::Result<_, _>>()
         .map(Sizes)
-}
-
-fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        _ => Err(format!("{s:?} is not f32, f16 or bf16")),
-    }
 }
 
 /// The sizes to run: defaults (or --quick's), then what the command line gave.

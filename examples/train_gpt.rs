@@ -94,7 +94,7 @@ struct Args {
     dropout: Option<f32>,
     /// Storage dtype: f32, f16 (with a loss scaler) or bf16 (without one). Default: f16 on a
     /// GPU, f32 on a CPU.
-    #[arg(long, value_parser = parse_dtype)]
+    #[arg(long)]
     dtype: Option<DType>,
     /// Same as --dtype f16.
     #[arg(long, conflicts_with_all = ["dtype", "fp32"])]
@@ -160,15 +160,6 @@ struct Args {
     /// List the adapters --devices can name, and exit.
     #[arg(long)]
     list_devices: bool,
-}
-
-fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        _ => Err(format!("{s:?} is not f32, f16 or bf16")),
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -299,6 +290,9 @@ impl Cfg {
             bench: a.bench,
             profile: a.profile,
         };
+        if !c.dtype.is_float() {
+            return Err(format!("--dtype {} is not a float dtype", c.dtype));
+        }
         if c.heads == 0 || !c.width.is_multiple_of(c.heads) || c.context == 0 || c.batch == 0 {
             return Err(format!(
                 "width {} must split into {} heads; context and batch must be positive",
@@ -734,14 +728,7 @@ fn run() -> Result<()> {
     };
     let root = group.as_ref().is_none_or(|g| g.rank() == 0);
     QUIET.store(!root, std::sync::atomic::Ordering::Relaxed);
-    let devices = match &args.devices {
-        Some(list) => wgrad::parallel::open_devices(list)?,
-        None if group.is_some() => {
-            let local = group.as_ref().map_or(0, |g| g.local_rank());
-            vec![Device::with_index(local % Device::all().len().max(1))?]
-        }
-        None => vec![Device::new()?],
-    };
+    let devices = mpi_group::devices(args.devices.as_deref(), group.as_ref())?;
     let dev = devices[0].clone();
     let args_bucket_mib = args.bucket_mib;
     let no_sync = args.no_sync;

@@ -108,14 +108,7 @@ fn main() -> Result<()> {
     let group = if a.mpi { Some(MpiGroup::init()?) } else { None };
     let (rank, ranks) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
     let root_rank = rank == 0;
-    let devices = match &a.devices {
-        Some(list) => wgrad::parallel::open_devices(list)?,
-        None if group.is_some() => {
-            let local = group.as_ref().map_or(0, |g| g.local_rank());
-            vec![Device::with_index(local % Device::all().len().max(1))?]
-        }
-        None => vec![Device::new()?],
-    };
+    let devices = mpi_group::devices(a.devices.as_deref(), group.as_ref())?;
     let dev = devices[0].clone();
     for d in &devices {
         d.manual_seed(a.seed);

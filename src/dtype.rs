@@ -50,6 +50,21 @@ impl fmt::Display for DType {
     }
 }
 
+impl std::str::FromStr for DType {
+    type Err = String;
+
+    /// `f32`, `f16`, `bf16` or `u32` (what `Display` writes), for command lines.
+    fn from_str(s: &str) -> Result<DType, String> {
+        match s {
+            "f32" => Ok(DType::F32),
+            "f16" => Ok(DType::F16),
+            "bf16" => Ok(DType::BF16),
+            "u32" => Ok(DType::U32),
+            _ => Err(format!("{s:?} is not f32, f16, bf16 or u32")),
+        }
+    }
+}
+
 /// A host type that maps to a [`DType`]: `f32`, `half::f16`, `half::bf16` or `u32`.
 pub trait Element: bytemuck::Pod + Copy + Send + Sync + 'static {
     /// The matching dtype.

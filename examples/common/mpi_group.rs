@@ -3,7 +3,20 @@
 //! has one path).
 
 #[cfg(not(feature = "mpi"))]
-use wgrad::{Result, Tensor};
+use wgrad::Tensor;
+use wgrad::{Device, Result};
+
+/// The devices an example trains on: the `--devices` list, else under mpirun the adapter
+/// numbered by this process's rank on its host, else the best adapter.
+pub fn devices(list: Option<&str>, group: Option<&MpiGroup>) -> Result<Vec<Device>> {
+    Ok(match (list, group) {
+        (Some(list), _) => wgrad::parallel::open_devices(list)?,
+        (None, Some(g)) => vec![Device::with_index(
+            g.local_rank() % Device::all().len().max(1),
+        )?],
+        (None, None) => vec![Device::new()?],
+    })
+}
 
 #[cfg(feature = "mpi")]
 pub use wgrad::parallel::MpiGroup;

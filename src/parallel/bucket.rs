@@ -54,6 +54,31 @@ pub(crate) fn widen(bytes: &[u8], dtype: DType) -> Vec<f32> {
     }
 }
 
+/// Sets the gradients of `idx` from `values` (their gradients end to end, f32, as `flatten`
+/// lays them out): one upload to `dev`, then each parameter's slice in its dtype.
+pub(crate) fn set_grads(
+    params: &[(String, Tensor)],
+    idx: &[usize],
+    values: &[f32],
+    dev: &crate::device::Device,
+) -> Result<()> {
+    let flat = Tensor::from_slice(dev, values, &[values.len()])?;
+    let mut at = 0;
+    for &i in idx {
+        let p = &params[i].1;
+        let len = p.numel();
+        let g = crate::autograd::no_grad(|| {
+            flat.narrow(0, at, len)?
+                .reshape(p.shape())?
+                .to_dtype(p.dtype())?
+                .contiguous()
+        })?;
+        p.set_grad(Some(g));
+        at += len;
+    }
+    Ok(())
+}
+
 /// The gradients of `idx` as one vector on their device, in the bucket's dtype.
 pub(crate) fn flatten(params: &[(String, Tensor)], idx: &[usize]) -> Result<Tensor> {
     let dtype = bucket_dtype(params, idx);

@@ -16,7 +16,7 @@
 //! in replica order, and every replica receives the same bytes, so replicas on identical
 //! adapters keep bit-identical parameters.
 
-use super::bucket::{bucket_dtype, buckets, flatten, widen};
+use super::bucket::{bucket_dtype, buckets, flatten, set_grads, widen};
 use crate::device::{Device, Readback};
 use crate::error::{Error, Result};
 use crate::nn::Module;
@@ -383,21 +383,7 @@ impl<M: Module> DataParallel<M> {
         let inv = 1.0 / n as f32;
         sum.iter_mut().for_each(|s| *s *= inv);
         for (r, (dev, _)) in self.replicas.iter().enumerate() {
-            // One upload per replica, then each parameter's slice in its dtype.
-            let flat = Tensor::from_slice(dev, &sum, &[sum.len()])?;
-            let mut at = 0;
-            for &i in &self.buckets[b] {
-                let p = &self.params[r][i].1;
-                let len = p.numel();
-                let g = crate::autograd::no_grad(|| {
-                    flat.narrow(0, at, len)?
-                        .reshape(p.shape())?
-                        .to_dtype(p.dtype())?
-                        .contiguous()
-                })?;
-                p.set_grad(Some(g));
-                at += len;
-            }
+            set_grads(&self.params[r], &self.buckets[b], &sum, dev)?;
         }
         Ok(sent)
     }

@@ -1,6 +1,7 @@
 //! Training on more than one device: data parallelism ([`DataParallel`]: one replica per
-//! device, gradients averaged after each backward pass) and model splitting ([`Pipeline`]:
-//! stages on different devices, micro-batches flowing through them).
+//! device, gradients averaged after each backward pass), model splitting ([`Pipeline`]:
+//! stages on different devices, micro-batches flowing through them), and, with the `mpi`
+//! feature, data parallelism across processes and hosts (`MpiGroup`, under `mpirun`).
 //!
 //! wgpu has no peer-to-peer copies, so everything between devices goes through host memory:
 //! a read-back on one device, an upload on the other. Both designs hide part of that cost

@@ -6,7 +6,7 @@
 //! then summed across processes with `MPI_Allreduce` in f32 and averaged. MPI does the
 //! networking; wgrad adds none of its own.
 
-use super::bucket::{bucket_dtype, buckets, flatten, widen};
+use super::bucket::{bucket_dtype, buckets, flatten, set_grads, widen};
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId};
 use mpi::collective::SystemOperation;
@@ -131,20 +131,7 @@ impl MpiGroup {
                 .all_reduce_into(&local[..], &mut sum[..], SystemOperation::sum());
             sum.iter_mut().for_each(|s| *s *= inv);
             let dev = params[ps[0]].1.device();
-            let flat = Tensor::from_slice(dev, &sum, &[sum.len()])?;
-            let mut at = 0;
-            for &i in ps {
-                let p = &params[i].1;
-                let len = p.numel();
-                let g = crate::autograd::no_grad(|| {
-                    flat.narrow(0, at, len)?
-                        .reshape(p.shape())?
-                        .to_dtype(p.dtype())?
-                        .contiguous()
-                })?;
-                p.set_grad(Some(g));
-                at += len;
-            }
+            set_grads(params, ps, &sum, dev)?;
         }
         Ok(t0.elapsed())
     }

@@ -302,7 +302,7 @@ impl Tensor {
         Ok(())
     }
 
-    fn read_async<T: Element>(&self) -> Result<Readback<T>> {
+    fn read_async<T: bytemuck::Pod>(&self) -> Result<Readback<T>> {
         // A contiguous layout reads straight from its offset when that is word-aligned;
         // anything else is copied dense first.
         let l = self.layout();
@@ -319,16 +319,7 @@ impl Tensor {
 
     /// Starts reading the elements' bytes back (any dtype), for moving them to another device.
     pub(crate) fn read_bytes_async(&self) -> Result<Readback<u8>> {
-        let l = self.layout();
-        let byte_off = self.dtype().bytes(l.offset());
-        if l.is_contiguous() && byte_off.is_multiple_of(4) {
-            return self.device().read_block(
-                &self.0.storage,
-                byte_off,
-                self.dtype().bytes(self.numel()),
-            );
-        }
-        self.dense_copy()?.read_bytes_async()
+        self.read_async::<u8>()
     }
 
     /// A dense copy of the elements (not recorded; `contiguous` is the differentiable one).
