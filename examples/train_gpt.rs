@@ -570,20 +570,30 @@ fn train_step(
             (report.losses, report.exchange_wait)
         }
     };
-    for ((opt, scaler), (dev, _)) in t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas()) {
+    // Each replica's update on its own thread: the loss scaler reads its found-inf flag back
+    // (a wait on that device), and one replica's wait should not hold up the other's update.
+    let update = |opt: &mut Adam, scaler: &mut Option<GradScaler>, dev: &Device| -> Result<()> {
         dev.begin_scope("optimizer");
         opt.set_lr(lr);
-        match scaler {
-            Some(s) => {
-                s.step(opt, Some(1.0))?;
-            }
-            None => {
-                guarded_step(opt, 1.0, Some(1.0), NonFinite::Error)?;
-            }
-        }
+        let r = match scaler {
+            Some(s) => s.step(opt, Some(1.0)).map(|_| ()),
+            None => guarded_step(opt, 1.0, Some(1.0), NonFinite::Error).map(|_| ()),
+        };
         opt.zero_grad();
         dev.end_scope();
-    }
+        r
+    };
+    let jobs = t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas());
+    std::thread::scope(|sc| -> Result<()> {
+        let hs: Vec<_> = jobs
+            .map(|((opt, scaler), (dev, _))| sc.spawn(move || update(opt, scaler, dev)))
+            .collect();
+        for h in hs {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Internal("an optimizer thread panicked".into())))?;
+        }
+        Ok(())
+    })?;
     let n = losses.len() as f32;
     let mut sum = 0.0;
     for (l, s) in losses.iter().zip(&scales) {
