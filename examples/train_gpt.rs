@@ -519,7 +519,7 @@ fn train_step(
     range: (usize, usize),
     lr: f32,
     data: &mut u64,
-) -> Result<(f32, std::time::Duration)> {
+) -> Result<(f32, [std::time::Duration; 3])> {
     let scales: Vec<f32> = t
         .scalers
         .iter()
@@ -552,7 +552,10 @@ fn train_step(
             dev.begin_scope("backward");
             let wait = group.backward(&loss, &g.params());
             dev.end_scope();
-            (vec![loss.detach()], wait?)
+            (
+                vec![loss.detach()],
+                [wait?, Default::default(), Default::default()],
+            )
         }
         None => {
             // One batch per replica, drawn in order from the one data stream.
@@ -567,7 +570,12 @@ fn train_step(
             } else {
                 t.dp.step(&batches, f)?
             };
-            (report.losses, report.exchange_wait)
+            let times = [
+                report.exchange_wait,
+                report.exchange_sum,
+                report.exchange_upload,
+            ];
+            (report.losses, times)
         }
     };
     // Each replica's update on its own thread: the loss scaler reads its found-inf flag back
@@ -880,11 +888,12 @@ fn run() -> Result<()> {
         sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
-        let mut exchange = 0.0;
+        let mut exchange = [0.0f64; 3];
         for _ in 0..c.bench {
-            exchange += train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?
-                .1
-                .as_secs_f64();
+            let t = train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?.1;
+            for (e, d) in exchange.iter_mut().zip(t) {
+                *e += d.as_secs_f64();
+            }
         }
         sync_all(&tr)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3 / c.bench as f64;
@@ -892,9 +901,12 @@ fn run() -> Result<()> {
         let tps = (ranks * replicas * c.batch * c.context) as f64 / ms * 1e3;
         say!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
         if replicas * ranks > 1 {
+            let per = |x: f64| x * 1e3 / c.bench as f64;
             say!(
-                "exchange  the host waited {:.2} ms a step for gradient read-backs",
-                exchange * 1e3 / c.bench as f64
+                "exchange  the host waited {:.2} ms a step for gradient read-backs, summed for {:.2} ms, uploaded for {:.2} ms",
+                per(exchange[0]),
+                per(exchange[1]),
+                per(exchange[2])
             );
         }
         if c.profile {

@@ -36,6 +36,10 @@ pub struct StepReport {
     /// Time the host spent blocked waiting for gradient read-backs: the part of the exchange
     /// the computation did not hide.
     pub exchange_wait: Duration,
+    /// Time the host spent widening and summing the buckets.
+    pub exchange_sum: Duration,
+    /// Time spent uploading the means and setting the gradients.
+    pub exchange_upload: Duration,
     /// Buckets exchanged.
     pub buckets: usize,
     /// Bytes of gradients each replica sent (16-bit for f16 and bf16 models, else f32).
@@ -184,6 +188,8 @@ impl<M: Module> DataParallel<M> {
                 losses,
                 total: t0.elapsed(),
                 exchange_wait: Duration::ZERO,
+                exchange_sum: Duration::ZERO,
+                exchange_upload: Duration::ZERO,
                 buckets: 0,
                 bytes: 0,
             });
@@ -191,7 +197,7 @@ impl<M: Module> DataParallel<M> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let loss = &loss;
         let mut losses: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
-        let mut wait = Duration::ZERO;
+        let mut times = [Duration::ZERO; 3];
         let mut bytes = 0u64;
         let outcome = std::thread::scope(|scope| -> Result<()> {
             for (r, ((_, model), input)) in self.replicas.iter().zip(inputs).enumerate() {
@@ -246,7 +252,7 @@ impl<M: Module> DataParallel<M> {
                             "gradient bucket {b} did not arrive from every replica"
                         )));
                     }
-                    bytes += self.reduce(b, reads, &mut wait)?;
+                    bytes += self.reduce(b, reads, &mut times)?;
                 }
             }
             match first_err {
@@ -258,7 +264,9 @@ impl<M: Module> DataParallel<M> {
         Ok(StepReport {
             losses: losses.into_iter().flatten().collect(),
             total: t0.elapsed(),
-            exchange_wait: wait,
+            exchange_wait: times[0],
+            exchange_sum: times[1],
+            exchange_upload: times[2],
             buckets: self.buckets.len(),
             bytes,
         })
@@ -343,22 +351,30 @@ impl<M: Module> DataParallel<M> {
 
     /// Waits for bucket `b` from every replica, averages it and writes the mean into every
     /// replica's gradients. Returns the bytes one replica sent.
+    /// Adds the time spent waiting, summing and uploading to `times`.
     fn reduce(
         &self,
         b: usize,
         reads: Vec<Option<Readback<u8>>>,
-        wait: &mut Duration,
+        times: &mut [Duration; 3],
     ) -> Result<u64> {
         let n = reads.len();
         let dtype = bucket_dtype(&self.params[0], &self.buckets[b]);
         // Each replica's copy waited for and widened on its own thread: the read-backs of
         // the devices then overlap, and so do the copies out of their mapped memory.
         let t = Instant::now();
-        let parts: Vec<Result<Vec<f32>>> = std::thread::scope(|sc| {
+        let parts: Vec<Result<(Vec<f32>, Duration)>> = std::thread::scope(|sc| {
             let hs: Vec<_> = reads
                 .into_iter()
                 .flatten()
-                .map(|rb| sc.spawn(move || rb.wait().map(|bytes| widen(&bytes, dtype))))
+                .map(|rb| {
+                    sc.spawn(move || {
+                        let t0 = Instant::now();
+                        let bytes = rb.wait()?;
+                        let waited = t0.elapsed();
+                        Ok((widen(&bytes, dtype), waited))
+                    })
+                })
                 .collect();
             hs.into_iter()
                 .map(|h| {
@@ -368,11 +384,14 @@ impl<M: Module> DataParallel<M> {
                 })
                 .collect()
         });
-        *wait += t.elapsed();
+        let threads = t.elapsed();
+        let t = Instant::now();
         let mut sum: Vec<f32> = Vec::new();
         let mut sent = 0u64;
+        let mut waited = Duration::ZERO;
         for v in parts {
-            let v = v?;
+            let (v, w) = v?;
+            waited = waited.max(w);
             sent = (v.len() * dtype.size()) as u64;
             if sum.is_empty() {
                 sum = v;
@@ -382,9 +401,13 @@ impl<M: Module> DataParallel<M> {
         }
         let inv = 1.0 / n as f32;
         sum.iter_mut().for_each(|s| *s *= inv);
+        times[0] += waited;
+        times[1] += threads.saturating_sub(waited) + t.elapsed();
+        let t = Instant::now();
         for (r, (dev, _)) in self.replicas.iter().enumerate() {
             set_grads(&self.params[r], &self.buckets[b], &sum, dev)?;
         }
+        times[2] += t.elapsed();
         Ok(sent)
     }
 }
