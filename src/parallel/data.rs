@@ -126,8 +126,11 @@ impl<M: Module> DataParallel<M> {
     /// One data-parallel step: replica r runs `loss(r, model, &inputs[r])` (a one-element loss,
     /// each replica on its own thread) and its backward pass (in a scope named "backward" on
     /// its device, for profiles), and every replica's gradients
-    /// become the mean over the replicas. Step each replica's optimizer afterwards. With shards
-    /// of equal size and a mean loss, this is the gradient of the whole batch.
+    /// become the mean over the replicas. With shards of equal size and a mean loss, this is
+    /// the gradient of the whole batch. Step each replica's optimizer afterwards, on a thread
+    /// per replica when the update waits on its device (a loss scaler's found-inf check): in
+    /// turn, each replica waits for the one before (two H200s: 1.40x one GPU instead of 1.90x,
+    /// BENCHMARKS.md).
     pub fn step<I: Sync>(
         &self,
         inputs: &[I],
