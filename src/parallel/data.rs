@@ -10,11 +10,15 @@
 //! calling thread waits for the buckets once every replica has queued its whole backward pass
 //! (waiting earlier, on a device another thread is still submitting to, measured the same on
 //! two H200s and would tie the queueing to polling), then waits for each bucket's copies on
-//! one thread per replica. Each bucket's mean goes back in one upload per replica. Buckets of f16 (bf16) parameters travel as f16 (bf16), half the bytes of f32: on
-//! an H200 the read-back through wgpu's mapped staging memory ran at 1.3-5 GB/s, and it, not
-//! the device's computation, bounds the step (BENCHMARKS.md). The sum is in f32 on the host,
-//! in replica order, and every replica receives the same bytes, so replicas on identical
-//! adapters keep bit-identical parameters.
+//! one thread per replica. Each bucket's mean goes back in one upload per replica. Buckets of
+//! f16 (bf16) parameters travel as f16 (bf16), half the bytes of f32.
+//!
+//! The sum is in f32 on the host, in replica order, and every replica receives the same bytes,
+//! so replicas on identical adapters keep bit-identical parameters.
+//!
+//! Measured on two H200s (BENCHMARKS.md): the replicas alone scale 1.90x; the exchange through
+//! host memory (read-back waits, the host's sum, the uploads; `StepReport` times each) is what
+//! keeps the whole step far from that.
 
 use super::bucket::{bucket_dtype, buckets, flatten, set_grads, widen};
 use crate::device::{Device, Readback};
@@ -214,7 +218,7 @@ impl<M: Module> DataParallel<M> {
                 });
             }
             drop(tx);
-            // Collect buckets as replicas send them; reduce each once all replicas have.
+            // Collect the buckets' read-backs as replicas queue them.
             let mut arrived: HashMap<usize, Vec<Option<Readback<u8>>>> = HashMap::new();
             let mut first_err: Option<Error> = None;
             let mut done = 0;
