@@ -937,21 +937,19 @@ fn run() -> Result<()> {
     let val_seed = 0x0005_eed0_f7a1;
     let train_seed = 0x0007_a10f_5eed;
     let tokens = (ranks * replicas * c.batch * c.context) as f64;
+    // Train and validation loss of the first replica, each over a fixed set of batches.
+    let evaluate = |tr: &Trainer| -> Result<(f32, f32)> {
+        let (dev, g) = tr.model();
+        Ok((
+            mean_loss(dev, g, &text, train_range, &c, train_seed)?,
+            mean_loss(dev, g, &text, val_range, &c, val_seed)?,
+        ))
+    };
     let start = Instant::now();
     let first_step = step;
     let mut last_val = f32::NAN;
     if val_curve.is_empty() {
-        let (tl, vl) = (
-            mean_loss(
-                tr.model().0,
-                tr.model().1,
-                &text,
-                train_range,
-                &c,
-                train_seed,
-            )?,
-            mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
-        );
+        let (tl, vl) = evaluate(&tr)?;
         say!("step {step:>5}  train {tl:.4}  val {vl:.4}");
         train_curve.push((step, tl));
         val_curve.push((step, vl));
@@ -971,17 +969,7 @@ fn run() -> Result<()> {
             c.steps
         );
         if step.is_multiple_of(c.eval_every) || step == c.steps {
-            let (tl, vl) = (
-                mean_loss(
-                    tr.model().0,
-                    tr.model().1,
-                    &text,
-                    train_range,
-                    &c,
-                    train_seed,
-                )?,
-                mean_loss(tr.model().0, tr.model().1, &text, val_range, &c, val_seed)?,
-            );
+            let (tl, vl) = evaluate(&tr)?;
             last_val = vl;
             say_err!("\n");
             say!(

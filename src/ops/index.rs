@@ -15,15 +15,29 @@ use crate::ops::reduce::split3;
 use crate::tensor::Tensor;
 use crate::tensor::graph::record;
 
-fn u32_only(op: &'static str, t: &Tensor) -> Result<()> {
-    if t.dtype() != DType::U32 {
+/// The checks every indexing op makes: float data, u32 indices, one device.
+fn index_args(op: &'static str, x: &Tensor, index: &Tensor) -> Result<()> {
+    float_only(op, x)?;
+    if index.dtype() != DType::U32 {
         return Err(Error::DType {
             op,
             expected: DType::U32,
-            got: t.dtype(),
+            got: index.dtype(),
         });
     }
-    Ok(())
+    same_device(op, x, index)
+}
+
+/// `shape` seen as [outer, len, inner] around `axis`, indexed by `klen` positions.
+fn axis_of(shape: &[usize], axis: usize, klen: usize, flat: bool) -> Axis {
+    let (outer, len, inner) = split3(shape, axis);
+    Axis {
+        outer,
+        len,
+        klen,
+        inner,
+        flat,
+    }
 }
 
 /// `dst` [outer, len, inner] = (`base` or zeros) + `src` [outer, klen, inner] summed into the
@@ -78,9 +92,7 @@ impl Tensor {
     /// the axis reads as NaN, or is an error on a checked device.
     pub fn gather(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
         let op = "gather";
-        float_only(op, self)?;
-        u32_only(op, index)?;
-        same_device(op, self, index)?;
+        index_args(op, self, index)?;
         let a = self.axis(axis, op)?;
         if index.rank() != self.rank()
             || (0..self.rank()).any(|d| d != a && index.shape()[d] > self.shape()[d])
@@ -104,14 +116,7 @@ impl Tensor {
                 x = x.narrow(d as isize, 0, index.shape()[d])?;
             }
         }
-        let (outer, len, inner) = split3(x.shape(), a);
-        let ax = Axis {
-            outer,
-            len,
-            klen: index.shape()[a],
-            inner,
-            flat: false,
-        };
+        let ax = axis_of(x.shape(), a, index.shape()[a], false);
         let idx = index.contiguous()?;
         let out = gather_from(&x, &idx, index.shape(), ax)?;
         let node = record("gather", &[&x], || {
@@ -129,9 +134,7 @@ impl Tensor {
     /// (deterministic); indices past the axis are skipped, or an error on a checked device.
     pub fn scatter_add(&self, axis: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         let op = "scatter_add";
-        float_only(op, self)?;
-        u32_only(op, index)?;
-        same_device(op, self, index)?;
+        index_args(op, self, index)?;
         same_device(op, self, src)?;
         if src.dtype() != self.dtype() {
             return Err(Error::DType {
@@ -158,14 +161,7 @@ impl Tensor {
         if self.device().is_checked() {
             check_indices(op, index, self.shape()[a])?;
         }
-        let (outer, len, inner) = split3(self.shape(), a);
-        let ax = Axis {
-            outer,
-            len,
-            klen: index.shape()[a],
-            inner,
-            flat: false,
-        };
+        let ax = axis_of(self.shape(), a, index.shape()[a], false);
         let idx = index.contiguous()?;
         let out = scatter_into(Some(self), &idx, src, self.shape(), ax)?;
         let node = record("scatter_add", &[self, src], || {
@@ -186,9 +182,7 @@ impl Tensor {
     /// `indices`. Indices may repeat (their gradients add up).
     pub fn index_select(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
         let op = "index_select";
-        float_only(op, self)?;
-        u32_only(op, indices)?;
-        same_device(op, self, indices)?;
+        index_args(op, self, indices)?;
         if indices.rank() != 1 {
             return Err(Error::shape(
                 op,
@@ -199,14 +193,7 @@ impl Tensor {
         if self.device().is_checked() {
             check_indices(op, indices, self.shape()[a])?;
         }
-        let (outer, len, inner) = split3(self.shape(), a);
-        let ax = Axis {
-            outer,
-            len,
-            klen: indices.numel(),
-            inner,
-            flat: true,
-        };
+        let ax = axis_of(self.shape(), a, indices.numel(), true);
         let mut shape = self.shape().to_vec();
         shape[a] = indices.numel();
         let idx = indices.contiguous()?;

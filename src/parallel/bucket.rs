@@ -3,7 +3,43 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorId};
+use std::collections::HashMap;
+
+/// Which bucket each parameter's gradient completes, during one backward pass.
+pub(crate) struct Tracker {
+    index: HashMap<TensorId, usize>,
+    bucket_of: Vec<usize>,
+    left: Vec<usize>,
+}
+
+impl Tracker {
+    pub(crate) fn new(params: &[(String, Tensor)], buckets: &[Vec<usize>]) -> Tracker {
+        let mut bucket_of = vec![0usize; params.len()];
+        for (b, ps) in buckets.iter().enumerate() {
+            for &i in ps {
+                bucket_of[i] = b;
+            }
+        }
+        Tracker {
+            index: params
+                .iter()
+                .enumerate()
+                .map(|(i, (_, p))| (p.id(), i))
+                .collect(),
+            bucket_of,
+            left: buckets.iter().map(Vec::len).collect(),
+        }
+    }
+
+    /// The bucket whose last gradient `leaf`'s is, if it is one of the parameters and
+    /// completes its bucket.
+    pub(crate) fn complete(&mut self, leaf: &Tensor) -> Option<usize> {
+        let b = self.bucket_of[*self.index.get(&leaf.id())?];
+        self.left[b] -= 1;
+        (self.left[b] == 0).then_some(b)
+    }
+}
 
 /// Parameter indices grouped into buckets of about `bytes` of gradients each (at least one
 /// parameter a bucket), from the last parameter backwards: the order the backward pass

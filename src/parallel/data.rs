@@ -20,11 +20,11 @@
 //! host memory (read-back waits, the host's sum, the uploads; `StepReport` times each) is what
 //! keeps the whole step far from that.
 
-use super::bucket::{bucket_dtype, buckets, flatten, set_grads, widen};
+use super::bucket::{Tracker, bucket_dtype, buckets, flatten, set_grads, widen};
 use crate::device::{Device, Readback};
 use crate::error::{Error, Result};
 use crate::nn::Module;
-use crate::tensor::{Tensor, TensorId};
+use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -308,18 +308,7 @@ impl<M: Module> DataParallel<M> {
         tx: &mpsc::Sender<Msg>,
     ) -> Result<Tensor> {
         let l = loss(r, model, input)?;
-        let index: HashMap<TensorId, usize> = params
-            .iter()
-            .enumerate()
-            .map(|(i, (_, p))| (p.id(), i))
-            .collect();
-        let mut bucket_of = vec![0usize; params.len()];
-        let mut left: Vec<usize> = buckets.iter().map(Vec::len).collect();
-        for (b, ps) in buckets.iter().enumerate() {
-            for &i in ps {
-                bucket_of[i] = b;
-            }
-        }
+        let mut tracker = Tracker::new(params, buckets);
         let mut sent = vec![false; buckets.len()];
         let send = |b: usize, sent: &mut Vec<bool>| -> Result<()> {
             let rb = flatten(params, &buckets[b])?.read_bytes_async()?;
@@ -329,15 +318,9 @@ impl<M: Module> DataParallel<M> {
         };
         let dev = &self.replicas[r].0;
         dev.begin_scope("backward");
-        let done = l.backward_hooked(&mut |leaf| {
-            if let Some(&i) = index.get(&leaf.id()) {
-                let b = bucket_of[i];
-                left[b] -= 1;
-                if left[b] == 0 {
-                    send(b, &mut sent)?;
-                }
-            }
-            Ok(())
+        let done = l.backward_hooked(&mut |leaf| match tracker.complete(leaf) {
+            Some(b) => send(b, &mut sent),
+            None => Ok(()),
         });
         dev.end_scope();
         done?;

@@ -6,12 +6,11 @@
 //! then summed across processes with `MPI_Allreduce` in f32 and averaged. MPI does the
 //! networking; wgrad adds none of its own.
 
-use super::bucket::{bucket_dtype, buckets, flatten, set_grads, widen};
+use super::bucket::{Tracker, bucket_dtype, buckets, flatten, set_grads, widen};
 use crate::error::{Error, Result};
-use crate::tensor::{Tensor, TensorId};
+use crate::tensor::Tensor;
 use mpi::collective::SystemOperation;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// This process's place in an MPI job, and the gradient exchange between the processes.
@@ -85,27 +84,12 @@ impl MpiGroup {
     /// waiting for read-backs and in `MPI_Allreduce`.
     pub fn backward(&self, loss: &Tensor, params: &[(String, Tensor)]) -> Result<Duration> {
         let bks = buckets(params, self.bucket_bytes);
-        let index: HashMap<TensorId, usize> = params
-            .iter()
-            .enumerate()
-            .map(|(i, (_, p))| (p.id(), i))
-            .collect();
-        let mut bucket_of = vec![0usize; params.len()];
-        for (b, ps) in bks.iter().enumerate() {
-            for &i in ps {
-                bucket_of[i] = b;
-            }
-        }
-        let mut left: Vec<usize> = bks.iter().map(Vec::len).collect();
+        let mut tracker = Tracker::new(params, &bks);
         let mut reads: Vec<Option<crate::device::Readback<u8>>> =
             (0..bks.len()).map(|_| None).collect();
         loss.backward_hooked(&mut |leaf| {
-            if let Some(&i) = index.get(&leaf.id()) {
-                let b = bucket_of[i];
-                left[b] -= 1;
-                if left[b] == 0 {
-                    reads[b] = Some(flatten(params, &bks[b])?.read_bytes_async()?);
-                }
+            if let Some(b) = tracker.complete(leaf) {
+                reads[b] = Some(flatten(params, &bks[b])?.read_bytes_async()?);
             }
             Ok(())
         })?;
