@@ -100,9 +100,11 @@ pub(crate) fn list() -> Vec<AdapterSummary> {
     v.iter().enumerate().map(|(i, a)| summary(i, a)).collect()
 }
 
-/// The adapter `choice` names, and the GL instance it came from (if any). The caller holds
-/// [`DEVICE_LIFECYCLE`].
-pub(crate) fn choose(choice: &AdapterChoice) -> Result<(wgpu::Adapter, Option<wgpu::Instance>)> {
+/// The adapter `choice` names, its index in [`list`]'s order, and the GL instance it came from
+/// (if any). The caller holds [`DEVICE_LIFECYCLE`].
+pub(crate) fn choose(
+    choice: &AdapterChoice,
+) -> Result<(usize, wgpu::Adapter, Option<wgpu::Instance>)> {
     let (adapters, gl) = ranked();
     if adapters.is_empty() {
         return Err(Error::NoAdapter(
@@ -114,17 +116,16 @@ pub(crate) fn choose(choice: &AdapterChoice) -> Result<(wgpu::Adapter, Option<wg
         .enumerate()
         .map(|(i, a)| format!("#{i} {}", a.get_info().name))
         .collect();
+    let mut all = adapters.into_iter().enumerate();
     let found = match choice {
-        AdapterChoice::Best => adapters.into_iter().next(),
-        AdapterChoice::Index(n) => adapters.into_iter().nth(*n),
+        AdapterChoice::Best => all.next(),
+        AdapterChoice::Index(n) => all.nth(*n),
         AdapterChoice::Name(want) => {
             let w = want.to_lowercase();
-            adapters
-                .into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&w))
+            all.find(|(_, a)| a.get_info().name.to_lowercase().contains(&w))
         }
     };
-    found.map(|a| (a, gl)).ok_or_else(|| {
+    found.map(|(i, a)| (i, a, gl)).ok_or_else(|| {
         Error::NoAdapter(format!(
             "no adapter matches {choice:?}; adapters: {}",
             names.join(", ")

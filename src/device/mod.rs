@@ -171,6 +171,8 @@ pub(crate) struct Parts {
     pub(crate) shader_checks: ShaderChecks,
     /// The GL instance this device came from (Vulkan, Metal and DX12 share a static one).
     _gl_instance: Option<wgpu::Instance>,
+    /// What to keep the wgpu device under when this one closes (see [`IDLE`]).
+    reuse: Option<IdleKey>,
 }
 
 impl Deref for DeviceInner {
@@ -185,10 +187,61 @@ impl Drop for DeviceInner {
         let _g = lock(&DEVICE_LIFECYCLE);
         // Let queued work finish before its buffers and the device go.
         let _ = self.parts.device.poll(wgpu::PollType::wait_indefinitely());
-        // SAFETY: `parts` is dropped exactly once, here, and never used afterwards.
-        unsafe { ManuallyDrop::drop(&mut self.parts) };
+        // SAFETY: `parts` is taken exactly once, here, and never used afterwards.
+        let parts = unsafe { ManuallyDrop::take(&mut self.parts) };
+        let Parts {
+            device,
+            memory,
+            stream,
+            downloads,
+            kernel_state,
+            lost,
+            reuse,
+            _gl_instance,
+            ..
+        } = parts;
+        // Buffers, pipelines and staging memory go now; the wgpu device and queue may stay.
+        drop((memory, downloads, kernel_state));
+        let queue = stream
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_queue();
+        let healthy = lock(&lost).is_none();
+        match reuse {
+            Some(key) if healthy && _gl_instance.is_none() => {
+                // Collect what was just dropped, so an idle device holds no memory.
+                let _ = device.poll(wgpu::PollType::wait_indefinitely());
+                lock(&IDLE).push(Idle { key, device, queue });
+            }
+            _ => drop((queue, device, _gl_instance)),
+        }
     }
 }
+
+/// What a kept device was opened with: a new device reuses it only for the same adapter,
+/// features and limits.
+#[derive(PartialEq)]
+struct IdleKey {
+    index: usize,
+    adapter: wgpu::AdapterInfo,
+    features: wgpu::Features,
+    limits: wgpu::Limits,
+}
+
+struct Idle {
+    key: IdleKey,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+}
+
+/// Closed devices, kept for the next `Device` on the same adapter instead of destroyed.
+/// NVIDIA's Vulkan driver (580, H100) sometimes never returns from `vkDestroyDevice` while
+/// other devices of the process are busy: two data-parallel tests, each closing devices while
+/// the other still ran, hung 4 of 9 runs inside it. Reuse avoids the call, and opening a
+/// device becomes cheap. The list holds at most as many devices as were ever open at once;
+/// they go when the process exits. Every buffer and pipeline of a closed device is freed
+/// before it joins the list.
+static IDLE: Mutex<Vec<Idle>> = Mutex::new(Vec::new());
 
 impl Device {
     /// Opens the best adapter, with options from the environment (see [`DeviceOptions::from_env`]).
@@ -212,7 +265,7 @@ impl Device {
     /// Opens a device with explicit options.
     pub fn with_options(opts: DeviceOptions) -> Result<Self> {
         let _g = lock(&DEVICE_LIFECYCLE);
-        let (adapter, gl_instance) = adapter::choose(&opts.adapter)?;
+        let (index, adapter, gl_instance) = adapter::choose(&opts.adapter)?;
         let ainfo = adapter.get_info();
         let have = adapter.features();
         let mut want = wgpu::Features::empty();
@@ -255,8 +308,25 @@ impl Device {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?;
+        let key = IdleKey {
+            index,
+            adapter: ainfo.clone(),
+            features: want,
+            limits: limits.clone(),
+        };
+        let kept = {
+            let mut idle = lock(&IDLE);
+            idle.iter()
+                .position(|d| d.key == key)
+                .map(|i| idle.swap_remove(i))
+        };
+        let (device, queue) = match kept {
+            Some(d) => (d.device, d.queue),
+            None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+                Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name))
+            })?,
+        };
+        let reuse = gl_instance.is_none().then_some(key);
 
         let errors = Arc::new(Mutex::new(Vec::new()));
         {
@@ -354,6 +424,7 @@ impl Device {
                     checked: opts.checked,
                     shader_checks: opts.shader_checks,
                     _gl_instance: gl_instance,
+                    reuse,
                 }),
             }),
         })

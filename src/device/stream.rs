@@ -143,6 +143,12 @@ impl Stream {
         }
     }
 
+    /// The queue back, for a device kept for reuse; everything else the stream holds is
+    /// dropped (call after the last submission has finished).
+    pub(crate) fn into_queue(self) -> wgpu::Queue {
+        self.queue
+    }
+
     /// Starts profiling every dispatch (GPU timestamps when `timestamps`, host round trips
     /// otherwise). What was recorded before is submitted first, unprofiled.
     pub(crate) fn start_profiling(&mut self, timestamps: bool) -> Result<()> {
