@@ -90,6 +90,11 @@ struct Params {
   g_sb: u32,
   g_sh: u32,
   g_ss: u32,
+  // Dropout on the attention weights (common.wgsl's attn_keep).
+  drop_thr: u32,
+  drop_scale: f32,
+  seed_lo: u32,
+  seed_hi: u32,
 }
 
 // Where row 0 of head `bh` starts in each strided input.
@@ -186,7 +191,9 @@ fn main(ids: Ids) {
       for (var c = 0u; c < BC; c = c + 1u) {
         let pc = exp(Ss[r * BC + c] - mb);
         lsum = lsum + pc;
-        for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = fma(pc, Vs[c * DMAX + l + j * TPR], acc[j]); }
+        // Dropout scales the weight in the output only: the softmax sum stays whole.
+        let pd = pc * attn_keep(bh * p.sq + qi, k0 + c);
+        for (var j = 0u; j < OPT; j = j + 1u) { acc[j] = fma(pd, Vs[c * DMAX + l + j * TPR], acc[j]); }
       }
       m = mb;
     }
@@ -318,8 +325,11 @@ fn main(ids: Ids) {
           s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
           dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
         }
+        // With dropout (mask factor z): dS = P (z dP' - delta), dV takes z P.
+        let keep = attn_keep(bh * p.sq + qi, k0 + cc);
         pv = exp(s * p.scale - Lt[rr]);
-        ds = pv * (dp - Dt[rr]);
+        ds = pv * (dp * keep - Dt[rr]);
+        pv = pv * keep;
       }
       Pt[e] = pv;
       St[e] = ds;
@@ -439,7 +449,7 @@ fn main(ids: Ids) {
           s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
           dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
         }
-        ds = exp(s * p.scale - Lt[rr]) * (dp - Dt[rr]);
+        ds = exp(s * p.scale - Lt[rr]) * (dp * attn_keep(bh * p.sq + qr, k0 + cc) - Dt[rr]);
       }
       St[e] = ds;
     }

@@ -26,7 +26,10 @@
 // (uniformly: the loop bound depends only on the block). Causal rows mask keys
 // j + SQ > i + SKV. Every barrier is in control flow uniform across the workgroup.
 //
-// Bindings: signature line. Params as attention.wgsl. Constants: DMAX.
+// Bindings: signature line. Params as attention.wgsl. Constants: DMAX and ND = DMAX / 16,
+// the 16-wide column tiles of a head. Loops over them are unrolled (`//! unroll`), with one
+// named variable per tile: an array of cooperative matrices indexed in a loop may live in
+// memory instead of registers.
 // Loops (per invocation): two passes over the key blocks, each about 5 (ND + 1) + 70 counted
 // iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
 // budget), longer sequences take attention.wgsl's chunked path.
@@ -66,14 +69,21 @@ struct Params {
   g_sb: u32,
   g_sh: u32,
   g_ss: u32,
+  // Dropout on the attention weights (common.wgsl's attn_keep).
+  drop_thr: u32,
+  drop_scale: f32,
+  seed_lo: u32,
+  seed_hi: u32,
 }
 
 const BR: u32 = 64u;
 const BC: u32 = 64u;
-const ND: u32 = DMAX / 16u;
 
 // Per subgroup: a 16 x 64 f32 score tile and a 16 x 64 f16 probability tile; per row the max
-// and the sum of exp.
+// and the sum of exp. Two lanes share a row of a tile (32 columns each); lane l visits its
+// columns starting at column l (mod 32), so the 32 lanes of an access touch 32 different
+// banks: visiting them in order from column 0 made every access a 32-way bank conflict
+// (rows are 64 words apart), which cost more than all the products.
 var<workgroup> Ss: array<f32, 4u * 1024u>;
 var<workgroup> Ps: array<f16, 4u * 1024u>;
 var<workgroup> Ms: array<f32, 64u>;
@@ -84,6 +94,21 @@ var<workgroup> Ls: array<f32, 64u>;
 // ops forbid) but accepts them in loop conditions.
 fn tiles(k0: u32) -> u32 {
   return min(4u, (p.skv - k0) / 16u);
+}
+
+// One past the last key a causal row in [r0, r0 + rows) sees (key j is visible to row i when
+// j + SQ <= i + SKV), or SKV without the mask.
+fn causal_end(r0: u32, rows: u32) -> u32 {
+  if (p.causal == 0u) { return p.skv; }
+  let end = r0 + rows + p.skv;
+  return select(0u, min(p.skv, end - p.sq), end > p.sq);
+}
+
+// The first row that sees key k0 under the causal mask (0 without it), rounded down to a
+// block of `rows`.
+fn causal_start(k0: u32, rows: u32) -> u32 {
+  if (p.causal == 0u || k0 + p.sq <= p.skv) { return 0u; }
+  return (k0 + p.sq - p.skv) / rows * rows;
 }
 
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
@@ -106,14 +131,17 @@ fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
 //           keeps Q, dO and the dQ accumulators in registers. For each block of 64 keys:
 //           S = Q K^T, dP = dO V^T, then dQ += dS K, scaled at the end.
 //
-// Causal blocks are masked, not skipped: a loop bound from the workgroup id is non-uniform for
-// naga, and passing it through workgroupUniformLoad gave wrong results on an H100 (the
-// forward too), so every block is visited as in the forward pass.
+// Causal: blocks wholly above the diagonal are skipped through the loop bounds (bwd_kv starts
+// at the first query block that sees its keys, bwd_q stops after the last key block its
+// queries see); the diagonal blocks are masked.
 // Loops (per invocation): per block of 64 (queries for bwd_kv, keys for bwd_q) about
 // 3 (4 (ND + 1) + 1) + 2 (32 + 1) counted iterations; the host takes this path up to 4096
 // queries and keys, inside the loop budget.
 
 var<workgroup> Dh: array<f16, 4u * 1024u>;
+// bwd_kv: the log-sum-exp and delta of the current block of 64 queries.
+var<workgroup> Lq: array<f32, 64u>;
+var<workgroup> Dq: array<f32, 64u>;
 
 // The 16-row tiles of the block at r0 that lie inside `len` (a loop bound, as `tiles`).
 fn tiles_in(r0: u32, len: u32) -> u32 {
@@ -121,8 +149,8 @@ fn tiles_in(r0: u32, len: u32) -> u32 {
 }
 
 //! entry fwd(q: f16, k: f16, v: f16, o: data mut, lse: f32 mut)
-//! check WG=128 DMAX=64
-//! check WG=128 DMAX=128
+//! check WG=128 DMAX=64 ND=4
+//! check WG=128 DMAX=128 ND=8
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -134,14 +162,13 @@ fn main(ids: Ids) {
   let kb = bh * p.skv * DMAX;
   // Rows past SQ load the (bounds-checked) tile anyway; their results are never stored.
   let qr = min(r0, p.sq - 16u);
-  var qt: array<coop_mat16x16<f16, A>, ND>;
-  for (var dd = 0u; dd < ND; dd = dd + 1u) {
-    qt[dd] = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + dd * 16u], DMAX);
-  }
-  // Every workgroup walks all key blocks, causal or not: naga's uniformity analysis treats
-  // the workgroup id as non-uniform, so a loop bound derived from it (stopping causal rows at
-  // the diagonal) would make the cooperative-matrix ops below invalid. Masking does the rest.
-  let kend = p.skv;
+  //! unroll dd in 0..ND
+  var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + $dd * 16u], DMAX);
+  //! end
+  // Causal rows stop after the last key any row of this block sees (j + SQ <= i + SKV):
+  // the blocks past it are skipped, not masked. The bound is the same for the whole
+  // workgroup and only a loop bound, so the cooperative-matrix ops stay in uniform control.
+  let kend = causal_end(q0, BR);
   let row = lane / 2u;
   let half = lane % 2u;
   let qi = r0 + row;
@@ -153,17 +180,18 @@ fn main(ids: Ids) {
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
       var acc = coop_mat16x16<f32, C>();
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        acc = coopMultiplyAdd(qt[dd], k_tile(kb, k0 + kc * 16u, dd), acc);
-      }
+      //! unroll dd in 0..ND
+      acc = coopMultiplyAdd(qt$dd, k_tile(kb, k0 + kc * 16u, $dd), acc);
+      //! end
       coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
     }
     workgroupBarrier();
     var bm = p.ninf;
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let key = k0 + half * 32u + c;
+      let cc = (c + lane) & 31u;
+      let key = k0 + half * 32u + cc;
       let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
-      bm = max(bm, select(Ss[sbase + c] * p.scale, p.ninf, masked));
+      bm = max(bm, select(Ss[sbase + cc] * p.scale, p.ninf, masked));
     }
     bm = max(bm, subgroupShuffleXor(bm, 1u));
     let mn = max(m, bm);
@@ -172,9 +200,10 @@ fn main(ids: Ids) {
     let live = mn != p.ninf;
     var s = 0.0;
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let key = k0 + half * 32u + c;
+      let cc = (c + lane) & 31u;
+      let key = k0 + half * 32u + cc;
       let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv)) | !live;
-      s = s + select(exp(Ss[sbase + c] * p.scale - mn), 0.0, masked);
+      s = s + select(exp(Ss[sbase + cc] * p.scale - mn), 0.0, masked);
     }
     s = s + subgroupShuffleXor(s, 1u);
     l = select(l, l * exp(m - mn) + s, live);
@@ -188,51 +217,54 @@ fn main(ids: Ids) {
   }
 
   // Pass 2: O = sum over keys of exp(s - max) V, divided by the sum at the end.
-  var ot: array<coop_mat16x16<f32, C>, ND>;
-  for (var dd = 0u; dd < ND; dd = dd + 1u) { ot[dd] = coop_mat16x16<f32, C>(); }
+  //! unroll dd in 0..ND
+  var ot$dd = coop_mat16x16<f32, C>();
+  //! end
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
       var acc = coop_mat16x16<f32, C>();
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        acc = coopMultiplyAdd(qt[dd], k_tile(kb, k0 + kc * 16u, dd), acc);
-      }
+      //! unroll dd in 0..ND
+      acc = coopMultiplyAdd(qt$dd, k_tile(kb, k0 + kc * 16u, $dd), acc);
+      //! end
       coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let key = k0 + half * 32u + c;
+      let cc = (c + lane) & 31u;
+      let key = k0 + half * 32u + cc;
       let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv)) | (m == p.ninf);
-      Ps[sbase + c] = f16(select(exp(Ss[sbase + c] * p.scale - m), 0.0, masked));
+      let w = exp(Ss[sbase + cc] * p.scale - m) * attn_keep(bh * p.sq + qi, key);
+      Ps[sbase + cc] = f16(select(w, 0.0, masked));
     }
     workgroupBarrier();
     for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
       let pt = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + kc * 16u], 64u);
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        let vt = coopLoadT<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + dd * 16u], DMAX);
-        ot[dd] = coopMultiplyAdd(pt, vt, ot[dd]);
-      }
+      //! unroll dd in 0..ND
+      let vt$dd = coopLoadT<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + $dd * 16u], DMAX);
+      ot$dd = coopMultiplyAdd(pt, vt$dd, ot$dd);
+      //! end
     }
     workgroupBarrier();
   }
 
   // Out: each 16 x 16 output tile through the subgroup's score region, divided by the row sum.
-  for (var dd = 0u; dd < ND; dd = dd + 1u) {
-    coopStoreT(ot[dd], &Ss[sg * 1024u], 16u);
-    workgroupBarrier();
-    for (var e = lane; e < 256u; e = e + 32u) {
-      let rr = e / 16u;
-      let qo = r0 + rr;
-      if (qo < p.sq) {
-        st_o(qb + qo * DMAX + dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
-      }
+  //! unroll dd in 0..ND
+  coopStoreT(ot$dd, &Ss[sg * 1024u], 16u);
+  workgroupBarrier();
+  for (var e = lane; e < 256u; e = e + 32u) {
+    let rr = e / 16u;
+    let qo = r0 + rr;
+    if (qo < p.sq) {
+      st_o(qb + qo * DMAX + $dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
     }
-    workgroupBarrier();
   }
+  workgroupBarrier();
+  //! end
 }
 
 //! entry bwd_kv(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
-//! check WG=128 DMAX=64
-//! check WG=128 DMAX=128
+//! check WG=128 DMAX=64 ND=4
+//! check WG=128 DMAX=128 ND=8
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -243,88 +275,97 @@ fn main(ids: Ids) {
   let kb = bh * p.skv * DMAX;
   // Keys past SKV load the last (in-range) tile; they are masked and never stored.
   let kr = min(k0 + sg * 16u, p.skv - 16u);
-  var dkt: array<coop_mat16x16<f32, C>, ND>;
-  var dvt: array<coop_mat16x16<f32, C>, ND>;
-  for (var dd = 0u; dd < ND; dd = dd + 1u) {
-    dkt[dd] = coop_mat16x16<f32, C>();
-    dvt[dd] = coop_mat16x16<f32, C>();
-  }
-  let qstart = 0u;
+  //! unroll dd in 0..ND
+  var dkt$dd = coop_mat16x16<f32, C>();
+  var dvt$dd = coop_mat16x16<f32, C>();
+  //! end
+  let qstart = causal_start(k0, BR);
   let row = lane / 2u;
   let half = lane % 2u;
   let kj = k0 + sg * 16u + row;
   let sbase = sg * 1024u + row * 64u + half * 32u;
   for (var q0 = qstart; q0 < p.sq; q0 = q0 + BR) {
+    // The block's log-sum-exp and delta, read once (the barrier after S^T orders them).
+    if (ids.lid < BR) {
+      let qs = min(q0 + ids.lid, p.sq - 1u);
+      Lq[ids.lid] = ld_lse(bh * p.sq + qs);
+      Dq[ids.lid] = ld_delta(bh * p.sq + qs);
+    }
     // S^T = K Q^T for this subgroup's 16 keys and the block's queries.
     for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
       // S for (16 queries, this subgroup's 16 keys), stored column-major: S^T in Ss.
       var acc = coop_mat16x16<f32, C>();
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        let qa = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + (q0 + qc * 16u) * DMAX + dd * 16u], DMAX);
-        acc = coopMultiplyAdd(qa, k_tile(kb, kr, dd), acc);
-      }
+      //! unroll dd in 0..ND
+      let qa$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + (q0 + qc * 16u) * DMAX + $dd * 16u], DMAX);
+      acc = coopMultiplyAdd(qa$dd, k_tile(kb, kr, $dd), acc);
+      //! end
       coopStore(acc, &Ss[sg * 1024u + qc * 16u], 64u);
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let qi = q0 + half * 32u + c;
-      let qs = min(qi, p.sq - 1u);
+      let cc = (c + lane) & 31u;
+      let qi = q0 + half * 32u + cc;
       let masked = (qi >= p.sq) | (kj >= p.skv) | ((p.causal != 0u) & (kj + p.sq > qi + p.skv));
-      Ps[sbase + c] = f16(select(exp(Ss[sbase + c] * p.scale - ld_lse(bh * p.sq + qs)), 0.0, masked));
+      Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - Lq[half * 32u + cc]), 0.0, masked));
     }
     workgroupBarrier();
     // dP^T = V dO^T.
     for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
       // dP = dO V^T for (16 queries, 16 keys), stored column-major: dP^T in Ss.
       var acc = coop_mat16x16<f32, C>();
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        let ga = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + (q0 + qc * 16u) * DMAX + dd * 16u], DMAX);
-        let vb = coopLoad<coop_mat16x16<f16, B>>(&v[kb + kr * DMAX + dd * 16u], DMAX);
-        acc = coopMultiplyAdd(ga, vb, acc);
-      }
+      //! unroll dd in 0..ND
+      let ga$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + (q0 + qc * 16u) * DMAX + $dd * 16u], DMAX);
+      let vb$dd = coopLoad<coop_mat16x16<f16, B>>(&v[kb + kr * DMAX + $dd * 16u], DMAX);
+      acc = coopMultiplyAdd(ga$dd, vb$dd, acc);
+      //! end
       coopStore(acc, &Ss[sg * 1024u + qc * 16u], 64u);
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let qi = q0 + half * 32u + c;
-      let qs = min(qi, p.sq - 1u);
+      let cc = (c + lane) & 31u;
+      let qi = q0 + half * 32u + cc;
       let masked = (qi >= p.sq) | (kj >= p.skv) | ((p.causal != 0u) & (kj + p.sq > qi + p.skv));
-      let ds = f32(Ps[sbase + c]) * (Ss[sbase + c] - ld_delta(bh * p.sq + qs));
-      Dh[sbase + c] = f16(select(ds, 0.0, masked));
+      // With dropout (mask factor z): dS = P (z dP' - delta) for dP' = dO V^T, and
+      // dV takes the dropped weights z P, which replace P in Ps.
+      let keep = attn_keep(bh * p.sq + qi, kj);
+      let pv = f32(Ps[sbase + cc]);
+      let ds = pv * (Ss[sbase + cc] * keep - Dq[half * 32u + cc]);
+      Dh[sbase + cc] = f16(select(ds, 0.0, masked));
+      if (p.drop_thr != 0u) { Ps[sbase + cc] = f16(pv * keep); }
     }
     workgroupBarrier();
     // dV += P^T dO, dK += dS^T Q.
     for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
       let pt = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + qc * 16u], 64u);
       let st = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + qc * 16u], 64u);
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        let at = qb + (q0 + qc * 16u) * DMAX + dd * 16u;
-        dvt[dd] = coopMultiplyAdd(pt, coopLoadT<coop_mat16x16<f16, B>>(&dout[at], DMAX), dvt[dd]);
-        dkt[dd] = coopMultiplyAdd(st, coopLoadT<coop_mat16x16<f16, B>>(&q[at], DMAX), dkt[dd]);
-      }
+      //! unroll dd in 0..ND
+      let at$dd = qb + (q0 + qc * 16u) * DMAX + $dd * 16u;
+      dvt$dd = coopMultiplyAdd(pt, coopLoadT<coop_mat16x16<f16, B>>(&dout[at$dd], DMAX), dvt$dd);
+      dkt$dd = coopMultiplyAdd(st, coopLoadT<coop_mat16x16<f16, B>>(&q[at$dd], DMAX), dkt$dd);
+      //! end
     }
     workgroupBarrier();
   }
   // Out: each 16 x 16 tile through the subgroup's region of Ss.
-  for (var dd = 0u; dd < ND; dd = dd + 1u) {
-    coopStoreT(dkt[dd], &Ss[sg * 1024u], 16u);
-    coopStoreT(dvt[dd], &Ss[sg * 1024u + 256u], 16u);
-    workgroupBarrier();
-    for (var e = lane; e < 256u; e = e + 32u) {
-      let key = k0 + sg * 16u + e / 16u;
-      if (key < p.skv) {
-        let at = kb + key * DMAX + dd * 16u + e % 16u;
-        st_dk(at, Ss[sg * 1024u + e] * p.scale);
-        st_dv(at, Ss[sg * 1024u + 256u + e]);
-      }
+  //! unroll dd in 0..ND
+  coopStoreT(dkt$dd, &Ss[sg * 1024u], 16u);
+  coopStoreT(dvt$dd, &Ss[sg * 1024u + 256u], 16u);
+  workgroupBarrier();
+  for (var e = lane; e < 256u; e = e + 32u) {
+    let key = k0 + sg * 16u + e / 16u;
+    if (key < p.skv) {
+      let at = kb + key * DMAX + $dd * 16u + e % 16u;
+      st_dk(at, Ss[sg * 1024u + e] * p.scale);
+      st_dv(at, Ss[sg * 1024u + 256u + e]);
     }
-    workgroupBarrier();
   }
+  workgroupBarrier();
+  //! end
 }
 
 //! entry bwd_q(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dq: data mut)
-//! check WG=128 DMAX=64
-//! check WG=128 DMAX=128
+//! check WG=128 DMAX=64 ND=4
+//! check WG=128 DMAX=128 ND=8
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -334,15 +375,12 @@ fn main(ids: Ids) {
   let qb = bh * p.sq * DMAX;
   let kb = bh * p.skv * DMAX;
   let qr = min(q0 + sg * 16u, p.sq - 16u);
-  var qt: array<coop_mat16x16<f16, A>, ND>;
-  var gt: array<coop_mat16x16<f16, A>, ND>;
-  var dqt: array<coop_mat16x16<f32, C>, ND>;
-  for (var dd = 0u; dd < ND; dd = dd + 1u) {
-    qt[dd] = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + dd * 16u], DMAX);
-    gt[dd] = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + qr * DMAX + dd * 16u], DMAX);
-    dqt[dd] = coop_mat16x16<f32, C>();
-  }
-  let kend = p.skv;
+  //! unroll dd in 0..ND
+  var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + $dd * 16u], DMAX);
+  var gt$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + qr * DMAX + $dd * 16u], DMAX);
+  var dqt$dd = coop_mat16x16<f32, C>();
+  //! end
+  let kend = causal_end(q0, BR);
   let row = lane / 2u;
   let half = lane % 2u;
   let qi = q0 + sg * 16u + row;
@@ -354,51 +392,54 @@ fn main(ids: Ids) {
     // S = Q K^T.
     for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
       var acc = coop_mat16x16<f32, C>();
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        acc = coopMultiplyAdd(qt[dd], k_tile(kb, k0 + kc * 16u, dd), acc);
-      }
+      //! unroll dd in 0..ND
+      acc = coopMultiplyAdd(qt$dd, k_tile(kb, k0 + kc * 16u, $dd), acc);
+      //! end
       coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let key = k0 + half * 32u + c;
+      let cc = (c + lane) & 31u;
+      let key = k0 + half * 32u + cc;
       let masked = (qi >= p.sq) | (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
-      Ps[sbase + c] = f16(select(exp(Ss[sbase + c] * p.scale - lse_i), 0.0, masked));
+      Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - lse_i), 0.0, masked));
     }
     workgroupBarrier();
     // dP = dO V^T.
     for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
       var acc = coop_mat16x16<f32, C>();
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        let vt = coopLoad<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + dd * 16u], DMAX);
-        acc = coopMultiplyAdd(gt[dd], vt, acc);
-      }
+      //! unroll dd in 0..ND
+      let vt$dd = coopLoad<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + $dd * 16u], DMAX);
+      acc = coopMultiplyAdd(gt$dd, vt$dd, acc);
+      //! end
       coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
-      let key = k0 + half * 32u + c;
+      let cc = (c + lane) & 31u;
+      let key = k0 + half * 32u + cc;
       let masked = (qi >= p.sq) | (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
-      Dh[sbase + c] = f16(select(f32(Ps[sbase + c]) * (Ss[sbase + c] - delta_i), 0.0, masked));
+      let dp = Ss[sbase + cc] * attn_keep(bh * p.sq + qi, key);
+      Dh[sbase + cc] = f16(select(f32(Ps[sbase + cc]) * (dp - delta_i), 0.0, masked));
     }
     workgroupBarrier();
     // dQ += dS K.
     for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
       let st = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + kc * 16u], 64u);
-      for (var dd = 0u; dd < ND; dd = dd + 1u) {
-        let kt = coopLoadT<coop_mat16x16<f16, B>>(&k[kb + (k0 + kc * 16u) * DMAX + dd * 16u], DMAX);
-        dqt[dd] = coopMultiplyAdd(st, kt, dqt[dd]);
-      }
+      //! unroll dd in 0..ND
+      let kt$dd = coopLoadT<coop_mat16x16<f16, B>>(&k[kb + (k0 + kc * 16u) * DMAX + $dd * 16u], DMAX);
+      dqt$dd = coopMultiplyAdd(st, kt$dd, dqt$dd);
+      //! end
     }
     workgroupBarrier();
   }
-  for (var dd = 0u; dd < ND; dd = dd + 1u) {
-    coopStoreT(dqt[dd], &Ss[sg * 1024u], 16u);
-    workgroupBarrier();
-    for (var e = lane; e < 256u; e = e + 32u) {
-      let qo = q0 + sg * 16u + e / 16u;
-      if (qo < p.sq) { st_dq(qb + qo * DMAX + dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
-    }
-    workgroupBarrier();
+  //! unroll dd in 0..ND
+  coopStoreT(dqt$dd, &Ss[sg * 1024u], 16u);
+  workgroupBarrier();
+  for (var e = lane; e < 256u; e = e + 32u) {
+    let qo = q0 + sg * 16u + e / 16u;
+    if (qo < p.sq) { st_dq(qb + qo * DMAX + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
   }
+  workgroupBarrier();
+  //! end
 }

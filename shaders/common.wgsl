@@ -79,6 +79,27 @@ fn pow_(x: f32, y: f32) -> f32 {
   return select(r, -r, odd);
 }
 
+//! fn mix32
+// A 32-bit integer hash (xor-shift-multiply; a bijection, each input bit reaching every output
+// bit). Its CPU twin is reference::mix32.
+fn mix32(x: u32) -> u32 {
+  var h = x;
+  h = (h ^ (h >> 16u)) * 0x7feb352du;
+  h = (h ^ (h >> 15u)) * 0x846ca68bu;
+  return h ^ (h >> 16u);
+}
+
+//! fn attn_keep
+// Dropout on attention weights: the factor for the weight of key `key` in query row `row`
+// (numbered across heads: bh SQ + i): 0 when dropped, 1 / (1 - p) when kept, 1 without
+// dropout. The mask is a hash of (seed, row, key), so the backward pass recomputes it
+// instead of storing SQ x SKV bits (reference::attention_keep is the CPU twin).
+fn attn_keep(row: u32, key: u32) -> f32 {
+  if (p.drop_thr == 0u) { return 1.0; }
+  let h = mix32(mix32(row ^ p.seed_lo) ^ (key * 0x9e3779b9u) ^ p.seed_hi);
+  return select(p.drop_scale, 0.0, h < p.drop_thr);
+}
+
 //! fn sigmoid_
 fn sigmoid_(x: f32) -> f32 {
   return 1.0 / (1.0 + exp(-x));

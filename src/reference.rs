@@ -125,6 +125,50 @@ pub fn attention(
     causal: bool,
     scale: f64,
 ) -> Vec<f64> {
+    attention_dropout(q, k, v, bh, sq, skv, d, causal, scale, &|_, _| 1.0)
+}
+
+/// The device's integer hash (common.wgsl's `mix32`).
+pub fn mix32(x: u32) -> u32 {
+    let mut h = x;
+    h = (h ^ (h >> 16)).wrapping_mul(0x7feb352d);
+    h = (h ^ (h >> 15)).wrapping_mul(0x846ca68b);
+    h ^ (h >> 16)
+}
+
+/// The factor the attention kernels give the weight of `key` in query row `row` (counted
+/// across heads) under dropout `p` with `seed`: 0 or 1 / (1 - p) (common.wgsl's
+/// `attn_keep`, the same bits).
+pub fn attention_keep(p: f32, seed: u64, row: usize, key: usize) -> f64 {
+    let thr = crate::kernels::attention::drop_threshold(p);
+    if thr == 0 {
+        return 1.0;
+    }
+    let h = mix32(
+        mix32(row as u32 ^ seed as u32) ^ (key as u32).wrapping_mul(0x9e3779b9) ^ (seed >> 32) as u32,
+    );
+    if h < thr {
+        0.0
+    } else {
+        (1.0 / (1.0 - p)) as f64
+    }
+}
+
+/// [`attention`] with each weight (row `h sq + i`, key `j`) multiplied by `keep(row, j)` after
+/// the softmax: dropout on the attention weights.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dropout(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    bh: usize,
+    sq: usize,
+    skv: usize,
+    d: usize,
+    causal: bool,
+    scale: f64,
+    keep: &dyn Fn(usize, usize) -> f64,
+) -> Vec<f64> {
     let mut o = vec![0.0; bh * sq * d];
     for h in 0..bh {
         for i in 0..sq {
@@ -145,9 +189,11 @@ pub fn attention(
                 *x = (*x - m).exp();
                 z += *x;
             }
+            let row = h * sq + i;
             for t in 0..d {
-                o[(h * sq + i) * d + t] =
-                    (0..skv).map(|j| s[j] / z * v[(h * skv + j) * d + t]).sum();
+                o[row * d + t] = (0..skv)
+                    .map(|j| s[j] / z * keep(row, j) * v[(h * skv + j) * d + t])
+                    .sum();
             }
         }
     }
@@ -168,12 +214,31 @@ pub fn attention_backward(
     causal: bool,
     scale: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    attention_backward_dropout(q, k, v, dout, bh, sq, skv, d, causal, scale, &|_, _| 1.0)
+}
+
+/// Gradients of [`attention_dropout`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_dropout(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    bh: usize,
+    sq: usize,
+    skv: usize,
+    d: usize,
+    causal: bool,
+    scale: f64,
+    keep: &dyn Fn(usize, usize) -> f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let mut dq = vec![0.0; bh * sq * d];
     let mut dk = vec![0.0; bh * skv * d];
     let mut dv = vec![0.0; bh * skv * d];
     for h in 0..bh {
         for i in 0..sq {
-            let qi = |t: usize| q[(h * sq + i) * d + t];
+            let row = h * sq + i;
+            let qi = |t: usize| q[row * d + t];
             let s: Vec<f64> = (0..skv)
                 .map(|j| {
                     if causal && j + sq > i + skv {
@@ -189,18 +254,19 @@ pub fn attention_backward(
             let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
             let z: f64 = e.iter().sum();
             let pr: Vec<f64> = e.iter().map(|x| x / z).collect();
-            let go = |t: usize| dout[(h * sq + i) * d + t];
-            // dP = dO V^T; dS = P (dP - sum(P dP)).
+            let go = |t: usize| dout[row * d + t];
+            // O = (P z) V: dV += (P z)^T dO; dP = z (dO V^T); dS = P (dP - sum(P dP)).
             let dp: Vec<f64> = (0..skv)
-                .map(|j| (0..d).map(|t| go(t) * v[(h * skv + j) * d + t]).sum())
+                .map(|j| keep(row, j) * (0..d).map(|t| go(t) * v[(h * skv + j) * d + t]).sum::<f64>())
                 .collect();
             let dot: f64 = (0..skv).map(|j| pr[j] * dp[j]).sum();
             for j in 0..skv {
                 let ds = pr[j] * (dp[j] - dot);
+                let pd = pr[j] * keep(row, j);
                 for t in 0..d {
-                    dv[(h * skv + j) * d + t] += pr[j] * go(t);
+                    dv[(h * skv + j) * d + t] += pd * go(t);
                     dk[(h * skv + j) * d + t] += ds * qi(t) * scale;
-                    dq[(h * sq + i) * d + t] += ds * k[(h * skv + j) * d + t] * scale;
+                    dq[row * d + t] += ds * k[(h * skv + j) * d + t] * scale;
                 }
             }
         }

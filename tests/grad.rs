@@ -8,7 +8,7 @@ use common::ops::{binary_case, sample, unary_case};
 use common::*;
 use wgrad::Activation;
 use wgrad::kernels::elementwise::{Binary, Unary};
-use wgrad::ops::{Conv2dOpts, MatmulOpts};
+use wgrad::ops::{AttentionOpts, Conv2dOpts, MatmulOpts};
 use wgrad::optim::{Adam, Optimizer, Sgd};
 use wgrad::reference as cpu;
 use wgrad::{DType, Device, Tensor};
@@ -570,6 +570,50 @@ fn attention_gradients() {
                     d,
                     causal,
                     1.0 / (d as f64).sqrt(),
+                )
+            },
+        );
+    }
+}
+
+/// Dropout on the attention weights: with a fixed seed the mask is a fixed function of the
+/// inputs' positions, so finite differences of the CPU twin check the recomputed mask too.
+#[test]
+fn attention_dropout_gradients() {
+    let dev = device();
+    let mut rng = Rng::new(38);
+    let seed = 0x9abc_def0_1234_5678u64;
+    for (bh, s, d, causal) in [(2, 5, 4, false), (1, 17, 8, true)] {
+        let n = bh * s * d;
+        check(
+            &dev,
+            &format!("attention dropout s={s} d={d} causal={causal}"),
+            &[
+                (v(&mut rng, n), vec![bh, s, d], true),
+                (v(&mut rng, n), vec![bh, s, d], true),
+                (v(&mut rng, n), vec![bh, s, d], true),
+            ],
+            &move |t| {
+                let opts = AttentionOpts {
+                    causal,
+                    dropout: 0.3,
+                    seed: Some(seed),
+                    ..Default::default()
+                };
+                Tensor::attention_with(&t[0], &t[1], &t[2], opts)
+            },
+            &move |x| {
+                cpu::attention_dropout(
+                    &x[0],
+                    &x[1],
+                    &x[2],
+                    bh,
+                    s,
+                    s,
+                    d,
+                    causal,
+                    1.0 / (d as f64).sqrt(),
+                    &|r, j| cpu::attention_keep(0.3, seed, r, j),
                 )
             },
         );

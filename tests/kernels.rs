@@ -7,7 +7,7 @@ use common::ops::{binary_case, sample, unary_case};
 use common::*;
 use wgrad::Activation;
 use wgrad::kernels::elementwise::{Binary, Unary};
-use wgrad::ops::{Conv2dOpts, MatmulOpts};
+use wgrad::ops::{AttentionOpts, Conv2dOpts, MatmulOpts};
 use wgrad::reference as cpu;
 use wgrad::{DType, Error, Tensor};
 
@@ -551,6 +551,8 @@ fn attention_vs_reference_and_composition() {
             (1, 2, 64, 64),
             (1, 1, 48, 128),
             (2, 2, 80, 64),
+            // Four query and key blocks of 64 (the last one 16 wide): causal blocks skipped.
+            (1, 2, 208, 64),
         ] {
             for causal in [false, true] {
                 let n = b * h * s * d;
@@ -630,6 +632,9 @@ fn attention_gradients_at_tensor_core_shapes() {
             (1, 1, 48, 48, 128),
             (1, 1, 32, 96, 64),
             (1, 1, 144, 144, 64),
+            // Several blocks each way, causal ones skipped; fewer queries than keys.
+            (1, 1, 208, 208, 64),
+            (1, 2, 80, 208, 128),
         ] {
             for causal in [false, true] {
                 let (nq, nk) = (b * h * sq * d, b * h * skv * d);
@@ -668,6 +673,86 @@ fn attention_gradients_at_tensor_core_shapes() {
                 }
             }
         }
+    }
+}
+
+/// Dropout on the attention weights inside the fused kernels (tensor-core shapes and others),
+/// forward and gradients, against the f64 reference with the same mask.
+#[test]
+fn attention_dropout_vs_reference() {
+    let dev = poisoned();
+    let mut rng = Rng::new(24);
+    let (p, seed) = (0.3f32, 0xfeed_0001_2345_6789u64);
+    // The mask itself: about p of the weights dropped.
+    let dropped = (0..200)
+        .flat_map(|r| (0..200).map(move |j| (r, j)))
+        .filter(|&(r, j)| cpu::attention_keep(p, seed, r, j) == 0.0)
+        .count();
+    assert!((0.28..0.32).contains(&(dropped as f64 / 40000.0)), "{dropped} of 40000 dropped");
+    for dt in DTYPES {
+        for (b, h, sq, skv, d) in [
+            (1, 2, 17, 17, 33),
+            (1, 1, 40, 72, 16),
+            (1, 2, 64, 64, 64),
+            (1, 1, 208, 208, 64),
+            (1, 1, 48, 96, 128),
+        ] {
+            for causal in [false, true] {
+                let (nq, nk) = (b * h * sq * d, b * h * skv * d);
+                let (q, k, v, g) = (rng.vec(nq), rng.vec(nk), rng.vec(nk), rng.vec(nq));
+                let (sq_shape, sk_shape) = ([b, h, sq, d], [b, h, skv, d]);
+                let tq = tensor(&dev, &q, &sq_shape, dt).variable();
+                let tk = tensor(&dev, &k, &sk_shape, dt).variable();
+                let tv = tensor(&dev, &v, &sk_shape, dt).variable();
+                let opts = AttentionOpts {
+                    causal,
+                    dropout: p,
+                    seed: Some(seed),
+                    ..Default::default()
+                };
+                let out = Tensor::attention_with(&tq, &tk, &tv, opts).unwrap();
+                let scale = 1.0 / (d as f64).sqrt();
+                let keep = |r: usize, j: usize| cpu::attention_keep(p, seed, r, j);
+                let (rq, rk, rv) = (rounded(&q, dt), rounded(&k, dt), rounded(&v, dt));
+                let want =
+                    cpu::attention_dropout(&rq, &rk, &rv, b * h, sq, skv, d, causal, scale, &keep);
+                let what = format!("attention dropout {sq_shape:?} skv={skv} causal={causal} {dt}");
+                assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
+                out.backward_with(&tensor(&dev, &g, &sq_shape, dt)).unwrap();
+                let (dq, dk, dv) = cpu::attention_backward_dropout(
+                    &rq,
+                    &rk,
+                    &rv,
+                    &rounded(&g, dt),
+                    b * h,
+                    sq,
+                    skv,
+                    d,
+                    causal,
+                    scale,
+                    &keep,
+                );
+                for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
+                    let got = t.grad().unwrap().to_f32_vec().unwrap();
+                    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    let t = if dt != DType::F32 {
+                        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
+                    } else {
+                        (1e-5 * big.max(1.0), 1e-4)
+                    };
+                    assert_close_tol(&got, &want, t, &format!("{name} of {what}"));
+                }
+            }
+        }
+    }
+    // Out-of-range probabilities are errors.
+    let t = tensor(&dev, &[0.0; 8], &[2, 4], DType::F32);
+    for bad in [1.0, -0.1, f32::NAN] {
+        let opts = AttentionOpts {
+            dropout: bad,
+            ..Default::default()
+        };
+        assert!(Tensor::attention_with(&t, &t, &t, opts).is_err(), "dropout {bad}");
     }
 }
 

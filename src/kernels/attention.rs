@@ -54,6 +54,12 @@ crate::params! {
         g_sb: u32,
         g_sh: u32,
         g_ss: u32,
+        // Dropout on the attention weights: an entry is dropped when its hash is below
+        // drop_thr (0: no dropout); kept entries are scaled by drop_scale = 1 / (1 - p).
+        drop_thr: u32,
+        drop_scale: f32,
+        seed_lo: u32,
+        seed_hi: u32,
     }
 }
 
@@ -95,6 +101,9 @@ pub(crate) struct Dims {
     pub d: usize,
     pub scale: f32,
     pub causal: bool,
+    /// Probability of dropping an attention weight (0 for none), and the mask's seed.
+    pub dropout: f32,
+    pub seed: u64,
     pub q: HeadLayout,
     pub k: HeadLayout,
     pub v: HeadLayout,
@@ -142,6 +151,14 @@ impl Dims {
             g_sb,
             g_sh,
             g_ss,
+            drop_thr: drop_threshold(self.dropout),
+            drop_scale: if self.dropout > 0.0 {
+                1.0 / (1.0 - self.dropout)
+            } else {
+                1.0
+            },
+            seed_lo: self.seed as u32,
+            seed_hi: (self.seed >> 32) as u32,
         })
     }
 
@@ -161,6 +178,15 @@ impl Dims {
         let one_batch = self.bh <= self.heads.max(1);
         l.off == 0 && l.sh == want.sh && l.ss == want.ss && (one_batch || l.sb == want.sb)
     }
+}
+
+/// The 32-bit hash below which an attention weight is dropped: round(p 2^32), at least 1 for
+/// any p > 0 (the host rejects p outside [0, 1)).
+pub(crate) fn drop_threshold(p: f32) -> u32 {
+    if p <= 0.0 {
+        return 0;
+    }
+    ((p as f64 * 4294967296.0).round() as u64).clamp(1, u32::MAX as u64) as u32
 }
 
 /// Tile sizes for a head dimension, sized so each kernel's workgroup memory stays under 32 KiB
@@ -360,7 +386,7 @@ pub(crate) fn forward(
                 kernel: Kernel::AttentionCoop,
                 entry: "fwd",
                 wg: 128,
-                consts: &[("DMAX", a.d as u32)],
+                consts: &[("DMAX", a.d as u32), ("ND", a.d as u32 / 16)],
                 params: p,
                 args: &[
                     arg(q, dtype),
@@ -441,7 +467,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         && a.dense(&a.g, a.sq)
         && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
-        let consts = [("DMAX", a.d as u32)];
+        let consts = [("DMAX", a.d as u32), ("ND", a.d as u32 / 16)];
         let coop = |entry: &'static str, out: &[Arg<'_>], rows: usize| {
             let mut args = common.to_vec();
             args.extend_from_slice(out);

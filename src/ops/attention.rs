@@ -60,8 +60,31 @@ fn readable(t: &Tensor) -> Result<(Tensor, HeadLayout)> {
     Ok((d, l))
 }
 
-fn dims(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> Result<Dims> {
+/// Options of [`Tensor::attention_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionOpts {
+    /// Mask future keys (see [`Tensor::attention`] for the alignment).
+    pub causal: bool,
+    /// Score scale; 1/sqrt(head_dim) when `None`.
+    pub scale: Option<f32>,
+    /// Probability of dropping each attention weight (PyTorch's `dropout_p`), in [0, 1): the
+    /// kept weights are scaled by 1 / (1 - p) after the softmax. The mask is recomputed from
+    /// a seed in the backward pass, never stored.
+    pub dropout: f32,
+    /// The mask's seed; `None` draws one from the device's seed stream (as
+    /// [`Tensor::dropout`] does, so [`crate::Device::manual_seed`] makes it reproducible).
+    pub seed: Option<u64>,
+}
+
+fn dims(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpts, seed: u64) -> Result<Dims> {
+    let (causal, scale) = (o.causal, o.scale);
     let op = "attention";
+    if !(0.0..1.0).contains(&o.dropout) {
+        return Err(Error::invalid(
+            op,
+            format!("dropout probability {} is not in [0, 1)", o.dropout),
+        ));
+    }
     same_dtype(op, q, k)?;
     same_dtype(op, q, v)?;
     same_device(op, q, k)?;
@@ -113,6 +136,8 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) ->
         d,
         scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
         causal,
+        dropout: o.dropout,
+        seed,
         q: dense,
         k: HeadLayout::dense(heads, skv, d),
         v: HeadLayout::dense(heads, skv, d),
@@ -125,8 +150,9 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) ->
 struct AttentionBack {
     out: Tensor,
     lse: Tensor,
-    causal: bool,
-    scale: f32,
+    /// The forward's options, with the scale and the dropout seed resolved.
+    opts: AttentionOpts,
+    seed: u64,
 }
 
 impl Backward for AttentionBack {
@@ -137,7 +163,7 @@ impl Backward for AttentionBack {
         dout: Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
         let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
-        let mut a = dims(q, k, v, self.causal, Some(self.scale))?;
+        let mut a = dims(q, k, v, &self.opts, self.seed)?;
         // The tensor-core kernels read dense heads only: give them dense copies (a no-op for
         // operands that are dense already).
         let coop = ka::backward_uses_tensor_cores(q.device(), q.dtype(), a.sq, a.skv, a.d);
@@ -201,7 +227,32 @@ impl Tensor {
         causal: bool,
         scale: Option<f32>,
     ) -> Result<Tensor> {
-        let mut a = dims(q, k, v, causal, scale)?;
+        Tensor::attention_with(
+            q,
+            k,
+            v,
+            AttentionOpts {
+                causal,
+                scale,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// [`Tensor::attention`] with dropout on the attention weights (nanoGPT's `attn_dropout`,
+    /// PyTorch's `scaled_dot_product_attention(dropout_p=...)`), inside the fused kernels.
+    pub fn attention_with(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        opts: AttentionOpts,
+    ) -> Result<Tensor> {
+        let seed = match opts.seed {
+            Some(s) => s,
+            None if opts.dropout > 0.0 => q.device().next_seed(),
+            None => 0,
+        };
+        let mut a = dims(q, k, v, &opts, seed)?;
         let (qr, lq) = readable(q)?;
         let (kr, lk) = readable(k)?;
         let (vr, lv) = readable(v)?;
@@ -272,8 +323,11 @@ impl Tensor {
         let rec = record("attention", &[q, k, v], || AttentionBack {
             out: out.detach(),
             lse,
-            causal,
-            scale: a.scale,
+            opts: AttentionOpts {
+                scale: Some(a.scale),
+                ..opts
+            },
+            seed,
         });
         Ok(out.with_node(rec))
     }

@@ -19,5 +19,6 @@ pub mod softmax;
 pub mod transfer;
 
 pub use activation::Activation;
+pub use attention::AttentionOpts;
 pub use conv::Conv2dOpts;
 pub use matmul::MatmulOpts;
