@@ -3,9 +3,9 @@
 //! cargo run --release --example train_gpt -- --help
 //!
 //! The model: token and position embeddings, pre-norm blocks (causal fused attention, GELU
-//! MLP 4x, dropout on the embeddings and on both residual branches; the fused attention
-//! kernel has no dropout on the attention weights, which nanoGPT also has), a final LayerNorm and a head that shares the
-//! token embedding's weights. AdamW (betas 0.9, 0.99), warm-up then cosine decay, gradient
+//! MLP 4x; dropout on the embeddings, on the attention weights inside the fused kernel and on
+//! both residual branches, as nanoGPT), a final LayerNorm and a head that shares the token
+//! embedding's weights. AdamW (betas 0.9, 0.99), warm-up then cosine decay, gradient
 //! clipping at 1. The first 90% of the text trains, the last 10% validates.
 //!
 //! Defaults fit the adapter: nanoGPT's configuration (6 layers, 6 heads, width 384, context
@@ -89,7 +89,7 @@ struct Args {
     /// AdamW's decoupled weight decay.
     #[arg(long)]
     weight_decay: Option<f32>,
-    /// Dropout probability (embeddings and residual branches).
+    /// Dropout probability (embeddings, attention weights and residual branches).
     #[arg(long)]
     dropout: Option<f32>,
     /// Storage dtype: f32, f16 (with a loss scaler) or bf16 (without one). Default: f16 on a

@@ -7,6 +7,7 @@ use super::norm::LayerNorm;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::AttentionOpts;
 use crate::tensor::Tensor;
 
 /// Self-attention over [batch, seq, dim]: one fused QKV projection, the flash-style attention
@@ -20,6 +21,9 @@ pub struct MultiHeadAttention {
     pub heads: usize,
     /// Mask future positions.
     pub causal: bool,
+    /// Dropout on the attention weights while training (inside the fused kernel; nanoGPT's
+    /// `attn_dropout`). 0 unless set with [`MultiHeadAttention::with_dropout`].
+    pub attn_drop: Dropout,
 }
 
 impl MultiHeadAttention {
@@ -42,7 +46,20 @@ impl MultiHeadAttention {
             out: Linear::new(dev, dim, dim, true, dtype)?,
             heads,
             causal,
+            attn_drop: Dropout::new(0.0),
         })
+    }
+
+    /// Drops attention weights with probability `p` while training.
+    pub fn with_dropout(mut self, p: f32) -> Result<MultiHeadAttention> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid(
+                "MultiHeadAttention",
+                format!("dropout probability {p} is not in [0, 1)"),
+            ));
+        }
+        self.attn_drop = Dropout::new(p);
+        Ok(self)
     }
 }
 
@@ -67,7 +84,16 @@ impl Module for MultiHeadAttention {
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
         // The output is a [B, H, S, D] view of [B, S, H, D] storage: merging the heads back
         // is a view too.
-        let o = Tensor::attention(&q, &k, &v, self.causal, None)?;
+        let opts = AttentionOpts {
+            causal: self.causal,
+            dropout: if self.attn_drop.training() {
+                self.attn_drop.p
+            } else {
+                0.0
+            },
+            ..Default::default()
+        };
+        let o = Tensor::attention_with(&q, &k, &v, opts)?;
         let o = o.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
         self.out.forward(&o)
     }
@@ -76,6 +102,10 @@ impl Module for MultiHeadAttention {
         let mut v = prefixed("qkv", self.qkv.params());
         v.extend(prefixed("out", self.out.params()));
         v
+    }
+
+    fn train(&self, on: bool) {
+        self.attn_drop.train(on);
     }
 }
 
@@ -91,7 +121,7 @@ pub struct TransformerBlock {
     pub fc1: Linear,
     /// MLP projection.
     pub fc2: Linear,
-    /// Dropout on both residual branches.
+    /// Dropout on both residual branches (the attention weights get the same probability).
     pub drop: Dropout,
 }
 
@@ -107,7 +137,7 @@ impl TransformerBlock {
     ) -> Result<TransformerBlock> {
         Ok(TransformerBlock {
             ln1: LayerNorm::new(dev, dim, dtype)?,
-            attn: MultiHeadAttention::new(dev, dim, heads, causal, dtype)?,
+            attn: MultiHeadAttention::new(dev, dim, heads, causal, dtype)?.with_dropout(dropout)?,
             ln2: LayerNorm::new(dev, dim, dtype)?,
             fc1: Linear::new(dev, dim, 4 * dim, true, dtype)?,
             fc2: Linear::new(dev, 4 * dim, dim, true, dtype)?,
@@ -139,5 +169,6 @@ impl Module for TransformerBlock {
 
     fn train(&self, on: bool) {
         self.drop.train(on);
+        self.attn.train(on);
     }
 }

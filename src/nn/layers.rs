@@ -33,6 +33,11 @@ impl Dropout {
             training: AtomicBool::new(true),
         }
     }
+
+    /// Whether it drops (training mode) or passes values through (evaluation).
+    pub fn training(&self) -> bool {
+        self.training.load(Ordering::Relaxed)
+    }
 }
 
 impl Module for Dropout {
