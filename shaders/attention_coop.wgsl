@@ -10,7 +10,14 @@
 // Layout: a workgroup of 128 threads (4 subgroups) takes 64 query rows of one head; subgroup s
 // owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
 // registers. Keys go by blocks of 64 (four 16-key tiles), each score tile Q K^T computed with
-// cooperative loads straight from memory (K^T is a column-major view of K, stride D).
+// cooperative loads straight from memory (K^T is a column-major view of K). The fragments of
+// KT tiles are loaded before any of their products: loaded one tile at a time, each product
+// waited for its own loads, and the load latency, not the arithmetic, set the speed.
+//
+// Operands are read where they are: q, k, v and dout at off + batch sb + head sh + row pitch
+// (the pitches QS, KS, VS, GS are constants, as naga's cooperative loads need), so the heads
+// of a fused QKV projection are read in place; o is written at its own strides; the
+// gradients dq, dk, dv are dense.
 //
 // Two passes instead of the online rescaling of attention.wgsl, because a cooperative matrix
 // cannot be scaled row by row: pass 1 computes each row's max and sum of exp (scores go
@@ -22,20 +29,20 @@
 // Masks combine with `|` and `&`, not `||` and `&&`: the short-circuit forms are branches,
 // which would make the control flow around the cooperative-matrix ops non-uniform.
 //
-// Bounds: query tiles past SQ are computed and never stored; key tiles past SKV are skipped
-// (uniformly: the loop bound depends only on the block). Causal rows mask keys
-// j + SQ > i + SKV. Every barrier is in control flow uniform across the workgroup.
+// Bounds: query tiles past SQ are computed and never stored; tiles past SKV (or SQ) in a
+// block's last tiles load the last tile again (an in-bounds row), and the mask zeroes their
+// weights. Causal rows mask keys j + SQ > i + SKV, and the blocks wholly past the diagonal
+// are not visited. Every barrier is in control flow uniform across the workgroup.
 //
 // Bindings: signature line. Params as attention.wgsl. Constants: DMAX and ND = DMAX / 16,
-// the 16-wide column tiles of a head. Loops over them are unrolled (`//! unroll`), with one
+// the 16-wide column tiles of a head; KT (above); QS, KS, VS, GS (above). Loops over them are unrolled (`//! unroll`), with one
 // named variable per tile: an array of cooperative matrices indexed in a loop may live in
 // memory instead of registers.
-// Loops (per invocation): two passes over the key blocks, each about 5 (ND + 1) + 70 counted
-// iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
+// Loops (per invocation): two passes over the key blocks, each about 3 (4 / KT + 1) + 70
+// counted iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
 // budget), longer sequences take attention.wgsl's chunked path.
 
-// The layout of attention.wgsl's Params (one host twin); this kernel reads dense q, k, v and
-// writes a dense o, so the chunk and stride fields are unused here.
+// The layout of attention.wgsl's Params (one host twin); the chunk fields are unused here.
 struct Params {
   bh: u32,
   sq: u32,
@@ -89,13 +96,6 @@ var<workgroup> Ps: array<f16, 4u * 1024u>;
 var<workgroup> Ms: array<f32, 64u>;
 var<workgroup> Ls: array<f32, 64u>;
 
-// The 16-key tiles of the block at k0 that lie inside SKV. Used as a loop bound, not in an
-// `if`: naga counts local variables in an `if` condition as non-uniform (which cooperative
-// ops forbid) but accepts them in loop conditions.
-fn tiles(k0: u32) -> u32 {
-  return min(4u, (p.skv - k0) / 16u);
-}
-
 // One past the last key a causal row in [r0, r0 + rows) sees (key j is visible to row i when
 // j + SQ <= i + SKV), or SKV without the mask.
 fn causal_end(r0: u32, rows: u32) -> u32 {
@@ -111,8 +111,14 @@ fn causal_start(k0: u32, rows: u32) -> u32 {
   return (k0 + p.sq - p.skv) / rows * rows;
 }
 
+// Where row 0 of head `bh` starts in a strided operand (off + batch sb + head sh).
+fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
+  let t = udivmod(bh, p.heads);
+  return off + t.x * sb + t.y * sh;
+}
+
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
-  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * DMAX + dd * 16u], DMAX);
+  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
 }
 
 // ----- Backward (FlashAttention-2's split: one kernel for dK and dV, one for dQ) -----
@@ -135,7 +141,7 @@ fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
 // at the first query block that sees its keys, bwd_q stops after the last key block its
 // queries see); the diagonal blocks are masked.
 // Loops (per invocation): per block of 64 (queries for bwd_kv, keys for bwd_q) about
-// 3 (4 (ND + 1) + 1) + 2 (32 + 1) counted iterations; the host takes this path up to 4096
+// 3 (4 / KT + 1) + 2 (32 + 1) counted iterations; the host takes this path up to 4096
 // queries and keys, inside the loop budget.
 
 var<workgroup> Dh: array<f16, 4u * 1024u>;
@@ -143,14 +149,9 @@ var<workgroup> Dh: array<f16, 4u * 1024u>;
 var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
-// The 16-row tiles of the block at r0 that lie inside `len` (a loop bound, as `tiles`).
-fn tiles_in(r0: u32, len: u32) -> u32 {
-  return min(4u, (len - r0) / 16u);
-}
-
 //! entry fwd(q: f16, k: f16, v: f16, o: data mut, lse: f32 mut)
-//! check WG=128 DMAX=64 ND=4
-//! check WG=128 DMAX=128 ND=8
+//! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64
+//! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -158,12 +159,14 @@ fn main(ids: Ids) {
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
   let r0 = q0 + sg * 16u;
-  let qb = bh * p.sq * DMAX;
-  let kb = bh * p.skv * DMAX;
+  let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
+  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let ob = head_base(bh, p.o_off, p.o_sb, p.o_sh);
   // Rows past SQ load the (bounds-checked) tile anyway; their results are never stored.
   let qr = min(r0, p.sq - 16u);
   //! unroll dd in 0..ND
-  var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + $dd * 16u], DMAX);
+  var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * QS + $dd * 16u], QS);
   //! end
   // Causal rows stop after the last key any row of this block sees (j + SQ <= i + SKV):
   // the blocks past it are skipped, not masked. The bound is the same for the whole
@@ -178,12 +181,20 @@ fn main(ids: Ids) {
   var m = p.ninf;
   var l = 0.0;
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
-    for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
-      var acc = coop_mat16x16<f32, C>();
+    for (var kg = 0u; kg < 4u; kg = kg + KT) {
+      //! unroll kc in 0..KT
+      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      acc = coopMultiplyAdd(qt$dd, k_tile(kb, k0 + kc * 16u, $dd), acc);
+      let kt$kc$dd = k_tile(kb, key$kc, $dd);
       //! end
-      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+      //! end
+      //! unroll kc in 0..KT
+      var acc$kc = coop_mat16x16<f32, C>();
+      //! unroll dd in 0..ND
+      acc$kc = coopMultiplyAdd(qt$dd, kt$kc$dd, acc$kc);
+      //! end
+      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      //! end
     }
     workgroupBarrier();
     var bm = p.ninf;
@@ -221,12 +232,20 @@ fn main(ids: Ids) {
   var ot$dd = coop_mat16x16<f32, C>();
   //! end
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
-    for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
-      var acc = coop_mat16x16<f32, C>();
+    for (var kg = 0u; kg < 4u; kg = kg + KT) {
+      //! unroll kc in 0..KT
+      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      acc = coopMultiplyAdd(qt$dd, k_tile(kb, k0 + kc * 16u, $dd), acc);
+      let kt$kc$dd = k_tile(kb, key$kc, $dd);
       //! end
-      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+      //! end
+      //! unroll kc in 0..KT
+      var acc$kc = coop_mat16x16<f32, C>();
+      //! unroll dd in 0..ND
+      acc$kc = coopMultiplyAdd(qt$dd, kt$kc$dd, acc$kc);
+      //! end
+      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      //! end
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
@@ -237,11 +256,18 @@ fn main(ids: Ids) {
       Ps[sbase + cc] = f16(select(w, 0.0, masked));
     }
     workgroupBarrier();
-    for (var kc = 0u; kc < tiles(k0); kc = kc + 1u) {
-      let pt = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + kc * 16u], 64u);
+    for (var kg = 0u; kg < 4u; kg = kg + KT) {
+      //! unroll kc in 0..KT
+      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
+      let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let vt$dd = coopLoadT<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + $dd * 16u], DMAX);
-      ot$dd = coopMultiplyAdd(pt, vt$dd, ot$dd);
+      let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&v[vb + key$kc * VS + $dd * 16u], VS);
+      //! end
+      //! end
+      //! unroll kc in 0..KT
+      //! unroll dd in 0..ND
+      ot$dd = coopMultiplyAdd(pt$kc, vt$kc$dd, ot$dd);
+      //! end
       //! end
     }
     workgroupBarrier();
@@ -255,7 +281,7 @@ fn main(ids: Ids) {
     let rr = e / 16u;
     let qo = r0 + rr;
     if (qo < p.sq) {
-      st_o(qb + qo * DMAX + $dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
+      st_o(ob + qo * p.o_ss + $dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
     }
   }
   workgroupBarrier();
@@ -263,21 +289,28 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_kv(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
-//! check WG=128 DMAX=64 ND=4
-//! check WG=128 DMAX=128 ND=8
+//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64
+//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
   let k0 = ids.wid.x * BC;
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
-  let qb = bh * p.sq * DMAX;
-  let kb = bh * p.skv * DMAX;
+  let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
+  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
+  // The gradients dk, dv are dense [bh, skv, d].
+  let dkb = bh * p.skv * DMAX;
   // Keys past SKV load the last (in-range) tile; they are masked and never stored.
   let kr = min(k0 + sg * 16u, p.skv - 16u);
   //! unroll dd in 0..ND
   var dkt$dd = coop_mat16x16<f32, C>();
   var dvt$dd = coop_mat16x16<f32, C>();
+  // This subgroup's K (for S^T) and V (for dP^T) fragments, the same for every query block.
+  let kf$dd = k_tile(kb, kr, $dd);
+  let vf$dd = coopLoad<coop_mat16x16<f16, B>>(&v[vb + kr * VS + $dd * 16u], VS);
   //! end
   let qstart = causal_start(k0, BR);
   let row = lane / 2u;
@@ -292,14 +325,21 @@ fn main(ids: Ids) {
       Dq[ids.lid] = ld_delta(bh * p.sq + qs);
     }
     // S^T = K Q^T for this subgroup's 16 keys and the block's queries.
-    for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
-      // S for (16 queries, this subgroup's 16 keys), stored column-major: S^T in Ss.
-      var acc = coop_mat16x16<f32, C>();
+    // S for (16 queries, this subgroup's 16 keys) tiles, stored column-major: S^T in Ss.
+    for (var qg = 0u; qg < 4u; qg = qg + KT) {
+      //! unroll qc in 0..KT
+      let qrow$qc = min(q0 + (qg + $qc) * 16u, p.sq - 16u);
       //! unroll dd in 0..ND
-      let qa$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + (q0 + qc * 16u) * DMAX + $dd * 16u], DMAX);
-      acc = coopMultiplyAdd(qa$dd, k_tile(kb, kr, $dd), acc);
+      let qa$qc$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qrow$qc * QS + $dd * 16u], QS);
       //! end
-      coopStore(acc, &Ss[sg * 1024u + qc * 16u], 64u);
+      //! end
+      //! unroll qc in 0..KT
+      var acc$qc = coop_mat16x16<f32, C>();
+      //! unroll dd in 0..ND
+      acc$qc = coopMultiplyAdd(qa$qc$dd, kf$dd, acc$qc);
+      //! end
+      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], 64u);
+      //! end
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
@@ -310,15 +350,21 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     // dP^T = V dO^T.
-    for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
-      // dP = dO V^T for (16 queries, 16 keys), stored column-major: dP^T in Ss.
-      var acc = coop_mat16x16<f32, C>();
+    // dP = dO V^T for (16 queries, 16 keys) tiles, stored column-major: dP^T in Ss.
+    for (var qg = 0u; qg < 4u; qg = qg + KT) {
+      //! unroll qc in 0..KT
+      let qrow$qc = min(q0 + (qg + $qc) * 16u, p.sq - 16u);
       //! unroll dd in 0..ND
-      let ga$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + (q0 + qc * 16u) * DMAX + $dd * 16u], DMAX);
-      let vb$dd = coopLoad<coop_mat16x16<f16, B>>(&v[kb + kr * DMAX + $dd * 16u], DMAX);
-      acc = coopMultiplyAdd(ga$dd, vb$dd, acc);
+      let ga$qc$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[gb + qrow$qc * GS + $dd * 16u], GS);
       //! end
-      coopStore(acc, &Ss[sg * 1024u + qc * 16u], 64u);
+      //! end
+      //! unroll qc in 0..KT
+      var acc$qc = coop_mat16x16<f32, C>();
+      //! unroll dd in 0..ND
+      acc$qc = coopMultiplyAdd(ga$qc$dd, vf$dd, acc$qc);
+      //! end
+      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], 64u);
+      //! end
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
@@ -335,13 +381,21 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     // dV += P^T dO, dK += dS^T Q.
-    for (var qc = 0u; qc < tiles_in(q0, p.sq); qc = qc + 1u) {
-      let pt = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + qc * 16u], 64u);
-      let st = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + qc * 16u], 64u);
+    for (var qg = 0u; qg < 4u; qg = qg + KT) {
+      //! unroll qc in 0..KT
+      let qrow$qc = min(q0 + (qg + $qc) * 16u, p.sq - 16u);
+      let pt$qc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (qg + $qc) * 16u], 64u);
+      let st$qc = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + (qg + $qc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let at$dd = qb + (q0 + qc * 16u) * DMAX + $dd * 16u;
-      dvt$dd = coopMultiplyAdd(pt, coopLoadT<coop_mat16x16<f16, B>>(&dout[at$dd], DMAX), dvt$dd);
-      dkt$dd = coopMultiplyAdd(st, coopLoadT<coop_mat16x16<f16, B>>(&q[at$dd], DMAX), dkt$dd);
+      let go$qc$dd = coopLoadT<coop_mat16x16<f16, B>>(&dout[gb + qrow$qc * GS + $dd * 16u], GS);
+      let qo$qc$dd = coopLoadT<coop_mat16x16<f16, B>>(&q[qb + qrow$qc * QS + $dd * 16u], QS);
+      //! end
+      //! end
+      //! unroll qc in 0..KT
+      //! unroll dd in 0..ND
+      dvt$dd = coopMultiplyAdd(pt$qc, go$qc$dd, dvt$dd);
+      dkt$dd = coopMultiplyAdd(st$qc, qo$qc$dd, dkt$dd);
+      //! end
       //! end
     }
     workgroupBarrier();
@@ -354,7 +408,7 @@ fn main(ids: Ids) {
   for (var e = lane; e < 256u; e = e + 32u) {
     let key = k0 + sg * 16u + e / 16u;
     if (key < p.skv) {
-      let at = kb + key * DMAX + $dd * 16u + e % 16u;
+      let at = dkb + key * DMAX + $dd * 16u + e % 16u;
       st_dk(at, Ss[sg * 1024u + e] * p.scale);
       st_dv(at, Ss[sg * 1024u + 256u + e]);
     }
@@ -364,20 +418,24 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_q(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dq: data mut)
-//! check WG=128 DMAX=64 ND=4
-//! check WG=128 DMAX=128 ND=8
+//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64
+//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
   let q0 = ids.wid.x * BR;
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
-  let qb = bh * p.sq * DMAX;
-  let kb = bh * p.skv * DMAX;
+  let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
+  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
+  // The gradient dq is dense [bh, sq, d].
+  let dqb = bh * p.sq * DMAX;
   let qr = min(q0 + sg * 16u, p.sq - 16u);
   //! unroll dd in 0..ND
-  var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * DMAX + $dd * 16u], DMAX);
-  var gt$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[qb + qr * DMAX + $dd * 16u], DMAX);
+  var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * QS + $dd * 16u], QS);
+  var gt$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[gb + qr * GS + $dd * 16u], GS);
   var dqt$dd = coop_mat16x16<f32, C>();
   //! end
   let kend = causal_end(q0, BR);
@@ -390,12 +448,20 @@ fn main(ids: Ids) {
   let sbase = sg * 1024u + row * 64u + half * 32u;
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     // S = Q K^T.
-    for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
-      var acc = coop_mat16x16<f32, C>();
+    for (var kg = 0u; kg < 4u; kg = kg + KT) {
+      //! unroll kc in 0..KT
+      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      acc = coopMultiplyAdd(qt$dd, k_tile(kb, k0 + kc * 16u, $dd), acc);
+      let kt$kc$dd = k_tile(kb, key$kc, $dd);
       //! end
-      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+      //! end
+      //! unroll kc in 0..KT
+      var acc$kc = coop_mat16x16<f32, C>();
+      //! unroll dd in 0..ND
+      acc$kc = coopMultiplyAdd(qt$dd, kt$kc$dd, acc$kc);
+      //! end
+      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      //! end
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
@@ -406,13 +472,20 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     // dP = dO V^T.
-    for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
-      var acc = coop_mat16x16<f32, C>();
+    for (var kg = 0u; kg < 4u; kg = kg + KT) {
+      //! unroll kc in 0..KT
+      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      let vt$dd = coopLoad<coop_mat16x16<f16, B>>(&v[kb + (k0 + kc * 16u) * DMAX + $dd * 16u], DMAX);
-      acc = coopMultiplyAdd(gt$dd, vt$dd, acc);
+      let vt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&v[vb + key$kc * VS + $dd * 16u], VS);
       //! end
-      coopStoreT(acc, &Ss[sg * 1024u + kc * 16u], 64u);
+      //! end
+      //! unroll kc in 0..KT
+      var acc$kc = coop_mat16x16<f32, C>();
+      //! unroll dd in 0..ND
+      acc$kc = coopMultiplyAdd(gt$dd, vt$kc$dd, acc$kc);
+      //! end
+      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      //! end
     }
     workgroupBarrier();
     for (var c = 0u; c < 32u; c = c + 1u) {
@@ -424,11 +497,18 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     // dQ += dS K.
-    for (var kc = 0u; kc < tiles_in(k0, p.skv); kc = kc + 1u) {
-      let st = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + kc * 16u], 64u);
+    for (var kg = 0u; kg < 4u; kg = kg + KT) {
+      //! unroll kc in 0..KT
+      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
+      let st$kc = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + (kg + $kc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let kt$dd = coopLoadT<coop_mat16x16<f16, B>>(&k[kb + (k0 + kc * 16u) * DMAX + $dd * 16u], DMAX);
-      dqt$dd = coopMultiplyAdd(st, kt$dd, dqt$dd);
+      let kt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&k[kb + key$kc * KS + $dd * 16u], KS);
+      //! end
+      //! end
+      //! unroll kc in 0..KT
+      //! unroll dd in 0..ND
+      dqt$dd = coopMultiplyAdd(st$kc, kt$kc$dd, dqt$dd);
+      //! end
       //! end
     }
     workgroupBarrier();
@@ -438,7 +518,7 @@ fn main(ids: Ids) {
   workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let qo = q0 + sg * 16u + e / 16u;
-    if (qo < p.sq) { st_dq(qb + qo * DMAX + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
+    if (qo < p.sq) { st_dq(dqb + qo * DMAX + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
   }
   workgroupBarrier();
   //! end

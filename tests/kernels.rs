@@ -756,6 +756,92 @@ fn attention_dropout_vs_reference() {
     }
 }
 
+/// q, k and v as views of one fused QKV projection ([batch, seq, 3, heads, dim], the layout
+/// MultiHeadAttention reads in place; the tensor-core kernels take the row pitch 3 heads dim),
+/// forward and gradients against the f64 reference on the de-interleaved heads.
+#[test]
+fn attention_reads_fused_qkv_views() {
+    let dev = poisoned();
+    let mut rng = Rng::new(25);
+    for dt in DTYPES {
+        for (b, s, h, d, causal, dropout) in [
+            (2, 80, 2, 64, true, 0.0),
+            (1, 48, 1, 128, false, 0.2),
+            (1, 33, 2, 16, true, 0.0),
+        ] {
+            let n = b * s * 3 * h * d;
+            let (x, g) = (rng.vec(n), rng.vec(b * h * s * d));
+            let fused = tensor(&dev, &x, &[b, s, 3, h, d], dt).variable();
+            let heads = fused.permute(&[2, 0, 3, 1, 4]).unwrap();
+            let pick = |i: usize| heads.narrow(0, i, 1).unwrap().squeeze(0).unwrap();
+            let (q, k, v) = (pick(0), pick(1), pick(2));
+            let seed = 77;
+            let opts = AttentionOpts {
+                causal,
+                dropout,
+                seed: Some(seed),
+                ..Default::default()
+            };
+            let out = Tensor::attention_with(&q, &k, &v, opts).unwrap();
+            // The same heads, de-interleaved on the host: part i of head (bb, hh) at row t.
+            let xr = rounded(&x, dt);
+            let part = |i: usize| -> Vec<f64> {
+                let mut o = Vec::with_capacity(b * h * s * d);
+                for bb in 0..b {
+                    for hh in 0..h {
+                        for t in 0..s {
+                            let at = (((bb * s + t) * 3 + i) * h + hh) * d;
+                            o.extend_from_slice(&xr[at..at + d]);
+                        }
+                    }
+                }
+                o
+            };
+            let (rq, rk, rv) = (part(0), part(1), part(2));
+            let scale = 1.0 / (d as f64).sqrt();
+            let keep = |r: usize, j: usize| cpu::attention_keep(dropout, seed, r, j);
+            let want = cpu::attention_dropout(&rq, &rk, &rv, b * h, s, s, d, causal, scale, &keep);
+            let what = format!("fused qkv b={b} s={s} h={h} d={d} causal={causal} p={dropout} {dt}");
+            assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
+            out.backward_with(&tensor(&dev, &g, &[b, h, s, d], dt)).unwrap();
+            let (dq, dk, dv) = cpu::attention_backward_dropout(
+                &rq,
+                &rk,
+                &rv,
+                &rounded(&g, dt),
+                b * h,
+                s,
+                s,
+                d,
+                causal,
+                scale,
+                &keep,
+            );
+            // Interleave the reference gradients back into the fused layout.
+            let mut want = vec![0.0; n];
+            for (i, part) in [dq, dk, dv].iter().enumerate() {
+                for bb in 0..b {
+                    for hh in 0..h {
+                        for t in 0..s {
+                            let at = (((bb * s + t) * 3 + i) * h + hh) * d;
+                            let from = ((bb * h + hh) * s + t) * d;
+                            want[at..at + d].copy_from_slice(&part[from..from + d]);
+                        }
+                    }
+                }
+            }
+            let got = fused.grad().unwrap().to_f32_vec().unwrap();
+            let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            let t = if dt != DType::F32 {
+                (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
+            } else {
+                (1e-5 * big.max(1.0), 1e-4)
+            };
+            assert_close_tol(&got, &want, t, &format!("gradient of {what}"));
+        }
+    }
+}
+
 #[test]
 fn attention_cross_lengths() {
     // Fewer queries than keys (a decoding step): causal mask aligned bottom-right.

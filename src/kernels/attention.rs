@@ -162,21 +162,30 @@ impl Dims {
         })
     }
 
-    /// True when q, k and v are dense [bh, seq, d] and o is too (what the tensor-core kernel
-    /// reads and writes).
-    pub fn all_dense(&self) -> bool {
-        self.dense(&self.q, self.sq)
-            && self.dense(&self.k, self.skv)
-            && self.dense(&self.v, self.skv)
-            && self.dense(&self.o, self.sq)
+    /// Whether the tensor-core kernels can read q, k and v (and, `backward`, the output
+    /// gradient) where they are: cooperative loads need 16-byte aligned rows, so every
+    /// offset and stride a multiple of 8 halves. The heads of a fused QKV projection qualify.
+    pub fn coop_readable(&self, backward: bool) -> bool {
+        let ok = |l: &HeadLayout| [l.off, l.sb, l.sh, l.ss].iter().all(|x| x % 8 == 0);
+        ok(&self.q) && ok(&self.k) && ok(&self.v) && (!backward || ok(&self.g))
     }
 
-    /// Whether `l` places element (b, h, s, c) at ((b heads + h) seq + s) d + c. With one
-    /// batch element its batch stride is never used (a view reports it as 0).
-    pub fn dense(&self, l: &HeadLayout, seq: usize) -> bool {
-        let want = HeadLayout::dense(self.heads.max(1), seq, self.d);
-        let one_batch = self.bh <= self.heads.max(1);
-        l.off == 0 && l.sh == want.sh && l.ss == want.ss && (one_batch || l.sb == want.sb)
+    /// The tensor-core kernels' constants: the head tiles, the 16-row tiles whose fragments
+    /// load together (KT: as many as registers allow, fewer in the backward kernels, which
+    /// hold two sets of accumulators), and the row pitches of q, k, v and the output gradient
+    /// (constants because naga's cooperative loads need them so). The forward takes the same
+    /// names (its check lines do) and ignores GS.
+    fn coop_consts(&self, backward: bool) -> [(&'static str, u32); 7] {
+        let kt = if backward { 128 } else { 256 } / self.d as u32;
+        [
+            ("DMAX", self.d as u32),
+            ("ND", self.d as u32 / 16),
+            ("KT", kt),
+            ("QS", self.q.ss as u32),
+            ("KS", self.k.ss as u32),
+            ("VS", self.v.ss as u32),
+            ("GS", self.g.ss as u32),
+        ]
     }
 }
 
@@ -379,14 +388,14 @@ pub(crate) fn forward(
 ) -> Result<()> {
     check(dev, a)?;
     let p = a.params()?;
-    if a.all_dense() && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
+    if a.coop_readable(false) && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
         return launch(
             dev,
             &Launch {
                 kernel: Kernel::AttentionCoop,
                 entry: "fwd",
                 wg: 128,
-                consts: &[("DMAX", a.d as u32), ("ND", a.d as u32 / 16)],
+                consts: &a.coop_consts(false),
                 params: p,
                 args: &[
                     arg(q, dtype),
@@ -463,11 +472,8 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         arg(g.lse, DType::F32),
         arg(g.delta, DType::F32),
     ];
-    if a.all_dense()
-        && a.dense(&a.g, a.sq)
-        && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
-    {
-        let consts = [("DMAX", a.d as u32), ("ND", a.d as u32 / 16)];
+    if a.coop_readable(true) && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
+        let consts = a.coop_consts(true);
         let coop = |entry: &'static str, out: &[Arg<'_>], rows: usize| {
             let mut args = common.to_vec();
             args.extend_from_slice(out);

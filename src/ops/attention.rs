@@ -164,14 +164,16 @@ impl Backward for AttentionBack {
     ) -> Result<Vec<Option<Tensor>>> {
         let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
         let mut a = dims(q, k, v, &self.opts, self.seed)?;
-        // The tensor-core kernels read dense heads only: give them dense copies (a no-op for
-        // operands that are dense already).
+        // The tensor-core kernels read operands in place when their rows are 16-byte aligned,
+        // else dense copies of them.
         let coop = ka::backward_uses_tensor_cores(q.device(), q.dtype(), a.sq, a.skv, a.d);
         let pick = |t: &Tensor| -> Result<(Tensor, HeadLayout)> {
-            if coop {
+            let (r, l) = readable(t)?;
+            let aligned = [l.off, l.sb, l.sh, l.ss].iter().all(|x| x % 8 == 0);
+            if coop && !aligned {
                 readable(&t.contiguous()?)
             } else {
-                readable(t)
+                Ok((r, l))
             }
         };
         let (q, lq) = pick(q)?;
@@ -282,44 +284,30 @@ impl Tensor {
         if r < 3 {
             a.o = HeadLayout::dense(1, a.sq, a.d);
         }
-        // The tensor-core forward reads and writes dense heads only: give it dense copies.
-        let coop = ka::uses_tensor_cores(dev, q.dtype(), a.sq, a.skv, a.d);
+        // The tensor-core forward reads q, k and v in place when their rows are 16-byte
+        // aligned (the heads of a fused QKV projection are), else dense copies of them.
+        if ka::uses_tensor_cores(dev, q.dtype(), a.sq, a.skv, a.d) && !a.coop_readable(false) {
+            // (The copies are recorded: gradients flow back through them to q, k and v.)
+            let opts = AttentionOpts {
+                seed: Some(seed),
+                ..opts
+            };
+            let (qc, kc, vc) = (qr.contiguous()?, kr.contiguous()?, vr.contiguous()?);
+            return Tensor::attention_with(&qc, &kc, &vc, opts);
+        }
         let lse = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
         let op = "attention";
-        let out = if coop {
-            let (qd, kd, vd) = (qr.contiguous()?, kr.contiguous()?, vr.contiguous()?);
-            let o = Tensor::uninit(dev, q.shape(), q.dtype())?;
-            let mut ad = a;
-            (ad.q, ad.k, ad.v) = (
-                HeadLayout::dense(a.heads, a.sq, a.d),
-                HeadLayout::dense(a.heads, a.skv, a.d),
-                HeadLayout::dense(a.heads, a.skv, a.d),
-            );
-            ad.o = HeadLayout::dense(a.heads, a.sq, a.d);
-            ka::forward(
-                dev,
-                &ad,
-                qd.dense_block(op)?,
-                kd.dense_block(op)?,
-                vd.dense_block(op)?,
-                o.dense_block(op)?,
-                lse.dense_block(op)?,
-                q.dtype(),
-            )?;
-            o
-        } else {
-            ka::forward(
-                dev,
-                &a,
-                qr.block(),
-                kr.block(),
-                vr.block(),
-                storage.dense_block(op)?,
-                lse.dense_block(op)?,
-                q.dtype(),
-            )?;
-            storage.view(layout, None)
-        };
+        ka::forward(
+            dev,
+            &a,
+            qr.block(),
+            kr.block(),
+            vr.block(),
+            storage.dense_block(op)?,
+            lse.dense_block(op)?,
+            q.dtype(),
+        )?;
+        let out = storage.view(layout, None);
         let rec = record("attention", &[q, k, v], || AttentionBack {
             out: out.detach(),
             lse,
