@@ -145,7 +145,9 @@ pub fn attention_keep(p: f32, seed: u64, row: usize, key: usize) -> f64 {
         return 1.0;
     }
     let h = mix32(
-        mix32(row as u32 ^ seed as u32) ^ (key as u32).wrapping_mul(0x9e3779b9) ^ (seed >> 32) as u32,
+        mix32(row as u32 ^ seed as u32)
+            ^ (key as u32).wrapping_mul(0x9e3779b9)
+            ^ (seed >> 32) as u32,
     );
     if h < thr {
         0.0
@@ -257,7 +259,12 @@ pub fn attention_backward_dropout(
             let go = |t: usize| dout[row * d + t];
             // O = (P z) V: dV += (P z)^T dO; dP = z (dO V^T); dS = P (dP - sum(P dP)).
             let dp: Vec<f64> = (0..skv)
-                .map(|j| keep(row, j) * (0..d).map(|t| go(t) * v[(h * skv + j) * d + t]).sum::<f64>())
+                .map(|j| {
+                    keep(row, j)
+                        * (0..d)
+                            .map(|t| go(t) * v[(h * skv + j) * d + t])
+                            .sum::<f64>()
+                })
                 .collect();
             let dot: f64 = (0..skv).map(|j| pr[j] * dp[j]).sum();
             for j in 0..skv {

@@ -688,7 +688,10 @@ fn attention_dropout_vs_reference() {
         .flat_map(|r| (0..200).map(move |j| (r, j)))
         .filter(|&(r, j)| cpu::attention_keep(p, seed, r, j) == 0.0)
         .count();
-    assert!((0.28..0.32).contains(&(dropped as f64 / 40000.0)), "{dropped} of 40000 dropped");
+    assert!(
+        (0.28..0.32).contains(&(dropped as f64 / 40000.0)),
+        "{dropped} of 40000 dropped"
+    );
     for dt in DTYPES {
         for (b, h, sq, skv, d) in [
             (1, 2, 17, 17, 33),
@@ -752,7 +755,10 @@ fn attention_dropout_vs_reference() {
             dropout: bad,
             ..Default::default()
         };
-        assert!(Tensor::attention_with(&t, &t, &t, opts).is_err(), "dropout {bad}");
+        assert!(
+            Tensor::attention_with(&t, &t, &t, opts).is_err(),
+            "dropout {bad}"
+        );
     }
 }
 
@@ -801,9 +807,11 @@ fn attention_reads_fused_qkv_views() {
             let scale = 1.0 / (d as f64).sqrt();
             let keep = |r: usize, j: usize| cpu::attention_keep(dropout, seed, r, j);
             let want = cpu::attention_dropout(&rq, &rk, &rv, b * h, s, s, d, causal, scale, &keep);
-            let what = format!("fused qkv b={b} s={s} h={h} d={d} causal={causal} p={dropout} {dt}");
+            let what =
+                format!("fused qkv b={b} s={s} h={h} d={d} causal={causal} p={dropout} {dt}");
             assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
-            out.backward_with(&tensor(&dev, &g, &[b, h, s, d], dt)).unwrap();
+            out.backward_with(&tensor(&dev, &g, &[b, h, s, d], dt))
+                .unwrap();
             let (dq, dk, dv) = cpu::attention_backward_dropout(
                 &rq,
                 &rk,
@@ -838,8 +846,39 @@ fn attention_reads_fused_qkv_views() {
                 (1e-5 * big.max(1.0), 1e-4)
             };
             assert_close_tol(&got, &want, t, &format!("gradient of {what}"));
+
+            // The same through attention_qkv: [b, s, 3 h d] in, [b, s, h d] out, one gradient.
+            let flat = tensor(&dev, &x, &[b, s, 3 * h * d], dt).variable();
+            let o2 = Tensor::attention_qkv(&flat, h, opts).unwrap();
+            assert_eq!(o2.shape(), &[b, s, h * d]);
+            let mut want_o = vec![0.0; b * s * h * d];
+            let want_bhsd =
+                cpu::attention_dropout(&rq, &rk, &rv, b * h, s, s, d, causal, scale, &keep);
+            let mut g2 = vec![0.0f32; b * s * h * d];
+            for bb in 0..b {
+                for hh in 0..h {
+                    for t in 0..s {
+                        let (to, from) = (((bb * s + t) * h + hh) * d, ((bb * h + hh) * s + t) * d);
+                        want_o[to..to + d].copy_from_slice(&want_bhsd[from..from + d]);
+                        g2[to..to + d].copy_from_slice(&g[from..from + d]);
+                    }
+                }
+            }
+            assert_close(
+                &o2.to_f32_vec().unwrap(),
+                &want_o,
+                dt,
+                &format!("attention_qkv {what}"),
+            );
+            o2.backward_with(&tensor(&dev, &g2, &[b, s, h * d], dt))
+                .unwrap();
+            let got = flat.grad().unwrap().to_f32_vec().unwrap();
+            assert_close_tol(&got, &want, t, &format!("attention_qkv gradient of {what}"));
         }
     }
+    // Widths that do not split into 3 x heads are errors.
+    let t = tensor(&dev, &[0.0; 40], &[1, 4, 10], DType::F32);
+    assert!(Tensor::attention_qkv(&t, 2, AttentionOpts::default()).is_err());
 }
 
 #[test]

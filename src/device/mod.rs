@@ -322,9 +322,8 @@ impl Device {
         };
         let (device, queue) = match kept {
             Some(d) => (d.device, d.queue),
-            None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-                Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name))
-            })?,
+            None => pollster::block_on(adapter.request_device(&desc))
+                .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?,
         };
         let reuse = gl_instance.is_none().then_some(key);
 

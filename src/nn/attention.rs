@@ -71,19 +71,9 @@ impl Module for MultiHeadAttention {
                 format!("input {:?} must be [batch, seq, dim]", x.shape()),
             ));
         }
-        let (b, s, e) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-        let (h, d) = (self.heads, e / self.heads);
-        // [B, S, 3E] viewed as [3, B, H, S, D]; q, k and v are views of the projection (no
-        // copies), which the attention kernel reads in place.
-        let qkv = self
-            .qkv
-            .forward(x)?
-            .reshape(&[b, s, 3, h, d])?
-            .permute(&[2, 0, 3, 1, 4])?;
-        let pick = |i: usize| qkv.narrow(0, i, 1)?.squeeze(0);
-        let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
-        // The output is a [B, H, S, D] view of [B, S, H, D] storage: merging the heads back
-        // is a view too.
+        // One fused QKV projection; the attention kernels read its heads in place, write the
+        // output with the heads merged, and the backward pass writes the three gradients
+        // into one tensor shaped as the projection.
         let opts = AttentionOpts {
             causal: self.causal,
             dropout: if self.attn_drop.training() {
@@ -93,8 +83,7 @@ impl Module for MultiHeadAttention {
             },
             ..Default::default()
         };
-        let o = Tensor::attention_with(&q, &k, &v, opts)?;
-        let o = o.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
+        let o = Tensor::attention_qkv(&self.qkv.forward(x)?, self.heads, opts)?;
         self.out.forward(&o)
     }
 

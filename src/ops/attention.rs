@@ -9,6 +9,7 @@ use super::elementwise::{float_only, same_device, same_dtype};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{self as ka, Dims, Grads, HeadLayout};
+use crate::kernels::copy as kc;
 use crate::tensor::graph::{Backward, record};
 use crate::tensor::{Layout, Tensor};
 
@@ -147,12 +148,70 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpts, seed: u64) -> Res
 }
 
 /// Attention's gradients (inputs q, k, v), recomputed from the saved output and log-sum-exp.
-struct AttentionBack {
+/// What the forward pass keeps for the backward pass.
+struct Saved {
     out: Tensor,
     lse: Tensor,
     /// The forward's options, with the scale and the dropout seed resolved.
     opts: AttentionOpts,
     seed: u64,
+}
+
+struct AttentionBack(Saved);
+
+/// Gradients of attention (dq, dk, dv: dense, shaped as q, k and v) from the saved output
+/// and log-sum-exp.
+fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    saved: &Saved,
+    dout: Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let mut a = dims(q, k, v, &saved.opts, saved.seed)?;
+    // The tensor-core kernels read operands in place when their rows are 16-byte aligned,
+    // else dense copies of them.
+    let coop = ka::backward_uses_tensor_cores(q.device(), q.dtype(), a.sq, a.skv, a.d);
+    let pick = |t: &Tensor| -> Result<(Tensor, HeadLayout)> {
+        let (r, l) = readable(t)?;
+        let aligned = [l.off, l.sb, l.sh, l.ss].iter().all(|x| x % 8 == 0);
+        if coop && !aligned {
+            readable(&t.contiguous()?)
+        } else {
+            Ok((r, l))
+        }
+    };
+    let (q, lq) = pick(q)?;
+    let (k, lk) = pick(k)?;
+    let (v, lv) = pick(v)?;
+    let (o, lo) = pick(&saved.out)?;
+    let dout = dout.to_dtype(q.dtype())?;
+    let (g, lg) = pick(&dout)?;
+    (a.q, a.k, a.v, a.o, a.g) = (lq, lk, lv, lo, lg);
+    let dev = q.device();
+    let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
+    let dq = Tensor::uninit(dev, q.shape(), q.dtype())?;
+    let dk = Tensor::uninit(dev, k.shape(), q.dtype())?;
+    let dv = Tensor::uninit(dev, v.shape(), q.dtype())?;
+    let op = "attention backward";
+    ka::backward(
+        dev,
+        &a,
+        &Grads {
+            q: q.block(),
+            k: k.block(),
+            v: v.block(),
+            o: o.block(),
+            lse: saved.lse.dense_block(op)?,
+            dout: g.block(),
+            delta: delta.dense_block(op)?,
+            dq: dq.dense_block(op)?,
+            dk: dk.dense_block(op)?,
+            dv: dv.dense_block(op)?,
+        },
+        q.dtype(),
+    )?;
+    Ok((dq, dk, dv))
 }
 
 impl Backward for AttentionBack {
@@ -162,52 +221,84 @@ impl Backward for AttentionBack {
         _out: &Tensor,
         dout: Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
-        let mut a = dims(q, k, v, &self.opts, self.seed)?;
-        // The tensor-core kernels read operands in place when their rows are 16-byte aligned,
-        // else dense copies of them.
-        let coop = ka::backward_uses_tensor_cores(q.device(), q.dtype(), a.sq, a.skv, a.d);
-        let pick = |t: &Tensor| -> Result<(Tensor, HeadLayout)> {
-            let (r, l) = readable(t)?;
-            let aligned = [l.off, l.sb, l.sh, l.ss].iter().all(|x| x % 8 == 0);
-            if coop && !aligned {
-                readable(&t.contiguous()?)
-            } else {
-                Ok((r, l))
-            }
-        };
-        let (q, lq) = pick(q)?;
-        let (k, lk) = pick(k)?;
-        let (v, lv) = pick(v)?;
-        let (o, lo) = pick(&self.out)?;
-        let dout = dout.to_dtype(q.dtype())?;
-        let (g, lg) = pick(&dout)?;
-        (a.q, a.k, a.v, a.o, a.g) = (lq, lk, lv, lo, lg);
-        let dev = q.device();
-        let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
-        let dq = Tensor::uninit(dev, q.shape(), q.dtype())?;
-        let dk = Tensor::uninit(dev, k.shape(), q.dtype())?;
-        let dv = Tensor::uninit(dev, v.shape(), q.dtype())?;
-        let op = "attention backward";
-        ka::backward(
-            dev,
-            &a,
-            &Grads {
-                q: q.block(),
-                k: k.block(),
-                v: v.block(),
-                o: o.block(),
-                lse: self.lse.dense_block(op)?,
-                dout: g.block(),
-                delta: delta.dense_block(op)?,
-                dq: dq.dense_block(op)?,
-                dk: dk.dense_block(op)?,
-                dv: dv.dense_block(op)?,
-            },
-            q.dtype(),
-        )?;
+        let (dq, dk, dv) = attention_backward(&inputs[0], &inputs[1], &inputs[2], &self.0, dout)?;
         Ok(vec![Some(dq), Some(dk), Some(dv)])
     }
+}
+
+/// The heads of a fused QKV projection ([..., seq, 3, heads, dim] storage) as q, k and v
+/// views [..., heads, seq, dim] (no autograd: the caller records one node for the whole).
+fn split_qkv(qkv: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "attention_qkv";
+    let r = qkv.rank();
+    let width = qkv.shape().last().copied().unwrap_or(0);
+    if r < 2 || heads == 0 || !width.is_multiple_of(3 * heads) || width == 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{:?} is not [..., seq, 3 heads dim] with {heads} heads",
+                qkv.shape()
+            ),
+        ));
+    }
+    let d = width / (3 * heads);
+    let mut shape = qkv.shape()[..r - 1].to_vec();
+    shape.extend([3, heads, d]);
+    // [..., s, 3, h, d] -> [3, ..., h, s, d]
+    let n = shape.len();
+    let mut perm = vec![n - 3];
+    perm.extend(0..n - 4);
+    perm.extend([n - 2, n - 4, n - 1]);
+    let x = qkv.detach().reshape(&shape)?.permute(&perm)?;
+    let pick = |i: usize| x.narrow(0, i, 1)?.squeeze(0);
+    Ok((pick(0)?, pick(1)?, pick(2)?))
+}
+
+/// [`Tensor::attention_qkv`]'s gradient: the three head gradients written straight into one
+/// tensor shaped as the fused projection (no zero-filled slices summed).
+struct FusedQkvBack {
+    saved: Saved,
+    heads: usize,
+}
+
+impl Backward for FusedQkvBack {
+    fn backward(
+        &self,
+        inputs: &[Tensor],
+        _out: &Tensor,
+        dout: Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let qkv = &inputs[0];
+        let (q, k, v) = split_qkv(qkv, self.heads)?;
+        // dout is [..., seq, heads dim]; the kernels take its [..., heads, seq, dim] view.
+        let dout = heads_view(&dout, self.heads)?;
+        let (dq, dk, dv) = attention_backward(&q, &k, &v, &self.saved, dout)?;
+        let g = Tensor::uninit(qkv.device(), qkv.shape(), qkv.dtype())?;
+        let (gq, gk, gv) = split_qkv(&g, self.heads)?;
+        for (dst, src) in [(&gq, &dq), (&gk, &dk), (&gv, &dv)] {
+            kc::strided_layout(
+                g.device(),
+                src.block(),
+                src.layout(),
+                g.block(),
+                dst.layout(),
+                g.dtype(),
+            )?;
+        }
+        Ok(vec![Some(g)])
+    }
+}
+
+/// A [..., seq, heads dim] tensor as its [..., heads, seq, dim] view.
+fn heads_view(t: &Tensor, heads: usize) -> Result<Tensor> {
+    let r = t.rank();
+    let width = t.shape()[r - 1];
+    let mut shape = t.shape()[..r - 1].to_vec();
+    shape.extend([heads, width / heads]);
+    let n = shape.len();
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.swap(n - 3, n - 2);
+    t.reshape(&shape)?.permute(&perm)
 }
 
 impl Tensor {
@@ -249,74 +340,128 @@ impl Tensor {
         v: &Tensor,
         opts: AttentionOpts,
     ) -> Result<Tensor> {
-        let seed = match opts.seed {
-            Some(s) => s,
-            None if opts.dropout > 0.0 => q.device().next_seed(),
-            None => 0,
-        };
-        let mut a = dims(q, k, v, &opts, seed)?;
-        let (qr, lq) = readable(q)?;
-        let (kr, lk) = readable(k)?;
-        let (vr, lv) = readable(v)?;
-        (a.q, a.k, a.v) = (lq, lk, lv);
-        let dev = q.device();
-        let r = q.rank();
-        // Storage [..., seq, heads, dim]; the result is its [..., heads, seq, dim] view.
-        let (storage, layout) = if r >= 3 {
-            let mut phys = q.shape().to_vec();
-            phys.swap(r - 3, r - 2);
-            let t = Tensor::uninit(dev, &phys, q.dtype())?;
-            let mut perm: Vec<usize> = (0..r).collect();
-            perm.swap(r - 3, r - 2);
-            let l = t.layout().permute(&perm);
-            (t, l)
-        } else {
-            let t = Tensor::uninit(dev, q.shape(), q.dtype())?;
-            let l = Layout::contiguous(q.shape());
-            (t, l)
-        };
-        a.o = HeadLayout {
-            off: 0,
-            sb: a.sq * a.heads * a.d,
-            sh: a.d,
-            ss: a.heads * a.d,
-        };
-        if r < 3 {
-            a.o = HeadLayout::dense(1, a.sq, a.d);
-        }
-        // The tensor-core forward reads q, k and v in place when their rows are 16-byte
-        // aligned (the heads of a fused QKV projection are), else dense copies of them.
-        if ka::uses_tensor_cores(dev, q.dtype(), a.sq, a.skv, a.d) && !a.coop_readable(false) {
-            // (The copies are recorded: gradients flow back through them to q, k and v.)
-            let opts = AttentionOpts {
-                seed: Some(seed),
-                ..opts
-            };
-            let (qc, kc, vc) = (qr.contiguous()?, kr.contiguous()?, vr.contiguous()?);
-            return Tensor::attention_with(&qc, &kc, &vc, opts);
-        }
-        let lse = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
-        let op = "attention";
-        ka::forward(
-            dev,
-            &a,
-            qr.block(),
-            kr.block(),
-            vr.block(),
-            storage.dense_block(op)?,
-            lse.dense_block(op)?,
-            q.dtype(),
-        )?;
-        let out = storage.view(layout, None);
-        let rec = record("attention", &[q, k, v], || AttentionBack {
-            out: out.detach(),
-            lse,
-            opts: AttentionOpts {
-                scale: Some(a.scale),
-                ..opts
-            },
-            seed,
+        let seed = resolve_seed(q, &opts);
+        let (out, lse, scale) = attention_forward(q, k, v, &opts, seed)?;
+        let rec = record("attention", &[q, k, v], || {
+            AttentionBack(Saved {
+                out: out.detach(),
+                lse,
+                opts: AttentionOpts {
+                    scale: Some(scale),
+                    ..opts
+                },
+                seed,
+            })
         });
         Ok(out.with_node(rec))
     }
+
+    /// Attention over the heads of a fused QKV projection: `qkv` is [..., seq, 3 heads dim]
+    /// (q, k and v one after the other along the last axis, heads inside each), the result
+    /// [..., seq, heads dim], heads merged. Nothing is copied either way: the kernels read
+    /// the heads in place, write the output in its final layout, and the backward pass writes
+    /// the three gradients into one tensor shaped as `qkv`.
+    pub fn attention_qkv(qkv: &Tensor, heads: usize, opts: AttentionOpts) -> Result<Tensor> {
+        let (q, k, v) = split_qkv(qkv, heads)?;
+        let seed = resolve_seed(qkv, &opts);
+        let (out, lse, scale) = attention_forward(&q, &k, &v, &opts, seed)?;
+        // out is a [..., heads, seq, dim] view of [..., seq, heads, dim] storage.
+        let r = out.rank();
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 3, r - 2);
+        let mut merged = qkv.shape().to_vec();
+        let last = merged.len() - 1;
+        merged[last] /= 3;
+        let flat = out.permute(&perm)?.reshape(&merged)?;
+        let rec = record("attention_qkv", &[qkv], || FusedQkvBack {
+            saved: Saved {
+                out: out.detach(),
+                lse,
+                opts: AttentionOpts {
+                    scale: Some(scale),
+                    ..opts
+                },
+                seed,
+            },
+            heads,
+        });
+        Ok(flat.with_node(rec))
+    }
+}
+
+/// The dropout seed: the caller's, or the device's next one when dropping.
+fn resolve_seed(t: &Tensor, opts: &AttentionOpts) -> u64 {
+    match opts.seed {
+        Some(s) => s,
+        None if opts.dropout > 0.0 => t.device().next_seed(),
+        None => 0,
+    }
+}
+
+/// The forward pass without recording: the output (a [..., heads, seq, dim] view of
+/// [..., seq, heads, dim] storage), the log-sum-exp per query row, and the scale used.
+fn attention_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+    seed: u64,
+) -> Result<(Tensor, Tensor, f32)> {
+    let mut a = dims(q, k, v, opts, seed)?;
+    let (qr, lq) = readable(q)?;
+    let (kr, lk) = readable(k)?;
+    let (vr, lv) = readable(v)?;
+    (a.q, a.k, a.v) = (lq, lk, lv);
+    let dev = q.device();
+    let r = q.rank();
+    // Storage [..., seq, heads, dim]; the result is its [..., heads, seq, dim] view.
+    let (storage, layout) = if r >= 3 {
+        let mut phys = q.shape().to_vec();
+        phys.swap(r - 3, r - 2);
+        let t = Tensor::uninit(dev, &phys, q.dtype())?;
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 3, r - 2);
+        let l = t.layout().permute(&perm);
+        (t, l)
+    } else {
+        let t = Tensor::uninit(dev, q.shape(), q.dtype())?;
+        let l = Layout::contiguous(q.shape());
+        (t, l)
+    };
+    a.o = HeadLayout {
+        off: 0,
+        sb: a.sq * a.heads * a.d,
+        sh: a.d,
+        ss: a.heads * a.d,
+    };
+    if r < 3 {
+        a.o = HeadLayout::dense(1, a.sq, a.d);
+    }
+    // The tensor-core forward reads q, k and v in place when their rows are 16-byte
+    // aligned (the heads of a fused QKV projection are), else dense copies of them.
+    let (qr, kr, vr) =
+        if ka::uses_tensor_cores(dev, q.dtype(), a.sq, a.skv, a.d) && !a.coop_readable(false) {
+            // Dense copies for the kernel only: the caller's node records q, k and v.
+            let (qc, lq) = readable(&qr.contiguous()?)?;
+            let (kc, lk) = readable(&kr.contiguous()?)?;
+            let (vc, lv) = readable(&vr.contiguous()?)?;
+            (a.q, a.k, a.v) = (lq, lk, lv);
+            (qc, kc, vc)
+        } else {
+            (qr, kr, vr)
+        };
+    let lse = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
+    let op = "attention";
+    ka::forward(
+        dev,
+        &a,
+        qr.block(),
+        kr.block(),
+        vr.block(),
+        storage.dense_block(op)?,
+        lse.dense_block(op)?,
+        q.dtype(),
+    )?;
+    let out = storage.view(layout, None);
+    Ok((out, lse, a.scale))
 }
