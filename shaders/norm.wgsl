@@ -25,7 +25,7 @@
 // Bindings: signature lines (beta is a dummy for RMSNorm). Params: rows, len, eps, rms (0/1),
 // rchunk, nchunks.
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
-// block reductions; the host caps len at 2^20. bwd_params rchunk + 1 (256).
+// block reductions; the host caps len at 2^20. bwd_params rchunk / 2 + 2 (256 rows a chunk).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
 // the reductions); element loops test i < len; bwd_params threads past the last return.
 
@@ -118,7 +118,22 @@ fn main(ids: Ids) {
   let r1 = min(r0 + p.rchunk, p.rows);
   var dg = 0.0;
   var db = 0.0;
-  for (var r = r0; r < r1; r = r + 1u) {
+  // Rows two at a time, their loads issued before use: one thread walks a whole column
+  // chunk, and a rolled loop waited out each row's load latency.
+  var r = r0;
+  for (; r + 2u <= r1; r = r + 2u) {
+    let dy0 = ld_dy(r * p.len + c);
+    let dy1 = ld_dy((r + 1u) * p.len + c);
+    let x0 = ld_x(r * p.len + c);
+    let x1 = ld_x((r + 1u) * p.len + c);
+    let xh0 = ((x0 - ld_stats(3u * r)) - ld_stats(3u * r + 1u)) * ld_stats(3u * r + 2u);
+    let xh1 = ((x1 - ld_stats(3u * r + 3u)) - ld_stats(3u * r + 4u)) * ld_stats(3u * r + 5u);
+    dg = dg + dy0 * xh0;
+    db = db + dy0;
+    dg = dg + dy1 * xh1;
+    db = db + dy1;
+  }
+  for (; r < r1; r = r + 1u) {
     let dy = ld_dy(r * p.len + c);
     let xh = ((ld_x(r * p.len + c) - ld_stats(3u * r)) - ld_stats(3u * r + 1u)) * ld_stats(3u * r + 2u);
     dg = dg + dy * xh;

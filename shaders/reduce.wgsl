@@ -26,7 +26,8 @@
 // starting value: -inf for max, +inf for min, passed in because WGSL rejects an infinite
 // constant), merge.
 // Loops (per invocation): rows <= chunk / WG + 1 plus the block reduction (<= 2 log2 WG);
-// cols <= chunk + 1. The host keeps chunk at 8192 with WG = 256 for rows and at 8192 for cols.
+// cols <= chunk / 4 + 5. The host keeps chunk at 8192 with WG = 256 for rows and at 8192 for
+// cols.
 // Bounds: rows test each index against the chunk end; cols threads past the last output
 // return (no barriers there).
 
@@ -110,7 +111,19 @@ fn main(ids: Ids) {
   let end = min(start + p.chunk, p.len);
   var idx = (o * p.len + start) * p.inner + i;
   var acc = select(p.init, 0.0, p.op == RED_SUM);
-  for (var l = start; l < end; l = l + 1u) {
+  // Four loads issued before they are folded (in order): one thread has one line, so a
+  // rolled loop keeps one load in flight per thread and waits out its latency every row
+  // (on GPUs this pass was latency-bound at a fraction of the memory bandwidth).
+  var l = start;
+  for (; l + 4u <= end; l = l + 4u) {
+    let v0 = ld_x(idx);
+    let v1 = ld_x(idx + p.inner);
+    let v2 = ld_x(idx + 2u * p.inner);
+    let v3 = ld_x(idx + 3u * p.inner);
+    acc = fold(fold(fold(fold(acc, v0), v1), v2), v3);
+    idx = idx + 4u * p.inner;
+  }
+  for (; l < end; l = l + 1u) {
     acc = fold(acc, ld_x(idx));
     idx = idx + p.inner;
   }
