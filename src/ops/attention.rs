@@ -340,19 +340,9 @@ impl Tensor {
         v: &Tensor,
         opts: AttentionOpts,
     ) -> Result<Tensor> {
-        let seed = resolve_seed(q, &opts);
-        let (out, lse, scale) = attention_forward(q, k, v, &opts, seed)?;
-        let rec = record("attention", &[q, k, v], || {
-            AttentionBack(Saved {
-                out: out.detach(),
-                lse,
-                opts: AttentionOpts {
-                    scale: Some(scale),
-                    ..opts
-                },
-                seed,
-            })
-        });
+        let saved = attention_forward(q, k, v, &opts, resolve_seed(q, &opts))?;
+        let out = saved.out.clone();
+        let rec = record("attention", &[q, k, v], || AttentionBack(saved));
         Ok(out.with_node(rec))
     }
 
@@ -363,9 +353,9 @@ impl Tensor {
     /// the three gradients into one tensor shaped as `qkv`.
     pub fn attention_qkv(qkv: &Tensor, heads: usize, opts: AttentionOpts) -> Result<Tensor> {
         let (q, k, v) = split_qkv(qkv, heads)?;
-        let seed = resolve_seed(qkv, &opts);
-        let (out, lse, scale) = attention_forward(&q, &k, &v, &opts, seed)?;
-        // out is a [..., heads, seq, dim] view of [..., seq, heads, dim] storage.
+        let saved = attention_forward(&q, &k, &v, &opts, resolve_seed(qkv, &opts))?;
+        // The output is a [..., heads, seq, dim] view of [..., seq, heads, dim] storage.
+        let out = &saved.out;
         let r = out.rank();
         let mut perm: Vec<usize> = (0..r).collect();
         perm.swap(r - 3, r - 2);
@@ -373,18 +363,7 @@ impl Tensor {
         let last = merged.len() - 1;
         merged[last] /= 3;
         let flat = out.permute(&perm)?.reshape(&merged)?;
-        let rec = record("attention_qkv", &[qkv], || FusedQkvBack {
-            saved: Saved {
-                out: out.detach(),
-                lse,
-                opts: AttentionOpts {
-                    scale: Some(scale),
-                    ..opts
-                },
-                seed,
-            },
-            heads,
-        });
+        let rec = record("attention_qkv", &[qkv], || FusedQkvBack { saved, heads });
         Ok(flat.with_node(rec))
     }
 }
@@ -399,14 +378,15 @@ fn resolve_seed(t: &Tensor, opts: &AttentionOpts) -> u64 {
 }
 
 /// The forward pass without recording: the output (a [..., heads, seq, dim] view of
-/// [..., seq, heads, dim] storage), the log-sum-exp per query row, and the scale used.
+/// [..., seq, heads, dim] storage, with no autograd node), the log-sum-exp per query row, and
+/// the options with the scale and seed resolved: what the backward pass needs.
 fn attention_forward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     opts: &AttentionOpts,
     seed: u64,
-) -> Result<(Tensor, Tensor, f32)> {
+) -> Result<Saved> {
     let mut a = dims(q, k, v, opts, seed)?;
     let (qr, lq) = readable(q)?;
     let (kr, lk) = readable(k)?;
@@ -463,5 +443,13 @@ fn attention_forward(
         q.dtype(),
     )?;
     let out = storage.view(layout, None);
-    Ok((out, lse, a.scale))
+    Ok(Saved {
+        out,
+        lse,
+        opts: AttentionOpts {
+            scale: Some(a.scale),
+            ..*opts
+        },
+        seed,
+    })
 }
