@@ -9,10 +9,11 @@
 //
 // Layout: a workgroup of 128 threads (4 subgroups) takes 64 query rows of one head; subgroup s
 // owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
-// registers. Keys go by blocks of 64 (four 16-key tiles), each score tile Q K^T computed with
-// cooperative loads straight from memory (K^T is a column-major view of K). The fragments of
-// KT tiles are loaded before any of their products: loaded one tile at a time, each product
-// waited for its own loads, and the load latency, not the arithmetic, set the speed.
+// registers. Keys go by blocks of 64 (four 16-key tiles); the forward stages each block of K
+// (then of V) in workgroup memory once for the four subgroups (see `stage`), the backward
+// kernels load their fragments straight from memory. The fragments of KT tiles are loaded
+// before any of their products: loaded one tile at a time, each product waited for its own
+// loads.
 //
 // Operands are read where they are: q, k, v and dout at off + batch sb + head sh + row pitch
 // (the pitches QS, KS, VS, GS are constants, as naga's cooperative loads need), so the heads
@@ -117,9 +118,6 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
   return off + t.x * sb + t.y * sh;
 }
 
-fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
-  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
-}
 
 // ----- Backward (FlashAttention-2's split: one kernel for dK and dV, one for dQ) -----
 //
@@ -149,9 +147,30 @@ var<workgroup> Dh: array<f16, 4u * 1024u>;
 var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
-//! entry fwd(q: f16, k: f16, v: f16, o: data mut, lse: f32 mut)
+//! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
 //! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64
 //! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384
+// The block's 64 keys of K (for the scores) or V (for P V), staged once for the four
+// subgroups in runs of 4 halves (row pitch KP = DMAX + 8 halves, so the 8 rows a fragment load
+// reads at once start in different banks). Loaded as fragments straight from memory, every
+// subgroup fetched the same K and V again, and those loads took 52-60% of the forward's time
+// on an H100 (timed against a variant that read them from workgroup memory).
+const KP: u32 = DMAX + 8u;
+var<workgroup> KVs: array<array<f16, 4>, 16u * KP>;
+
+// Copies keys k0 .. k0 + 63 (clamped to the last key: those rows are masked) of K, or of V
+// when `of_v`, into KVs. All invocations call it in uniform control flow.
+fn stage(of_v: bool, base: u32, pitch: u32, k0: u32, lid: u32) {
+  for (var i = lid; i < 16u * DMAX; i = i + WG) {
+    let r = i / (DMAX / 4u);
+    let c = i % (DMAX / 4u);
+    let at = (base + min(k0 + r, p.skv - 1u) * pitch) / 4u + c;
+    var h: vec4<f16>;
+    if (of_v) { h = v[at]; } else { h = k[at]; }
+    KVs[(r * KP) / 4u + c] = array<f16, 4>(h.x, h.y, h.z, h.w);
+  }
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -181,11 +200,12 @@ fn main(ids: Ids) {
   var m = p.ninf;
   var l = 0.0;
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    stage(false, kb, KS, k0, ids.lid);
+    workgroupBarrier();
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      let kt$kc$dd = k_tile(kb, key$kc, $dd);
+      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -232,11 +252,12 @@ fn main(ids: Ids) {
   var ot$dd = coop_mat16x16<f32, C>();
   //! end
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    stage(false, kb, KS, k0, ids.lid);
+    workgroupBarrier();
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      let kt$kc$dd = k_tile(kb, key$kc, $dd);
+      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -255,13 +276,14 @@ fn main(ids: Ids) {
       let w = exp(Ss[sbase + cc] * p.scale - m) * attn_keep(bh * p.sq + qi, key);
       Ps[sbase + cc] = f16(select(w, 0.0, masked));
     }
+    // Every subgroup is past its score products (the barrier above): V replaces K.
+    stage(true, vb, VS, k0, ids.lid);
     workgroupBarrier();
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&v[vb + key$kc * VS + $dd * 16u], VS);
+      let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -291,6 +313,10 @@ fn main(ids: Ids) {
 //! entry bwd_kv(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384
+fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
+  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -420,6 +446,10 @@ fn main(ids: Ids) {
 //! entry bwd_q(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dq: data mut)
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384
+fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
+  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
