@@ -676,6 +676,62 @@ fn attention_gradients_at_tensor_core_shapes() {
     }
 }
 
+/// Forward and gradients against the f64 reference at the odd lengths where tiles and chunks
+/// end mid-way (1, 7, 65, 129 queries and keys; more keys than queries too), every dtype.
+#[test]
+fn attention_at_odd_lengths() {
+    let dev = poisoned();
+    let mut rng = Rng::new(26);
+    for dt in DTYPES {
+        for (bh, sq, skv, d) in [
+            (1, 1, 1, 8),
+            (2, 7, 7, 16),
+            (1, 65, 65, 64),
+            (1, 129, 129, 32),
+            (1, 7, 65, 64),
+        ] {
+            for causal in [false, true] {
+                let (nq, nk) = (bh * sq * d, bh * skv * d);
+                let (q, k, v, g) = (rng.vec(nq), rng.vec(nk), rng.vec(nk), rng.vec(nq));
+                let tq = tensor(&dev, &q, &[bh, sq, d], dt).variable();
+                let tk = tensor(&dev, &k, &[bh, skv, d], dt).variable();
+                let tv = tensor(&dev, &v, &[bh, skv, d], dt).variable();
+                let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
+                let scale = 1.0 / (d as f64).sqrt();
+                let (rq, rk, rv) = (rounded(&q, dt), rounded(&k, dt), rounded(&v, dt));
+                let want = cpu::attention(&rq, &rk, &rv, bh, sq, skv, d, causal, scale);
+                let what =
+                    format!("attention bh={bh} sq={sq} skv={skv} d={d} causal={causal} {dt}");
+                assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
+                out.backward_with(&tensor(&dev, &g, &[bh, sq, d], dt))
+                    .unwrap();
+                let (dq, dk, dv) = cpu::attention_backward(
+                    &rq,
+                    &rk,
+                    &rv,
+                    &rounded(&g, dt),
+                    bh,
+                    sq,
+                    skv,
+                    d,
+                    causal,
+                    scale,
+                );
+                for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
+                    let got = t.grad().unwrap().to_f32_vec().unwrap();
+                    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    let tol = if dt != DType::F32 {
+                        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
+                    } else {
+                        (1e-5 * big.max(1.0), 1e-4)
+                    };
+                    assert_close_tol(&got, &want, tol, &format!("{name} of {what}"));
+                }
+            }
+        }
+    }
+}
+
 /// Dropout on the attention weights inside the fused kernels (tensor-core shapes and others),
 /// forward and gradients, against the f64 reference with the same mask.
 #[test]
