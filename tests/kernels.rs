@@ -618,6 +618,17 @@ fn attention_vs_reference_and_composition() {
     }
 }
 
+/// Tolerance of an attention gradient against its f64 reference: f16 and bf16 storage of
+/// inputs and gradients gives errors of a few parts in a thousand of the largest gradient.
+fn grad_tol(want: &[f64], dt: DType) -> (f64, f64) {
+    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    if dt != DType::F32 {
+        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
+    } else {
+        (1e-5 * big.max(1.0), 1e-4)
+    }
+}
+
 /// Gradients at the shapes the tensor-core forward takes where the adapter has one (f16, head
 /// dims 64 and 128, lengths multiples of 16, more keys than queries too, batch and heads
 /// above 1), against the f64 reference.
@@ -659,14 +670,7 @@ fn attention_gradients_at_tensor_core_shapes() {
                 );
                 for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
                     let got = t.grad().unwrap().to_f32_vec().unwrap();
-                    // f16 storage of inputs and gradients: errors of a few parts in a
-                    // thousand of the largest gradient.
-                    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                    let t = if dt != DType::F32 {
-                        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
-                    } else {
-                        (1e-5 * big.max(1.0), 1e-4)
-                    };
+                    let t = grad_tol(&want, dt);
                     let what =
                         format!("{name} b={b} h={h} sq={sq} skv={skv} d={d} causal={causal} {dt}");
                     assert_close_tol(&got, &want, t, &what);
@@ -719,12 +723,7 @@ fn attention_at_odd_lengths() {
                 );
                 for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
                     let got = t.grad().unwrap().to_f32_vec().unwrap();
-                    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                    let tol = if dt != DType::F32 {
-                        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
-                    } else {
-                        (1e-5 * big.max(1.0), 1e-4)
-                    };
+                    let tol = grad_tol(&want, dt);
                     assert_close_tol(&got, &want, tol, &format!("{name} of {what}"));
                 }
             }
@@ -793,12 +792,7 @@ fn attention_dropout_vs_reference() {
                 );
                 for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
                     let got = t.grad().unwrap().to_f32_vec().unwrap();
-                    let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                    let t = if dt != DType::F32 {
-                        (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
-                    } else {
-                        (1e-5 * big.max(1.0), 1e-4)
-                    };
+                    let t = grad_tol(&want, dt);
                     assert_close_tol(&got, &want, t, &format!("{name} of {what}"));
                 }
             }
@@ -895,12 +889,7 @@ fn attention_reads_fused_qkv_views() {
                 }
             }
             let got = fused.grad().unwrap().to_f32_vec().unwrap();
-            let big = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-            let t = if dt != DType::F32 {
-                (1e-2 * big * f16_scale(dt), 1e-2 * f16_scale(dt))
-            } else {
-                (1e-5 * big.max(1.0), 1e-4)
-            };
+            let t = grad_tol(&want, dt);
             assert_close_tol(&got, &want, t, &format!("gradient of {what}"));
 
             // The same through attention_qkv: [b, s, 3 h d] in, [b, s, h d] out, one gradient.

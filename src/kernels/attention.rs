@@ -84,6 +84,14 @@ impl HeadLayout {
         }
     }
 
+    /// Whether the tensor-core kernels can read this operand in place: cooperative loads
+    /// need 16-byte aligned rows, so the offset and every stride a multiple of 8 halves.
+    pub fn coop_aligned(&self) -> bool {
+        [self.off, self.sb, self.sh, self.ss]
+            .iter()
+            .all(|x| x % 8 == 0)
+    }
+
     fn words(&self) -> Result<[u32; 4]> {
         let w = |v: usize| u32_len("attention layout", v);
         Ok([w(self.off)?, w(self.sb)?, w(self.sh)?, w(self.ss)?])
@@ -163,11 +171,11 @@ impl Dims {
     }
 
     /// Whether the tensor-core kernels can read q, k and v (and, `backward`, the output
-    /// gradient) where they are: cooperative loads need 16-byte aligned rows, so every
-    /// offset and stride a multiple of 8 halves. The heads of a fused QKV projection qualify.
+    /// gradient) where they are ([`HeadLayout::coop_aligned`]). The heads of a fused QKV
+    /// projection qualify.
     pub fn coop_readable(&self, backward: bool) -> bool {
-        let ok = |l: &HeadLayout| [l.off, l.sb, l.sh, l.ss].iter().all(|x| x % 8 == 0);
-        ok(&self.q) && ok(&self.k) && ok(&self.v) && (!backward || ok(&self.g))
+        [&self.q, &self.k, &self.v].iter().all(|l| l.coop_aligned())
+            && (!backward || self.g.coop_aligned())
     }
 
     /// The tensor-core kernels' constants: the head tiles, the 16-row tiles whose fragments

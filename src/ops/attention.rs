@@ -174,8 +174,7 @@ fn attention_backward(
     let coop = ka::backward_uses_tensor_cores(q.device(), q.dtype(), a.sq, a.skv, a.d);
     let pick = |t: &Tensor| -> Result<(Tensor, HeadLayout)> {
         let (r, l) = readable(t)?;
-        let aligned = [l.off, l.sb, l.sh, l.ss].iter().all(|x| x % 8 == 0);
-        if coop && !aligned {
+        if coop && !l.coop_aligned() {
             readable(&t.contiguous()?)
         } else {
             Ok((r, l))
