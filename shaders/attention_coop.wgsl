@@ -36,7 +36,8 @@
 // are not visited. Every barrier is in control flow uniform across the workgroup.
 //
 // Bindings: signature line. Params as attention.wgsl. Constants: DMAX and ND = DMAX / 16,
-// the 16-wide column tiles of a head; KT (above); QS, KS, VS, GS (above). Loops over them are unrolled (`//! unroll`), with one
+// the 16-wide column tiles of a head; KT (above); QS, KS, VS, GS (above); CAUSAL and DROP
+// (the causal mask and dropout on or off, see `keep`). Loops over them are unrolled (`//! unroll`), with one
 // named variable per tile: an array of cooperative matrices indexed in a loop may live in
 // memory instead of registers.
 // Loops (per invocation): two passes over the key blocks, each about 3 (4 / KT + 1) + 70
@@ -100,7 +101,7 @@ var<workgroup> Ls: array<f32, 64u>;
 // One past the last key a causal row in [r0, r0 + rows) sees (key j is visible to row i when
 // j + SQ <= i + SKV), or SKV without the mask.
 fn causal_end(r0: u32, rows: u32) -> u32 {
-  if (p.causal == 0u) { return p.skv; }
+  if (CAUSAL == 0u) { return p.skv; }
   let end = r0 + rows + p.skv;
   return select(0u, min(p.skv, end - p.sq), end > p.sq);
 }
@@ -108,8 +109,16 @@ fn causal_end(r0: u32, rows: u32) -> u32 {
 // The first row that sees key k0 under the causal mask (0 without it), rounded down to a
 // block of `rows`.
 fn causal_start(k0: u32, rows: u32) -> u32 {
-  if (p.causal == 0u || k0 + p.sq <= p.skv) { return 0u; }
+  if (CAUSAL == 0u || k0 + p.sq <= p.skv) { return 0u; }
   return (k0 + p.sq - p.skv) / rows * rows;
+}
+
+// attn_keep with dropout on or off fixed when the pipeline is built (DROP), as is the causal
+// mask (CAUSAL): tested per element from the parameters, such choices cost a quarter of a
+// small tensor-core matmul's time on an H100 (see common.wgsl `matmul_fused`).
+fn keep(row: u32, key: u32) -> f32 {
+  if (DROP == 0u) { return 1.0; }
+  return attn_keep(row, key);
 }
 
 // Where row 0 of head `bh` starts in a strided operand (off + batch sb + head sh).
@@ -148,8 +157,8 @@ var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
 //! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
-//! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64
-//! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384
+//! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
+//! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
 // The block's 64 keys of K (for the scores) or V (for P V), staged once for the four
 // subgroups in runs of 4 halves (row pitch KP = DMAX + 8 halves, so the 8 rows a fragment load
 // reads at once start in different banks). Loaded as fragments straight from memory, every
@@ -221,7 +230,7 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let key = k0 + half * 32u + cc;
-      let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
+      let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
       bm = max(bm, select(Ss[sbase + cc] * p.scale, p.ninf, masked));
     }
     bm = max(bm, subgroupShuffleXor(bm, 1u));
@@ -233,7 +242,7 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let key = k0 + half * 32u + cc;
-      let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv)) | !live;
+      let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv)) | !live;
       s = s + select(exp(Ss[sbase + cc] * p.scale - mn), 0.0, masked);
     }
     s = s + subgroupShuffleXor(s, 1u);
@@ -272,8 +281,8 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let key = k0 + half * 32u + cc;
-      let masked = (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv)) | (m == p.ninf);
-      let w = exp(Ss[sbase + cc] * p.scale - m) * attn_keep(bh * p.sq + qi, key);
+      let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv)) | (m == p.ninf);
+      let w = exp(Ss[sbase + cc] * p.scale - m) * keep(bh * p.sq + qi, key);
       Ps[sbase + cc] = f16(select(w, 0.0, masked));
     }
     // Every subgroup is past its score products (the barrier above): V replaces K.
@@ -311,8 +320,8 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_kv(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
-//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64
-//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384
+//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
+//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
   return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
 }
@@ -371,7 +380,7 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let qi = q0 + half * 32u + cc;
-      let masked = (qi >= p.sq) | (kj >= p.skv) | ((p.causal != 0u) & (kj + p.sq > qi + p.skv));
+      let masked = (qi >= p.sq) | (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
       Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - Lq[half * 32u + cc]), 0.0, masked));
     }
     workgroupBarrier();
@@ -396,14 +405,14 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let qi = q0 + half * 32u + cc;
-      let masked = (qi >= p.sq) | (kj >= p.skv) | ((p.causal != 0u) & (kj + p.sq > qi + p.skv));
+      let masked = (qi >= p.sq) | (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
       // With dropout (mask factor z): dS = P (z dP' - delta) for dP' = dO V^T, and
       // dV takes the dropped weights z P, which replace P in Ps.
-      let keep = attn_keep(bh * p.sq + qi, kj);
+      let keep = keep(bh * p.sq + qi, kj);
       let pv = f32(Ps[sbase + cc]);
       let ds = pv * (Ss[sbase + cc] * keep - Dq[half * 32u + cc]);
       Dh[sbase + cc] = f16(select(ds, 0.0, masked));
-      if (p.drop_thr != 0u) { Ps[sbase + cc] = f16(pv * keep); }
+      if (DROP != 0u) { Ps[sbase + cc] = f16(pv * keep); }
     }
     workgroupBarrier();
     // dV += P^T dO, dK += dS^T Q.
@@ -444,8 +453,8 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_q(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dq: data mut)
-//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64
-//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384
+//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
+//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
   return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
 }
@@ -497,7 +506,7 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let key = k0 + half * 32u + cc;
-      let masked = (qi >= p.sq) | (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
+      let masked = (qi >= p.sq) | (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
       Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - lse_i), 0.0, masked));
     }
     workgroupBarrier();
@@ -521,8 +530,8 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let key = k0 + half * 32u + cc;
-      let masked = (qi >= p.sq) | (key >= p.skv) | ((p.causal != 0u) & (key + p.sq > qi + p.skv));
-      let dp = Ss[sbase + cc] * attn_keep(bh * p.sq + qi, key);
+      let masked = (qi >= p.sq) | (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
+      let dp = Ss[sbase + cc] * keep(bh * p.sq + qi, key);
       Dh[sbase + cc] = f16(select(f32(Ps[sbase + cc]) * (dp - delta_i), 0.0, masked));
     }
     workgroupBarrier();

@@ -31,7 +31,9 @@
 //
 // Epilogue. Each subgroup stores one accumulator at a time to its own 16 x 16 f32 patch of
 // workgroup memory; its 32 lanes then add the bias, apply the activation and convert to C's
-// dtype (or store the raw f32 partial sum of a K split). All subgroups flush the same number
+// dtype (or store the raw f32 partial sum of a K split). Which of these apply is the launch
+// constant FUSE (common.wgsl `matmul_fused`): read from the parameters per element, the same
+// choices cost 10-25% of the GPT's products on an H100. All subgroups flush the same number
 // of tiles, so the workgroup barriers around each flush are reached uniformly.
 //
 // Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 16 x 8 in the epilogue.
@@ -58,17 +60,17 @@ fn flush(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, 
     let gm = gm0 + e / 16u;
     let gn = gn0 + e % 16u;
     if (gm < p.m && gn < p.n) {
-      st_c(c_base + gm * p.n + gn, matmul_epilogue(Cs[sg * 256u + e], gm, gn, bb));
+      st_c(c_base + gm * p.n + gn, matmul_fused(Cs[sg * 256u + e], gm, gn, bb));
     }
   }
   workgroupBarrier();
 }
 
 //! entry main(a: f16 vec4, b: f16 vec4, bias: data, c: data mut)
-//! check WG=128 TA=0 TB=0
-//! check WG=128 TA=0 TB=1
-//! check WG=128 TA=1 TB=0
-//! check WG=128 TA=1 TB=1
+//! check WG=128 TA=0 TB=0 FUSE=0,5
+//! check WG=128 TA=0 TB=1 FUSE=0,5
+//! check WG=128 TA=1 TB=0 FUSE=0,5
+//! check WG=128 TA=1 TB=1 FUSE=0,5
 // Runs of 4 halves, one store each; fragments load through a pointer to a run's first half.
 var<workgroup> As: array<array<f16, 4>, 2560>;
 var<workgroup> Bs: array<array<f16, 4>, 2560>;
@@ -205,8 +207,8 @@ fn main(ids: Ids) {
 }
 
 //! entry direct(a: f16, b: f16, bias: data, c: data mut)
-//! check WG=128 SAG=64 SBG=128 TA=0 TB=0
-//! check WG=128 SAG=256 SBG=64 TA=1 TB=1
+//! check WG=128 SAG=64 SBG=128 TA=0 TB=0 FUSE=0,5
+//! check WG=128 SAG=256 SBG=64 TA=1 TB=1 FUSE=0,5
 // Fragments straight from the buffers (see the header).
 fn gload_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
   if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }

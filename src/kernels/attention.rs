@@ -183,7 +183,7 @@ impl Dims {
     /// hold two sets of accumulators), and the row pitches of q, k, v and the output gradient
     /// (constants because naga's cooperative loads need them so). The forward takes the same
     /// names (its check lines do) and ignores GS.
-    fn coop_consts(&self, backward: bool) -> [(&'static str, u32); 7] {
+    fn coop_consts(&self, backward: bool) -> [(&'static str, u32); 9] {
         let kt = if backward { 128 } else { 256 } / self.d as u32;
         [
             ("DMAX", self.d as u32),
@@ -193,6 +193,8 @@ impl Dims {
             ("KS", self.k.ss as u32),
             ("VS", self.v.ss as u32),
             ("GS", self.g.ss as u32),
+            ("CAUSAL", self.causal as u32),
+            ("DROP", (drop_threshold(self.dropout) != 0) as u32),
         ]
     }
 }
@@ -531,4 +533,41 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         t.q_chunk(),
         a.bh * a.sq * t.dmax as usize,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The tensor-core entries run only on adapters with cooperative matrices, so a launch
+    // whose constants no check line accepts would fail only there: checked here everywhere.
+    #[test]
+    fn tensor_core_constants_match_check_lines() {
+        for (d, causal, dropout) in [(64, false, 0.0), (128, true, 0.2)] {
+            let l = HeadLayout::dense(2, 64, d);
+            let a = Dims {
+                bh: 4,
+                heads: 2,
+                sq: 64,
+                skv: 64,
+                d,
+                scale: 0.125,
+                causal,
+                dropout,
+                seed: 1,
+                q: l,
+                k: l,
+                v: l,
+                o: l,
+                g: l,
+            };
+            for (entry, backward) in [("fwd", false), ("bwd_kv", true), ("bwd_q", true)] {
+                let sig = Kernel::AttentionCoop.entry(entry).expect("entry");
+                assert!(
+                    sig.accepts_consts(&a.coop_consts(backward)),
+                    "{entry} d={d}"
+                );
+            }
+        }
+    }
 }

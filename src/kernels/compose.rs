@@ -276,6 +276,15 @@ pub fn parse_entries(source: &'static str) -> Result<Vec<EntrySig>, String> {
                     .map_err(|_| format!("{}: bad check value {kv:?}", e.name))?;
                 set.push((k, values));
             }
+            // A launch carries at most MAX_CONSTS constants besides WG: a check line with more
+            // would describe a launch that can never be made (caught here, on every adapter).
+            if set.iter().filter(|(k, _)| *k != "WG").count() > super::pipeline::MAX_CONSTS {
+                return Err(format!(
+                    "{}: more than {} constants",
+                    e.name,
+                    super::pipeline::MAX_CONSTS
+                ));
+            }
             e.checks.push(set);
         }
     }

@@ -428,13 +428,19 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         arg(bias, g.dtype),
         arg(out, out_dtype),
     ];
-    // The CPU kernels compile the epilogue away when there is nothing to apply.
+    // The CPU kernels compile the epilogue away when there is nothing to apply; the
+    // tensor-core kernels take the whole choice as a constant (common.wgsl `matmul_fused`).
     let epi = (g.bias.is_some() || g.act != Act::None) as u32;
+    let fuse = if splits > 1 {
+        0
+    } else {
+        g.bias.is_some() as u32 + 2 * g.act as u32
+    };
     let (kernel, entry, consts): (Kernel, &'static str, Vec<(&'static str, u32)>) = match config {
         Config::CoopTiled => (
             Kernel::MatmulTc,
             "main",
-            vec![("TA", ta as u32), ("TB", tb as u32)],
+            vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         Config::CoopDirect => (
             Kernel::MatmulTc,
@@ -444,6 +450,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
                 ("SBG", ldb as u32),
                 ("TA", ta as u32),
                 ("TB", tb as u32),
+                ("FUSE", fuse),
             ],
         ),
         Config::Coop => (Kernel::MatmulCoop, "main", vec![]),

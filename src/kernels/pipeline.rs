@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Most compile-time constants a launch passes.
-pub(crate) const MAX_CONSTS: usize = 8;
+pub(crate) const MAX_CONSTS: usize = 12;
 /// Most storage arguments of a launch.
 pub(crate) const MAX_ARGS: usize = 10;
 
