@@ -29,14 +29,17 @@
 // Bounds. In `main` a run is wholly inside or outside the matrix, and runs outside
 // load as zero (they add nothing); stores past M or N are skipped.
 //
-// Epilogue. Each subgroup stores one accumulator at a time to its own 16 x 16 f32 patch of
-// workgroup memory; its 32 lanes then add the bias, apply the activation and convert to C's
-// dtype (or store the raw f32 partial sum of a K split). Which of these apply is the launch
-// constant FUSE (common.wgsl `matmul_fused`): read from the parameters per element, the same
-// choices cost 10-25% of the GPT's products on an H100. All subgroups flush the same number
-// of tiles, so the workgroup barriers around each flush are reached uniformly.
+// Epilogue. Each subgroup stores a strip of its accumulators (two in `main`, whose tiles
+// leave 8 KiB of the 48 KiB; one in `direct`) row-major to its own patch of workgroup
+// memory; its 32 lanes then add the bias, apply the activation and convert to C's dtype (or
+// store the raw f32 partial sum of a K split), consecutive lanes on consecutive outputs of a
+// row (`write_strip`). Which of these apply is the launch constant FUSE (common.wgsl
+// `matmul_fused`): read from the parameters per element, the same choices cost 10-25% of
+// the GPT's products on an H100; `main` flushing one accumulator at a time (32 barriers
+// instead of 16) took 10-30% longer on the GPT's forward products. All subgroups flush the same number of
+// strips, so the workgroup barriers around each are reached uniformly.
 //
-// Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 16 x 8 in the epilogue.
+// Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 128 in the epilogue.
 
 alias Params = MatmulParams;
 
@@ -50,17 +53,21 @@ const PMN: u32 = 136u;
 // Halves per buffer: max(BM * PK, BK * PMN).
 const TILE: u32 = 5120u;
 
-var<workgroup> Cs: array<f32, 1024>;
-
-// Writes accumulator `acc` (top-left (gm0, gn0) of C) through subgroup `sg`'s patch.
-fn flush(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, bb: u32) {
-  coopStoreT(acc, &Cs[sg * 256u], 16u);
+// Writes the strip of `nt` accumulators (16 x 16 nt) that subgroup `sg` has just stored
+// row-major at Cst[sg * 256 nt] (row pitch 16 nt; each entry declares Cst for its strips). Its
+// top-left is row gm0; column tile t of it starts at min(qb + 16 t, qmax) (`direct` clamps
+// tiles past N back inside; `main` skips them). Lanes write consecutive outputs of a row.
+fn write_strip(nt: u32, sg: u32, lane: u32, c_base: u32, gm0: u32, qb: u32, qmax: u32, bb: u32) {
   workgroupBarrier();
-  for (var e = lane; e < 256u; e = e + 32u) {
-    let gm = gm0 + e / 16u;
-    let gn = gn0 + e % 16u;
+  let w = nt * 16u;
+  let at = sg * 16u * w;
+  for (var e = lane; e < 16u * w; e = e + 32u) {
+    let r = e / w;
+    let c = e % w;
+    let gm = gm0 + r;
+    let gn = min(qb + c - c % 16u, qmax) + c % 16u;
     if (gm < p.m && gn < p.n) {
-      st_c(c_base + gm * p.n + gn, matmul_fused(Cs[sg * 256u + e], gm, gn, bb));
+      st_c(c_base + gm * p.n + gn, matmul_fused(Cst[at + e], gm, gn, bb));
     }
   }
   workgroupBarrier();
@@ -74,6 +81,7 @@ fn flush(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, c_base: u32, gm0: u32, 
 // Runs of 4 halves, one store each; fragments load through a pointer to a run's first half.
 var<workgroup> As: array<array<f16, 4>, 2560>;
 var<workgroup> Bs: array<array<f16, 4>, 2560>;
+var<workgroup> Cst: array<f32, 2048>;
 
 // The v-th run of 4 halves of op(A)'s tile at (m0, k0) (a k-fast tile has 8 runs a row, an
 // m-fast one 32), or zeros outside the matrix.
@@ -199,10 +207,14 @@ fn main(ids: Ids) {
   }
 
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  // Strips of two accumulators: Cst takes the 8 KiB left of the 48 KiB after the tiles.
   //! unroll i in 0..4
-  //! unroll j in 0..4
-  flush(c$i$j, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc + $j * 16u, bb);
-  //! end
+  coopStoreT(c$i0u, &Cst[sg * 512u], 32u);
+  coopStoreT(c$i1u, &Cst[sg * 512u + 16u], 32u);
+  write_strip(2u, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc, 0xffffffffu, bb);
+  coopStoreT(c$i2u, &Cst[sg * 512u], 32u);
+  coopStoreT(c$i3u, &Cst[sg * 512u + 16u], 32u);
+  write_strip(2u, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc + 32u, 0xffffffffu, bb);
   //! end
 }
 
@@ -210,6 +222,11 @@ fn main(ids: Ids) {
 //! check WG=128 SAG=64 SBG=128 TA=0 TB=0 FUSE=0,5
 //! check WG=128 SAG=256 SBG=64 TA=1 TB=1 FUSE=0,5
 // Fragments straight from the buffers (see the header).
+//
+// Epilogue one accumulator at a time: strips of four (8 barriers instead of 32) measured 4%
+// slower here on an H100, where `main` gained 10-30% from strips of two.
+var<workgroup> Cst: array<f32, 1024>;
+
 fn gload_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
   if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }
   return coopLoad<coop_mat16x16<f16, A>>(&a[base + k * SAG + m], SAG);
@@ -255,7 +272,8 @@ fn main(ids: Ids) {
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
   //! unroll i in 0..4
   //! unroll j in 0..4
-  flush(c$i$j, sg, lane, c_base, r$i, q$j, bb);
+  coopStoreT(c$i$j, &Cst[sg * 256u], 16u);
+  write_strip(1u, sg, lane, c_base, r$i, q$j, p.n - 16u, bb);
   //! end
   //! end
 }

@@ -263,7 +263,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     // op(A) is "transposed" when its columns (k) are the strided axis; likewise op(B).
     let (ta, tb) = (sak != 1, sbn != 1);
     let mut config = choose(dev, dtype, m, n, k);
-    if config == Config::Coop && dev.caps().workgroup_storage >= 45056 {
+    if config == Config::Coop && dev.caps().workgroup_storage >= 49152 {
         // matmul_tc.wgsl moves runs of 4 halves along each operand's contiguous axis:
         // that axis's extent, the row pitches and every offset must be multiples of 4 (a run
         // is then wholly inside or outside the matrix).
