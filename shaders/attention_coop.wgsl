@@ -10,8 +10,8 @@
 // Layout: a workgroup of 128 threads (4 subgroups) takes 64 query rows of one head; subgroup s
 // owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
 // registers. Keys go by blocks of 64 (four 16-key tiles); the forward stages each block of K
-// (then of V) in workgroup memory once for the four subgroups (see `stage`), the backward
-// kernels load their fragments straight from memory. The fragments of KT tiles are loaded
+// (then of V) in workgroup memory once for the four subgroups (see `stage`), as bwd_q does;
+// bwd_kv loads its Q and dO fragments straight from memory. The fragments of KT tiles are loaded
 // before any of their products: loaded one tile at a time, each product waited for its own
 // loads.
 //
@@ -141,8 +141,9 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
 //           holds S^T and dP^T (16 keys x 64 queries per subgroup); then dV += P^T dO and
 //           dK += dS^T Q; dK is scaled at the end.
 //   bwd_q   Workgroup (x, y) = (block of 64 queries, head); subgroup s owns 16 queries and
-//           keeps Q, dO and the dQ accumulators in registers. For each block of 64 keys:
-//           S = Q K^T, dP = dO V^T, then dQ += dS K, scaled at the end.
+//           keeps Q, dO and the dQ accumulators in registers. For each block of 64 keys
+//           (K, V, K staged in turn): S = Q K^T, dP = dO V^T, then dQ += dS K, scaled at
+//           the end.
 //
 // Causal: blocks wholly above the diagonal are skipped through the loop bounds (bwd_kv starts
 // at the first query block that sees its keys, bwd_q stops after the last key block its
@@ -156,11 +157,8 @@ var<workgroup> Dh: array<f16, 4u * 1024u>;
 var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
-//! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
-//! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
-//! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
-// The block's 64 keys of K (for the scores) or V (for P V), staged once for the four
-// subgroups in runs of 4 halves (row pitch KP = DMAX + 8 halves, so the 8 rows a fragment load
+// A block of 64 keys of K or V (fwd: K for the scores, V for P V; bwd_q: K, V, then K
+// again for dS K), staged once for the four subgroups in runs of 4 halves (row pitch KP = DMAX + 8 halves, so the 8 rows a fragment load
 // reads at once start in different banks). Loaded as fragments straight from memory, every
 // subgroup fetched the same K and V again, and those loads took 52-60% of the forward's time
 // on an H100 (timed against a variant that read them from workgroup memory).
@@ -180,6 +178,9 @@ fn stage(of_v: bool, base: u32, pitch: u32, k0: u32, lid: u32) {
   }
 }
 
+//! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
+//! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
+//! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -319,11 +320,14 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry bwd_kv(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
+//! entry bwd_kv(q: f16, k: f16 vec4, v: f16 vec4, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
+// k and v are bound as vec4 for `stage` (shared with the other entries): a cooperative load
+// through a pointer to a vector counts offsets and strides in vectors (rows are 16-byte
+// aligned, so the offsets divide by 4).
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
-  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
+  return coopLoad<coop_mat16x16<f16, B>>(&k[(kb + key0 * KS + dd * 16u) / 4u], KS / 4u);
 }
 
 @compute @workgroup_size(WG)
@@ -345,7 +349,7 @@ fn main(ids: Ids) {
   var dvt$dd = coop_mat16x16<f32, C>();
   // This subgroup's K (for S^T) and V (for dP^T) fragments, the same for every query block.
   let kf$dd = k_tile(kb, kr, $dd);
-  let vf$dd = coopLoad<coop_mat16x16<f16, B>>(&v[vb + kr * VS + $dd * 16u], VS);
+  let vf$dd = coopLoad<coop_mat16x16<f16, B>>(&v[(vb + kr * VS + $dd * 16u) / 4u], VS / 4u);
   //! end
   let qstart = causal_start(k0, BR);
   let row = lane / 2u;
@@ -452,13 +456,12 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry bwd_q(q: f16, k: f16, v: f16, dout: f16, lse: f32, delta: f32, dq: data mut)
+//! entry bwd_q(q: f16, k: f16 vec4, v: f16 vec4, dout: f16, lse: f32, delta: f32, dq: data mut)
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
-fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
-  return coopLoad<coop_mat16x16<f16, B>>(&k[kb + key0 * KS + dd * 16u], KS);
-}
-
+// K and V come through KVs (`stage`), each block staged three times (K, V, K again) in one
+// buffer: two would not fit beside the scores at d = 128. dS overwrites P in Ps (bwd_q needs
+// P only to form dS).
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -487,11 +490,12 @@ fn main(ids: Ids) {
   let sbase = sg * 1024u + row * 64u + half * 32u;
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     // S = Q K^T.
+    stage(false, kb, KS, k0, ids.lid);
+    workgroupBarrier();
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      let kt$kc$dd = k_tile(kb, key$kc, $dd);
+      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -509,13 +513,14 @@ fn main(ids: Ids) {
       let masked = (qi >= p.sq) | (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
       Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - lse_i), 0.0, masked));
     }
+    // Every subgroup is past its score products (the barrier above): V replaces K.
+    stage(true, vb, VS, k0, ids.lid);
     workgroupBarrier();
     // dP = dO V^T.
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
       //! unroll dd in 0..ND
-      let vt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&v[vb + key$kc * VS + $dd * 16u], VS);
+      let vt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -532,16 +537,17 @@ fn main(ids: Ids) {
       let key = k0 + half * 32u + cc;
       let masked = (qi >= p.sq) | (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
       let dp = Ss[sbase + cc] * keep(bh * p.sq + qi, key);
-      Dh[sbase + cc] = f16(select(f32(Ps[sbase + cc]) * (dp - delta_i), 0.0, masked));
+      Ps[sbase + cc] = f16(select(f32(Ps[sbase + cc]) * (dp - delta_i), 0.0, masked));
     }
+    // Every subgroup is past its dP products: K replaces V.
+    stage(false, kb, KS, k0, ids.lid);
     workgroupBarrier();
     // dQ += dS K.
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let key$kc = min(k0 + (kg + $kc) * 16u, p.skv - 16u);
-      let st$kc = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + (kg + $kc) * 16u], 64u);
+      let st$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let kt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&k[kb + key$kc * KS + $dd * 16u], KS);
+      let kt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
       //! end
       //! end
       //! unroll kc in 0..KT
