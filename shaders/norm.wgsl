@@ -16,6 +16,7 @@
 //   bwd_x      One workgroup per row: with xhat and g = dy * gamma,
 //              dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); for RMSNorm the mean(g)
 //              term is absent.
+//   fwd_rows, bwd_x_rows  The same with one subgroup per row (below), for short rows.
 //   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
 //              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
 //              the host sums the chunks (a reduce pass) into dgamma and dbeta. Chunks bound
@@ -25,7 +26,7 @@
 // Bindings: signature lines (beta is a dummy for RMSNorm). Params: rows, len, eps, rms (0/1),
 // rchunk, nchunks.
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
-// block reductions; the host caps len at 2^20. bwd_params rchunk / 2 + 2 (256 rows a chunk).
+// block reductions; the host caps len at 2^20. bwd_params rchunk / 2 + 2 (64 rows a chunk).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
 // the reductions); element loops test i < len; bwd_params threads past the last return.
 
@@ -77,6 +78,48 @@ fn main(ids: Ids) {
   }
 }
 
+//! entry fwd_rows(x: data, gamma: data, beta: data, y: data mut, stats: f32 mut)
+//! requires subgroups
+//! check WG=32,64,128,256
+// fwd with one subgroup per row, for rows of up to 1024 elements on adapters with one
+// subgroup size: the same arithmetic, reduced with subgroupAdd instead of workgroup barriers
+// (a GPT's 384-wide rows left each workgroup of `fwd` waiting on three block reductions for
+// 3 elements a thread). Row r = workgroup x num_subgroups + subgroup id.
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  if (r >= p.rows) { return; }
+  let base = r * p.len;
+  let inv_len = 1.0 / f32(p.len);
+  var m0 = 0.0;
+  if (p.rms == 0u) {
+    var s = 0.0;
+    for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) { s = s + ld_x(base + i); }
+    m0 = subgroupAdd(s) * inv_len;
+  }
+  var sd = 0.0;
+  var q = 0.0;
+  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
+    let d = ld_x(base + i) - m0;
+    sd = sd + d;
+    q = q + d * d;
+  }
+  var corr = 0.0;
+  if (p.rms == 0u) { corr = subgroupAdd(sd) * inv_len; }
+  let var_ = max(subgroupAdd(q) * inv_len - corr * corr, 0.0);
+  let rstd = inverseSqrt(var_ + p.eps);
+  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
+    var v = ((ld_x(base + i) - m0) - corr) * rstd * ld_gamma(i);
+    if (p.rms == 0u) { v = v + ld_beta(i); }
+    st_y(base + i, v);
+  }
+  if (ids.sg_lane == 0u) {
+    st_stats(3u * r, m0);
+    st_stats(3u * r + 1u, corr);
+    st_stats(3u * r + 2u, rstd);
+  }
+}
+
 //! entry bwd_x(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
 //! check WG=32,64,128,256
 @compute @workgroup_size(WG)
@@ -100,6 +143,37 @@ fn main(ids: Ids) {
   let mgx = block_sum(sgx, ids) * inv_len;
   if (p.rms != 0u) { mg = 0.0; }
   for (var i = ids.lid; i < p.len; i = i + WG) {
+    let g = ld_dy(base + i) * ld_gamma(i);
+    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
+    st_dx(base + i, rstd * (g - mg - xh * mgx));
+  }
+}
+
+//! entry bwd_x_rows(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
+//! requires subgroups
+//! check WG=32,64,128,256
+// bwd_x with one subgroup per row (see fwd_rows).
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  if (r >= p.rows) { return; }
+  let base = r * p.len;
+  let m0 = ld_stats(3u * r);
+  let corr = ld_stats(3u * r + 1u);
+  let rstd = ld_stats(3u * r + 2u);
+  var sg = 0.0;
+  var sgx = 0.0;
+  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
+    let g = ld_dy(base + i) * ld_gamma(i);
+    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
+    sg = sg + g;
+    sgx = sgx + g * xh;
+  }
+  let inv_len = 1.0 / f32(p.len);
+  var mg = subgroupAdd(sg) * inv_len;
+  let mgx = subgroupAdd(sgx) * inv_len;
+  if (p.rms != 0u) { mg = 0.0; }
+  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
     let g = ld_dy(base + i) * ld_gamma(i);
     let xh = ((ld_x(base + i) - m0) - corr) * rstd;
     st_dx(base + i, rstd * (g - mg - xh * mgx));

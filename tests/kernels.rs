@@ -971,7 +971,9 @@ fn norms() {
     let dev = poisoned();
     let mut rng = Rng::new(21);
     for dt in DTYPES {
-        for (rows, len) in [(1, 1), (3, 17), (127, 3), (5, 1000)] {
+        // Rows up to 1024 long take one subgroup each on adapters with subgroups; longer ones a
+        // workgroup each.
+        for (rows, len) in [(1, 1), (3, 17), (127, 3), (130, 384), (5, 1000), (6, 1025)] {
             let x: Vec<f32> = rng
                 .vec(rows * len)
                 .into_iter()

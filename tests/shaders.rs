@@ -114,6 +114,9 @@ fn every_entry_point_validates() {
                 if coop && !(t.f16 == F16Mode::Native && t.subgroups) {
                     continue;
                 }
+                if sig.subgroups && !t.subgroups {
+                    continue;
+                }
                 for dtypes in dtype_sets(sig, coop) {
                     for (wg, consts) in sig.compositions() {
                         let src = compose::compose(

@@ -135,6 +135,9 @@ pub struct EntrySig {
     pub bindings: Vec<Binding>,
     /// `check` lines: each a list of (constant, values); `WG` among them.
     pub checks: Vec<Vec<(&'static str, Vec<u32>)>>,
+    /// A `//! requires subgroups` line: the entry reads the subgroup builtins of `Ids` and
+    /// is only built for adapters with subgroups.
+    pub subgroups: bool,
 }
 
 impl EntrySig {
@@ -203,6 +206,7 @@ impl EntrySig {
 
 const ENTRY: &str = "//! entry ";
 const CHECK: &str = "//! check ";
+const NEEDS_SUBGROUPS: &str = "//! requires subgroups";
 
 /// Parses the signature line `name(b: kind [mut], ...)`.
 fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), String> {
@@ -259,7 +263,13 @@ pub fn parse_entries(source: &'static str) -> Result<Vec<EntrySig>, String> {
                 name,
                 bindings,
                 checks: Vec::new(),
+                subgroups: false,
             });
+        } else if line.trim_end() == NEEDS_SUBGROUPS {
+            let Some(e) = out.last_mut() else {
+                return Err(format!("requires line before any entry: {line:?}"));
+            };
+            e.subgroups = true;
         } else if let Some(check) = line.strip_prefix(CHECK) {
             let Some(e) = out.last_mut() else {
                 return Err(format!("check line before any entry: {line:?}"));

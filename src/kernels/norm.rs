@@ -8,8 +8,10 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
 
-/// Rows one `bwd_params` invocation sums (its loop bound).
-const RCHUNK: usize = 256;
+/// Rows one `bwd_params` invocation sums (its loop bound). 64 rather than 256: the GPT's
+/// 16384 x 384 gradients then give the GPU 98,304 threads instead of 24,576, and the pass
+/// took 0.31 ms a step instead of 0.88 on an H100 (the chunk sums that follow, 0.09 more).
+const RCHUNK: usize = 64;
 
 crate::params! {
     /// `struct Params` of norm.wgsl.
@@ -54,15 +56,45 @@ impl Norm<'_> {
     }
 }
 
+/// The workgroup size of the one-subgroup-per-row entries (`fwd_rows`, `bwd_x_rows`): four
+/// subgroups, on adapters with one subgroup size, for rows of up to 1024 elements. None
+/// where the workgroup-per-row entries run instead.
+fn rows_wg(dev: &Device, len: usize) -> Option<u32> {
+    let c = dev.caps();
+    let wg = 4 * c.subgroup_max;
+    (c.subgroups
+        && c.subgroup_min == c.subgroup_max
+        && len <= 1024
+        && [32, 64, 128, 256].contains(&wg))
+    .then_some(wg)
+}
+
+/// (entry, workgroup size, grid): a subgroup per row where `rows_wg` allows, else a
+/// workgroup per row.
+fn row_launch(
+    dev: &Device,
+    n: &Norm<'_>,
+    rows_entry: &'static str,
+    entry: &'static str,
+) -> (&'static str, u32, [u32; 3]) {
+    match rows_wg(dev, n.len) {
+        Some(wg) => (rows_entry, wg, row_grid(n.rows.div_ceil(4), wg)),
+        None => {
+            let wg = row_wg(n.len);
+            (entry, wg, row_grid(n.rows, wg))
+        }
+    }
+}
+
 pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
     u32_len("norm", n.rows * n.len)?;
     check_row("norm", n.len)?;
-    let wg = row_wg(n.len);
+    let (entry, wg, groups) = row_launch(dev, n, "fwd_rows", "fwd");
     launch(
         dev,
         &Launch {
             kernel: Kernel::Norm,
-            entry: "fwd",
+            entry,
             wg,
             consts: &[],
             params: n.params(),
@@ -73,7 +105,7 @@ pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
                 arg(y, n.dtype),
                 arg(n.stats, DType::F32),
             ],
-            groups: row_grid(n.rows, wg),
+            groups,
         },
     )
 }
@@ -88,13 +120,13 @@ pub(crate) fn backward(
     dparams: &Block,
 ) -> Result<()> {
     check_row("norm backward", n.len)?;
-    let wg = row_wg(n.len);
+    let (entry, wg, groups) = row_launch(dev, n, "bwd_x_rows", "bwd_x");
     let p = n.params();
     launch(
         dev,
         &Launch {
             kernel: Kernel::Norm,
-            entry: "bwd_x",
+            entry,
             wg,
             consts: &[],
             params: p,
@@ -105,7 +137,7 @@ pub(crate) fn backward(
                 arg(n.stats, DType::F32),
                 arg(dx, n.dtype),
             ],
-            groups: row_grid(n.rows, wg),
+            groups,
         },
     )?;
     let nchunks = p.nchunks as usize;
