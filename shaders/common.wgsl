@@ -161,6 +161,67 @@ struct MatmulParams {
   bias_bs: u32,
 }
 
+//! fn norm_fwd_row
+// norm.wgsl's forward for row r, element i = lane, lane + stride, ...; `row_sum` (defined by
+// each entry: a workgroup or a subgroup reduction) adds up the row's partial sums.
+fn norm_fwd_row(r: u32, lane: u32, stride: u32, ids: Ids) {
+  let base = r * p.len;
+  let inv_len = 1.0 / f32(p.len);
+  var m0 = 0.0;
+  if (p.rms == 0u) {
+    var s = 0.0;
+    for (var i = lane; i < p.len; i = i + stride) { s = s + ld_x(base + i); }
+    m0 = row_sum(s, ids) * inv_len;
+  }
+  var sd = 0.0;
+  var q = 0.0;
+  for (var i = lane; i < p.len; i = i + stride) {
+    let d = ld_x(base + i) - m0;
+    sd = sd + d;
+    q = q + d * d;
+  }
+  var corr = 0.0;
+  if (p.rms == 0u) { corr = row_sum(sd, ids) * inv_len; }
+  let var_ = max(row_sum(q, ids) * inv_len - corr * corr, 0.0);
+  let rstd = inverseSqrt(var_ + p.eps);
+  for (var i = lane; i < p.len; i = i + stride) {
+    var v = ((ld_x(base + i) - m0) - corr) * rstd * ld_gamma(i);
+    if (p.rms == 0u) { v = v + ld_beta(i); }
+    st_y(base + i, v);
+  }
+  if (lane == 0u) {
+    st_stats(3u * r, m0);
+    st_stats(3u * r + 1u, corr);
+    st_stats(3u * r + 2u, rstd);
+  }
+}
+
+//! fn norm_bwd_row
+// norm.wgsl's dx for row r, strided as norm_fwd_row.
+fn norm_bwd_row(r: u32, lane: u32, stride: u32, ids: Ids) {
+  let base = r * p.len;
+  let m0 = ld_stats(3u * r);
+  let corr = ld_stats(3u * r + 1u);
+  let rstd = ld_stats(3u * r + 2u);
+  var sg = 0.0;
+  var sgx = 0.0;
+  for (var i = lane; i < p.len; i = i + stride) {
+    let g = ld_dy(base + i) * ld_gamma(i);
+    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
+    sg = sg + g;
+    sgx = sgx + g * xh;
+  }
+  let inv_len = 1.0 / f32(p.len);
+  var mg = row_sum(sg, ids) * inv_len;
+  let mgx = row_sum(sgx, ids) * inv_len;
+  if (p.rms != 0u) { mg = 0.0; }
+  for (var i = lane; i < p.len; i = i + stride) {
+    let g = ld_dy(base + i) * ld_gamma(i);
+    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
+    st_dx(base + i, rstd * (g - mg - xh * mgx));
+  }
+}
+
 //! fn matmul_bias_base
 // Where batch element `bt`'s bias starts.
 fn matmul_bias_base(bt: u32) -> u32 {

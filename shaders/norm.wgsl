@@ -43,39 +43,13 @@ struct Params {
 
 //! entry fwd(x: data, gamma: data, beta: data, y: data mut, stats: f32 mut)
 //! check WG=32,64,128,256
+fn row_sum(v: f32, ids: Ids) -> f32 { return block_sum(v, ids); }
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
   if (r >= p.rows) { return; }
-  let base = r * p.len;
-  let inv_len = 1.0 / f32(p.len);
-  var m0 = 0.0;
-  if (p.rms == 0u) {
-    var s = 0.0;
-    for (var i = ids.lid; i < p.len; i = i + WG) { s = s + ld_x(base + i); }
-    m0 = block_sum(s, ids) * inv_len;
-  }
-  var sd = 0.0;
-  var q = 0.0;
-  for (var i = ids.lid; i < p.len; i = i + WG) {
-    let d = ld_x(base + i) - m0;
-    sd = sd + d;
-    q = q + d * d;
-  }
-  var corr = 0.0;
-  if (p.rms == 0u) { corr = block_sum(sd, ids) * inv_len; }
-  let var_ = max(block_sum(q, ids) * inv_len - corr * corr, 0.0);
-  let rstd = inverseSqrt(var_ + p.eps);
-  for (var i = ids.lid; i < p.len; i = i + WG) {
-    var v = ((ld_x(base + i) - m0) - corr) * rstd * ld_gamma(i);
-    if (p.rms == 0u) { v = v + ld_beta(i); }
-    st_y(base + i, v);
-  }
-  if (ids.lid == 0u) {
-    st_stats(3u * r, m0);
-    st_stats(3u * r + 1u, corr);
-    st_stats(3u * r + 2u, rstd);
-  }
+  norm_fwd_row(r, ids.lid, WG, ids);
 }
 
 //! entry fwd_rows(x: data, gamma: data, beta: data, y: data mut, stats: f32 mut)
@@ -85,99 +59,37 @@ fn main(ids: Ids) {
 // subgroup size: the same arithmetic, reduced with subgroupAdd instead of workgroup barriers
 // (a GPT's 384-wide rows left each workgroup of `fwd` waiting on three block reductions for
 // 3 elements a thread). Row r = workgroup x num_subgroups + subgroup id.
+fn row_sum(v: f32, ids: Ids) -> f32 { return subgroupAdd(v); }
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
   if (r >= p.rows) { return; }
-  let base = r * p.len;
-  let inv_len = 1.0 / f32(p.len);
-  var m0 = 0.0;
-  if (p.rms == 0u) {
-    var s = 0.0;
-    for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) { s = s + ld_x(base + i); }
-    m0 = subgroupAdd(s) * inv_len;
-  }
-  var sd = 0.0;
-  var q = 0.0;
-  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
-    let d = ld_x(base + i) - m0;
-    sd = sd + d;
-    q = q + d * d;
-  }
-  var corr = 0.0;
-  if (p.rms == 0u) { corr = subgroupAdd(sd) * inv_len; }
-  let var_ = max(subgroupAdd(q) * inv_len - corr * corr, 0.0);
-  let rstd = inverseSqrt(var_ + p.eps);
-  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
-    var v = ((ld_x(base + i) - m0) - corr) * rstd * ld_gamma(i);
-    if (p.rms == 0u) { v = v + ld_beta(i); }
-    st_y(base + i, v);
-  }
-  if (ids.sg_lane == 0u) {
-    st_stats(3u * r, m0);
-    st_stats(3u * r + 1u, corr);
-    st_stats(3u * r + 2u, rstd);
-  }
+  norm_fwd_row(r, ids.sg_lane, ids.sg_size, ids);
 }
 
 //! entry bwd_x(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
 //! check WG=32,64,128,256
+fn row_sum(v: f32, ids: Ids) -> f32 { return block_sum(v, ids); }
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = ids.wid.y * ids.nwg.x + ids.wid.x;
   if (r >= p.rows) { return; }
-  let base = r * p.len;
-  let m0 = ld_stats(3u * r);
-  let corr = ld_stats(3u * r + 1u);
-  let rstd = ld_stats(3u * r + 2u);
-  var sg = 0.0;
-  var sgx = 0.0;
-  for (var i = ids.lid; i < p.len; i = i + WG) {
-    let g = ld_dy(base + i) * ld_gamma(i);
-    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
-    sg = sg + g;
-    sgx = sgx + g * xh;
-  }
-  let inv_len = 1.0 / f32(p.len);
-  var mg = block_sum(sg, ids) * inv_len;
-  let mgx = block_sum(sgx, ids) * inv_len;
-  if (p.rms != 0u) { mg = 0.0; }
-  for (var i = ids.lid; i < p.len; i = i + WG) {
-    let g = ld_dy(base + i) * ld_gamma(i);
-    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
-    st_dx(base + i, rstd * (g - mg - xh * mgx));
-  }
+  norm_bwd_row(r, ids.lid, WG, ids);
 }
 
 //! entry bwd_x_rows(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
 //! requires subgroups
 //! check WG=32,64,128,256
 // bwd_x with one subgroup per row (see fwd_rows).
+fn row_sum(v: f32, ids: Ids) -> f32 { return subgroupAdd(v); }
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
   if (r >= p.rows) { return; }
-  let base = r * p.len;
-  let m0 = ld_stats(3u * r);
-  let corr = ld_stats(3u * r + 1u);
-  let rstd = ld_stats(3u * r + 2u);
-  var sg = 0.0;
-  var sgx = 0.0;
-  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
-    let g = ld_dy(base + i) * ld_gamma(i);
-    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
-    sg = sg + g;
-    sgx = sgx + g * xh;
-  }
-  let inv_len = 1.0 / f32(p.len);
-  var mg = subgroupAdd(sg) * inv_len;
-  let mgx = subgroupAdd(sgx) * inv_len;
-  if (p.rms != 0u) { mg = 0.0; }
-  for (var i = ids.sg_lane; i < p.len; i = i + ids.sg_size) {
-    let g = ld_dy(base + i) * ld_gamma(i);
-    let xh = ((ld_x(base + i) - m0) - corr) * rstd;
-    st_dx(base + i, rstd * (g - mg - xh * mgx));
-  }
+  norm_bwd_row(r, ids.sg_lane, ids.sg_size, ids);
 }
 
 //! entry bwd_params(x: data, dy: data, stats: f32, part: f32 mut)
