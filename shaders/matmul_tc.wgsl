@@ -36,8 +36,8 @@
 // row (`write_strip`). Which of these apply is the launch constant FUSE (common.wgsl
 // `matmul_fused`): read from the parameters per element, the same choices cost 10-25% of
 // the GPT's products on an H100; `main` flushing one accumulator at a time (32 barriers
-// instead of 16) took 10-30% longer on the GPT's forward products. All subgroups flush the same number of
-// strips, so the workgroup barriers around each are reached uniformly.
+// instead of 16) took 10-30% longer on the GPT's forward products. All subgroups flush the
+// same number of strips, so the workgroup barriers around each are reached uniformly.
 //
 // Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 128 in the epilogue.
 

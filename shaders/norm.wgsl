@@ -28,7 +28,8 @@
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
 // block reductions; the host caps len at 2^20. bwd_params rchunk / 2 + 2 (64 rows a chunk).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
-// the reductions); element loops test i < len; bwd_params threads past the last return.
+// the reductions), in the *_rows entries on the subgroup's (uniform for its subgroupAdd);
+// element loops test i < len; bwd_params threads past the last return.
 
 struct Params {
   rows: u32,
