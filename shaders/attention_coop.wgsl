@@ -11,9 +11,9 @@
 // owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
 // registers. Keys go by blocks of 64 (four 16-key tiles); the forward stages each block of K
 // (then of V) in workgroup memory once for the four subgroups (see `stage`), as bwd_q does;
-// bwd_kv loads its Q and dO fragments straight from memory. The fragments of KT tiles are loaded
-// before any of their products: loaded one tile at a time, each product waited for its own
-// loads.
+// bwd_kv loads its Q and dO fragments straight from memory. The fragments of KT tiles are
+// loaded before any of their products: loaded one tile at a time, each product waited for
+// its own loads.
 //
 // Operands are read where they are: q, k, v and dout at off + batch sb + head sh + row pitch
 // (the pitches QS, KS, VS, GS are constants, as naga's cooperative loads need), so the heads
@@ -37,9 +37,9 @@
 //
 // Bindings: signature line. Params as attention.wgsl. Constants: DMAX and ND = DMAX / 16,
 // the 16-wide column tiles of a head; KT (above); QS, KS, VS, GS (above); CAUSAL and DROP
-// (the causal mask and dropout on or off, see `keep`). Loops over them are unrolled (`//! unroll`), with one
-// named variable per tile: an array of cooperative matrices indexed in a loop may live in
-// memory instead of registers.
+// (the causal mask and dropout on or off, see `keep`). Loops over them are unrolled
+// (`//! unroll`), with one named variable per tile: an array of cooperative matrices indexed
+// in a loop may live in memory instead of registers.
 // Loops (per invocation): two passes over the key blocks, each about 3 (4 / KT + 1) + 70
 // counted iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
 // budget), longer sequences take attention.wgsl's chunked path.
@@ -158,8 +158,9 @@ var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
 // A block of 64 keys of K or V (fwd: K for the scores, V for P V; bwd_q: K, V, then K
-// again for dS K), staged once for the four subgroups in runs of 4 halves (row pitch KP = DMAX + 8 halves, so the 8 rows a fragment load
-// reads at once start in different banks). Loaded as fragments straight from memory, every
+// again for dS K), staged once for the four subgroups in runs of 4 halves (row pitch
+// KP = DMAX + 8 halves, so the 8 rows a fragment load reads at once start in different
+// banks). Loaded as fragments straight from memory, every
 // subgroup fetched the same K and V again, and those loads took 52-60% of the forward's time
 // on an H100 (timed against a variant that read them from workgroup memory).
 const KP: u32 = DMAX + 8u;

@@ -228,30 +228,32 @@ fn matmul_bias_base(bt: u32) -> u32 {
   return (bt % p.a_mod) * p.bias_bs;
 }
 
-//! fn matmul_epilogue
-// Output element (m, n): + bias[n] (or bias[m] with bias_rows) from `bb` on when there is one,
-// then the activation; a raw partial product (split-K) is stored as is.
-fn matmul_epilogue(v: f32, m: u32, n: u32, bb: u32) -> f32 {
-  if (p.raw != 0u) { return v; }
+//! fn matmul_apply
+// Output element (m, n) with the parts that apply: + bias[n] (or bias[m] with bias_rows) from
+// `bb` on when `bias`, then the activation `act` (ACT_*).
+fn matmul_apply(v: f32, m: u32, n: u32, bb: u32, bias: bool, act: u32) -> f32 {
   var r = v;
-  if (p.has_bias != 0u) { r = r + ld_bias(bb + select(n, m, p.bias_rows != 0u)); }
-  if (p.act == ACT_NONE) { return r; }
-  if (p.act == ACT_RELU) { r = max(r, 0.0); }
-  if (p.act == ACT_GELU) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
+  if (bias) { r = r + ld_bias(bb + select(n, m, p.bias_rows != 0u)); }
+  if (act == ACT_NONE) { return r; }
+  if (act == ACT_RELU) { r = max(r, 0.0); }
+  if (act == ACT_GELU) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
   return r;
 }
 
+//! fn matmul_epilogue
+// matmul_apply as the parameters say; a raw partial product (split-K) is stored as is.
+fn matmul_epilogue(v: f32, m: u32, n: u32, bb: u32) -> f32 {
+  if (p.raw != 0u) { return v; }
+  return matmul_apply(v, m, n, bb, p.has_bias != 0u, p.act);
+}
+
 //! fn matmul_fused
-// matmul_epilogue with its choices fixed when the pipeline is built: the launch constant FUSE
-// is bias (1) + 2 x activation (ACT_*), and 0 for a raw split-K partial. On an H100 the same
+// matmul_apply with its choices fixed when the pipeline is built: the launch constant FUSE is
+// bias (1) + 2 x activation (ACT_*), and 0 for a raw split-K partial. On an H100 the same
 // choices read from the parameters for every element cost a quarter of a GPT-sized product
 // (16384 x 1152 x 384) even where nothing was applied.
 fn matmul_fused(v: f32, m: u32, n: u32, bb: u32) -> f32 {
-  var r = v;
-  if ((FUSE & 1u) != 0u) { r = r + ld_bias(bb + select(n, m, p.bias_rows != 0u)); }
-  if ((FUSE >> 1u) == ACT_RELU) { r = max(r, 0.0); }
-  if ((FUSE >> 1u) == ACT_GELU) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
-  return r;
+  return matmul_apply(v, m, n, bb, (FUSE & 1u) != 0u, FUSE >> 1u);
 }
 
 //! fn matmul_krange

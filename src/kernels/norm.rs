@@ -56,12 +56,15 @@ impl Norm<'_> {
     }
 }
 
-/// The workgroup size of the one-subgroup-per-row entries (`fwd_rows`, `bwd_x_rows`): four
-/// subgroups, on adapters with one subgroup size, for rows of up to 1024 elements. None
-/// where the workgroup-per-row entries run instead.
+/// Rows (subgroups) per workgroup of the one-subgroup-per-row entries.
+const ROWS_PER_WG: u32 = 4;
+
+/// The workgroup size of the one-subgroup-per-row entries (`fwd_rows`, `bwd_x_rows`):
+/// ROWS_PER_WG subgroups, on adapters with one subgroup size, for rows of up to 1024
+/// elements. None where the workgroup-per-row entries run instead.
 fn rows_wg(dev: &Device, len: usize) -> Option<u32> {
     let c = dev.caps();
-    let wg = 4 * c.subgroup_max;
+    let wg = ROWS_PER_WG * c.subgroup_max;
     (c.subgroups
         && c.subgroup_min == c.subgroup_max
         && len <= 1024
@@ -78,7 +81,11 @@ fn row_launch(
     entry: &'static str,
 ) -> (&'static str, u32, [u32; 3]) {
     match rows_wg(dev, n.len) {
-        Some(wg) => (rows_entry, wg, row_grid(n.rows.div_ceil(4), wg)),
+        Some(wg) => (
+            rows_entry,
+            wg,
+            row_grid(n.rows.div_ceil(ROWS_PER_WG as usize), wg),
+        ),
         None => {
             let wg = row_wg(n.len);
             (entry, wg, row_grid(n.rows, wg))
