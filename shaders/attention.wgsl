@@ -67,8 +67,9 @@ struct Params {
   c1: u32,
   // The BH index is (batch b, head h) with `heads` heads; q, k, v, o and dout (g) are read
   // at off + b sb + h sh + row ss + column (any layout whose head dimension is contiguous:
-  // the heads of a fused QKV projection need no copy). Gradients dq, dk, dv, lse, delta and
-  // the chunk state are dense.
+  // the heads of a fused QKV projection need no copy). The gradients dq, dk, dv go to their
+  // own layouts (dq_off ...: dense, or the gradient of a fused QKV projection in place);
+  // lse, delta and the chunk state are dense.
   heads: u32,
   q_off: u32,
   q_sb: u32,
@@ -90,6 +91,18 @@ struct Params {
   g_sb: u32,
   g_sh: u32,
   g_ss: u32,
+  dq_off: u32,
+  dq_sb: u32,
+  dq_sh: u32,
+  dq_ss: u32,
+  dk_off: u32,
+  dk_sb: u32,
+  dk_sh: u32,
+  dk_ss: u32,
+  dv_off: u32,
+  dv_sb: u32,
+  dv_sh: u32,
+  dv_ss: u32,
   // Dropout on the attention weights (common.wgsl's attn_keep).
   drop_thr: u32,
   drop_scale: f32,
@@ -97,12 +110,12 @@ struct Params {
   seed_hi: u32,
 }
 
-// Where row 0 of head `bh` starts in each strided input.
-fn base_q(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.q_off + t.x * p.q_sb + t.y * p.q_sh; }
-fn base_k(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.k_off + t.x * p.k_sb + t.y * p.k_sh; }
-fn base_v(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.v_off + t.x * p.v_sb + t.y * p.v_sh; }
-fn base_o(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.o_off + t.x * p.o_sb + t.y * p.o_sh; }
-fn base_g(bh: u32) -> u32 { let t = udivmod(bh, p.heads); return p.g_off + t.x * p.g_sb + t.y * p.g_sh; }
+// Where row 0 of head `bh` starts in each strided operand (common.wgsl `head_base`).
+fn base_q(bh: u32) -> u32 { return head_base(bh, p.q_off, p.q_sb, p.q_sh); }
+fn base_k(bh: u32) -> u32 { return head_base(bh, p.k_off, p.k_sb, p.k_sh); }
+fn base_v(bh: u32) -> u32 { return head_base(bh, p.v_off, p.v_sb, p.v_sh); }
+fn base_o(bh: u32) -> u32 { return head_base(bh, p.o_off, p.o_sb, p.o_sh); }
+fn base_g(bh: u32) -> u32 { return head_base(bh, p.g_off, p.g_sb, p.g_sh); }
 
 const RS: u32 = DMAX + 1u;
 
@@ -260,7 +273,8 @@ fn main(ids: Ids) {
   let gb = base_g(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  let db = bh * p.skv * p.d;
+  let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
+  let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);
   let sb = (bh * p.skv + k0 + c) * (2u * DMAX);
   for (var e = t; e < BC * DMAX; e = e + WG) {
     let cc = e / DMAX;
@@ -350,8 +364,8 @@ fn main(ids: Ids) {
       for (var j = 0u; j < KPT; j = j + 1u) {
         let dd = l + j * TPC;
         if (dd < p.d) {
-          st_dk(db + (k0 + c) * p.d + dd, dk[j] * p.scale);
-          st_dv(db + (k0 + c) * p.d + dd, dv[j]);
+          st_dk(dkb + (k0 + c) * p.dk_ss + dd, dk[j] * p.scale);
+          st_dv(dvb + (k0 + c) * p.dv_ss + dd, dv[j]);
         }
       }
     } else {
@@ -392,7 +406,7 @@ fn main(ids: Ids) {
   let gb = base_g(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  let db = bh * p.sq * p.d;
+  let dqb = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh);
   let sb = (bh * p.sq + qi) * DMAX;
   for (var e = t; e < BR * DMAX; e = e + WG) {
     let rr = e / DMAX;
@@ -465,7 +479,7 @@ fn main(ids: Ids) {
     if (p.last != 0u) {
       for (var j = 0u; j < OPT; j = j + 1u) {
         let dd = l + j * TPR;
-        if (dd < p.d) { st_dq(db + qi * p.d + dd, dq[j] * p.scale); }
+        if (dd < p.d) { st_dq(dqb + qi * p.dq_ss + dd, dq[j] * p.scale); }
       }
     } else {
       for (var j = 0u; j < OPT; j = j + 1u) { st_state(sb + l + j * TPR, dq[j]); }

@@ -17,8 +17,8 @@
 //
 // Operands are read where they are: q, k, v and dout at off + batch sb + head sh + row pitch
 // (the pitches QS, KS, VS, GS are constants, as naga's cooperative loads need), so the heads
-// of a fused QKV projection are read in place; o is written at its own strides; the
-// gradients dq, dk, dv are dense.
+// of a fused QKV projection are read in place; o and the gradients dq, dk, dv are written at
+// their own strides (the gradient of a fused QKV projection in place).
 //
 // Two passes instead of the online rescaling of attention.wgsl, because a cooperative matrix
 // cannot be scaled row by row: pass 1 computes each row's max and sum of exp (scores go
@@ -78,6 +78,18 @@ struct Params {
   g_sb: u32,
   g_sh: u32,
   g_ss: u32,
+  dq_off: u32,
+  dq_sb: u32,
+  dq_sh: u32,
+  dq_ss: u32,
+  dk_off: u32,
+  dk_sb: u32,
+  dk_sh: u32,
+  dk_ss: u32,
+  dv_off: u32,
+  dv_sb: u32,
+  dv_sh: u32,
+  dv_ss: u32,
   // Dropout on the attention weights (common.wgsl's attn_keep).
   drop_thr: u32,
   drop_scale: f32,
@@ -121,11 +133,6 @@ fn keep(row: u32, key: u32) -> f32 {
   return attn_keep(row, key);
 }
 
-// Where row 0 of head `bh` starts in a strided operand (off + batch sb + head sh).
-fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
-  let t = udivmod(bh, p.heads);
-  return off + t.x * sb + t.y * sh;
-}
 
 
 // ----- Backward (FlashAttention-2's split: one kernel for dK and dV, one for dQ) -----
@@ -341,8 +348,8 @@ fn main(ids: Ids) {
   let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
   let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
   let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
-  // The gradients dk, dv are dense [bh, skv, d].
-  let dkb = bh * p.skv * DMAX;
+  let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
+  let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);
   // Keys past SKV load the last (in-range) tile; they are masked and never stored.
   let kr = min(k0 + sg * 16u, p.skv - 16u);
   //! unroll dd in 0..ND
@@ -448,9 +455,9 @@ fn main(ids: Ids) {
   for (var e = lane; e < 256u; e = e + 32u) {
     let key = k0 + sg * 16u + e / 16u;
     if (key < p.skv) {
-      let at = dkb + key * DMAX + $dd * 16u + e % 16u;
-      st_dk(at, Ss[sg * 1024u + e] * p.scale);
-      st_dv(at, Ss[sg * 1024u + 256u + e]);
+      let col = $dd * 16u + e % 16u;
+      st_dk(dkb + key * p.dk_ss + col, Ss[sg * 1024u + e] * p.scale);
+      st_dv(dvb + key * p.dv_ss + col, Ss[sg * 1024u + 256u + e]);
     }
   }
   workgroupBarrier();
@@ -473,8 +480,7 @@ fn main(ids: Ids) {
   let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
   let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
   let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
-  // The gradient dq is dense [bh, sq, d].
-  let dqb = bh * p.sq * DMAX;
+  let dqb = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh);
   let qr = min(q0 + sg * 16u, p.sq - 16u);
   //! unroll dd in 0..ND
   var qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * QS + $dd * 16u], QS);
@@ -564,7 +570,7 @@ fn main(ids: Ids) {
   workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let qo = q0 + sg * 16u + e / 16u;
-    if (qo < p.sq) { st_dq(dqb + qo * DMAX + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
+    if (qo < p.sq) { st_dq(dqb + qo * p.dq_ss + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
   }
   workgroupBarrier();
   //! end

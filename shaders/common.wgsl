@@ -89,6 +89,14 @@ fn mix32(x: u32) -> u32 {
   return h ^ (h >> 16u);
 }
 
+//! fn head_base
+// Where row 0 of attention head `bh` (batch bh / heads, head bh % heads) starts in a strided
+// operand: off + batch sb + head sh.
+fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
+  let t = udivmod(bh, p.heads);
+  return off + t.x * sb + t.y * sh;
+}
+
 //! fn attn_keep
 // Dropout on attention weights: the factor for the weight of key `key` in query row `row`
 // (numbered across heads: bh SQ + i): 0 when dropped, 1 / (1 - p) when kept, 1 without

@@ -54,6 +54,19 @@ crate::params! {
         g_sb: u32,
         g_sh: u32,
         g_ss: u32,
+        // Where the gradients dq, dk, dv go (the same four words each as q's).
+        dq_off: u32,
+        dq_sb: u32,
+        dq_sh: u32,
+        dq_ss: u32,
+        dk_off: u32,
+        dk_sb: u32,
+        dk_sh: u32,
+        dk_ss: u32,
+        dv_off: u32,
+        dv_sb: u32,
+        dv_sh: u32,
+        dv_ss: u32,
         // Dropout on the attention weights: an entry is dropped when its hash is below
         // drop_thr (0: no dropout); kept entries are scaled by drop_scale = 1 / (1 - p).
         drop_thr: u32,
@@ -167,6 +180,8 @@ impl Dims {
             },
             seed_lo: self.seed as u32,
             seed_hi: (self.seed >> 32) as u32,
+            // The gradients' layouts: set by `backward`, which knows where they go.
+            ..Default::default()
         })
     }
 
@@ -454,13 +469,21 @@ pub(crate) struct Grads<'a> {
     pub dq: &'a Block,
     pub dk: &'a Block,
     pub dv: &'a Block,
+    /// Where the gradients' elements go: dense, or the gradient of a fused QKV projection
+    /// written in place.
+    pub dq_at: HeadLayout,
+    pub dk_at: HeadLayout,
+    pub dv_at: HeadLayout,
 }
 
 pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> Result<()> {
     check(dev, a)?;
     let t = tiles(a.d)?;
     let consts = [("BR", t.bbr), ("BC", t.bbc), ("DMAX", t.dmax)];
-    let p = a.params()?;
+    let mut p = a.params()?;
+    [p.dq_off, p.dq_sb, p.dq_sh, p.dq_ss] = g.dq_at.words()?;
+    [p.dk_off, p.dk_sb, p.dk_sh, p.dk_ss] = g.dk_at.words()?;
+    [p.dv_off, p.dv_sb, p.dv_sh, p.dv_ss] = g.dv_at.words()?;
     launch(
         dev,
         &Launch {

@@ -9,7 +9,6 @@ use super::elementwise::{float_only, same_device, same_dtype};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{self as ka, Dims, Grads, HeadLayout};
-use crate::kernels::copy as kc;
 use crate::tensor::graph::{Backward, record};
 use crate::tensor::{Layout, Tensor};
 
@@ -147,7 +146,6 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpts, seed: u64) -> Res
     })
 }
 
-/// Attention's gradients (inputs q, k, v), recomputed from the saved output and log-sum-exp.
 /// What the forward pass keeps for the backward pass.
 struct Saved {
     out: Tensor,
@@ -159,14 +157,16 @@ struct Saved {
 
 struct AttentionBack(Saved);
 
-/// Gradients of attention (dq, dk, dv: dense, shaped as q, k and v) from the saved output
-/// and log-sum-exp.
+/// Gradients of attention (dq, dk, dv, shaped as q, k and v) from the saved output and
+/// log-sum-exp: new dense tensors, or written into the views `into` (of q's dtype, head
+/// dimension contiguous).
 fn attention_backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     saved: &Saved,
     dout: Tensor,
+    into: Option<[Tensor; 3]>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let mut a = dims(q, k, v, &saved.opts, saved.seed)?;
     // The tensor-core kernels read operands in place when their rows are 16-byte aligned,
@@ -189,9 +189,24 @@ fn attention_backward(
     (a.q, a.k, a.v, a.o, a.g) = (lq, lk, lv, lo, lg);
     let dev = q.device();
     let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
-    let dq = Tensor::uninit(dev, q.shape(), q.dtype())?;
-    let dk = Tensor::uninit(dev, k.shape(), q.dtype())?;
-    let dv = Tensor::uninit(dev, v.shape(), q.dtype())?;
+    let [dq, dk, dv] = match into {
+        Some(views) => views,
+        None => [
+            Tensor::uninit(dev, q.shape(), q.dtype())?,
+            Tensor::uninit(dev, k.shape(), q.dtype())?,
+            Tensor::uninit(dev, v.shape(), q.dtype())?,
+        ],
+    };
+    let at = |t: &Tensor| -> Result<HeadLayout> {
+        match heads_of(t) {
+            Some((_, l)) if t.dtype() == q.dtype() => Ok(l),
+            _ => Err(Error::Internal(format!(
+                "attention gradient layout {:?}",
+                t.layout()
+            ))),
+        }
+    };
+    let (dq_at, dk_at, dv_at) = (at(&dq)?, at(&dk)?, at(&dv)?);
     let op = "attention backward";
     ka::backward(
         dev,
@@ -204,9 +219,12 @@ fn attention_backward(
             lse: saved.lse.dense_block(op)?,
             dout: g.block(),
             delta: delta.dense_block(op)?,
-            dq: dq.dense_block(op)?,
-            dk: dk.dense_block(op)?,
-            dv: dv.dense_block(op)?,
+            dq: dq.block(),
+            dk: dk.block(),
+            dv: dv.block(),
+            dq_at,
+            dk_at,
+            dv_at,
         },
         q.dtype(),
     )?;
@@ -220,7 +238,8 @@ impl Backward for AttentionBack {
         _out: &Tensor,
         dout: Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        let (dq, dk, dv) = attention_backward(&inputs[0], &inputs[1], &inputs[2], &self.0, dout)?;
+        let (dq, dk, dv) =
+            attention_backward(&inputs[0], &inputs[1], &inputs[2], &self.0, dout, None)?;
         Ok(vec![Some(dq), Some(dk), Some(dv)])
     }
 }
@@ -271,19 +290,11 @@ impl Backward for FusedQkvBack {
         let (q, k, v) = split_qkv(qkv, self.heads)?;
         // dout is [..., seq, heads dim]; the kernels take its [..., heads, seq, dim] view.
         let dout = heads_view(&dout, self.heads)?;
-        let (dq, dk, dv) = attention_backward(&q, &k, &v, &self.saved, dout)?;
+        // The three gradients are written straight into their places in the projection's
+        // gradient, which they cover.
         let g = Tensor::uninit(qkv.device(), qkv.shape(), qkv.dtype())?;
         let (gq, gk, gv) = split_qkv(&g, self.heads)?;
-        for (dst, src) in [(&gq, &dq), (&gk, &dk), (&gv, &dv)] {
-            kc::strided_layout(
-                g.device(),
-                src.block(),
-                src.layout(),
-                g.block(),
-                dst.layout(),
-                g.dtype(),
-            )?;
-        }
+        attention_backward(&q, &k, &v, &self.saved, dout, Some([gq, gk, gv]))?;
         Ok(vec![Some(g)])
     }
 }
