@@ -23,9 +23,10 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Instant;
 use wgrad::nn::{Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
-use wgrad::optim::{Adam, GradScaler, LrSchedule, NonFinite, Optimizer, guarded_step};
+use wgrad::optim::{Adam, GradScaler, LrSchedule, Optimizer};
 use wgrad::parallel::DataParallel;
 
 #[path = "common/mpi_group.rs"]
@@ -51,7 +52,7 @@ macro_rules! say_err {
     };
 }
 use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
-use wgrad::{DType, Device, Error, Result, Tensor};
+use wgrad::{DType, Device, Error, Readback, Result, Tensor};
 
 /// A character-level GPT on tinyshakespeare, resumable. Options left out take the
 /// adapter's defaults: nanoGPT's shakespeare-char configuration on a GPU, a small model that
@@ -494,7 +495,8 @@ impl Module for Gpt {
 struct Trainer {
     dp: DataParallel<Gpt>,
     opts: Vec<Adam>,
-    scalers: Vec<Option<GradScaler>>,
+    /// The loss scalers (f16), or scale-1 guards that clip and catch inf and NaN (f32).
+    scalers: Vec<GradScaler>,
     /// Under mpirun: the other processes (this one has one replica).
     mpi: Option<MpiGroup>,
     /// Skip the exchange between replicas (a diagnostic).
@@ -509,9 +511,11 @@ impl Trainer {
     }
 }
 
-/// One step on every replica: forward, cross-entropy, backward (scaled with f16), gradients
-/// averaged across replicas, clipped AdamW update. Returns the mean loss and how long the host
-/// waited for gradient read-backs.
+/// One step queued on every replica: forward, cross-entropy, backward (scaled with f16),
+/// gradients averaged across replicas, clipped AdamW update. The clipping, the overflow check
+/// and the loss scale are decided on the device, so nothing waits for the GPU here (except
+/// the exchange between replicas). Returns each replica's loss (on its device, not read back:
+/// see `mean_of`) and how long the host waited for gradient read-backs.
 fn train_step(
     t: &mut Trainer,
     text: &Text,
@@ -519,20 +523,26 @@ fn train_step(
     range: (usize, usize),
     lr: f32,
     data: &mut u64,
-) -> Result<(f32, [std::time::Duration; 3])> {
-    let scales: Vec<f32> = t
+) -> Result<(Vec<Tensor>, [std::time::Duration; 3])> {
+    // Each replica's loss scale, as a view of its scaler's state on the device.
+    let scales = t
         .scalers
-        .iter()
-        .map(|s| s.as_ref().map_or(1.0, |s| s.scale))
-        .collect();
-    let forward = |g: &Gpt, x: &Tensor, y: &Tensor, scale: f32| -> Result<Tensor> {
+        .iter_mut()
+        .zip(t.dp.replicas())
+        .map(|(s, (dev, _))| s.scale_tensor(dev))
+        .collect::<Result<Vec<_>>>()?;
+    let unscaled: Vec<Mutex<Option<Tensor>>> = scales.iter().map(|_| Mutex::new(None)).collect();
+    let forward = |r: usize, g: &Gpt, x: &Tensor, y: &Tensor| -> Result<Tensor> {
         let dev = x.device();
         dev.begin_scope("forward");
         let loss = g.logits(x)?.cross_entropy(y)?;
         dev.end_scope();
-        loss.mul_scalar(scale)
+        if let Ok(mut u) = unscaled[r].lock() {
+            *u = Some(loss.detach());
+        }
+        loss.mul(&scales[r])
     };
-    let (losses, wait) = match &t.mpi {
+    let wait = match &t.mpi {
         Some(group) => {
             // Every process draws the same batches from the one data stream (so resuming is
             // exact) and trains on the one of its rank.
@@ -548,14 +558,11 @@ fn train_step(
                 }
             }
             let (x, y) = mine.ok_or_else(|| Error::Internal("no batch for this rank".into()))?;
-            let loss = forward(g, &x, &y, scales[0])?;
+            let loss = forward(0, g, &x, &y)?;
             dev.begin_scope("backward");
             let wait = group.backward(&loss, &g.params());
             dev.end_scope();
-            (
-                vec![loss.detach()],
-                [wait?, Default::default(), Default::default()],
-            )
+            [wait?, Default::default(), Default::default()]
         }
         None => {
             // One batch per replica, drawn in order from the one data stream.
@@ -564,32 +571,38 @@ fn train_step(
                     .iter()
                     .map(|(dev, _)| batch(dev, text, range, c, data))
                     .collect::<Result<Vec<_>>>()?;
-            let f = |r: usize, g: &Gpt, (x, y): &(Tensor, Tensor)| forward(g, x, y, scales[r]);
+            let f = |r: usize, g: &Gpt, (x, y): &(Tensor, Tensor)| forward(r, g, x, y);
             let report = if t.no_sync {
                 t.dp.step_no_sync(&batches, f)?
             } else {
                 t.dp.step(&batches, f)?
             };
-            let times = [
+            [
                 report.exchange_wait,
                 report.exchange_sum,
                 report.exchange_upload,
-            ];
-            (report.losses, times)
+            ]
         }
     };
-    // Each replica's update on its own thread: the loss scaler reads its found-inf flag back
-    // (a wait on that device), and one replica's wait should not hold up the other's update.
-    let update = |opt: &mut Adam, scaler: &mut Option<GradScaler>, dev: &Device| -> Result<()> {
+    // Each replica's update on its own thread (collecting the last step's decision may wait
+    // on that device, and one replica's wait should not hold up the other's update).
+    let f32_run = c.dtype != DType::F16;
+    let update = |opt: &mut Adam, scaler: &mut GradScaler, dev: &Device| -> Result<()> {
         dev.begin_scope("optimizer");
         opt.set_lr(lr);
-        let r = match scaler {
-            Some(s) => s.step(opt, Some(1.0)).map(|_| ()),
-            None => guarded_step(opt, 1.0, Some(1.0), NonFinite::Error).map(|_| ()),
-        };
+        let r = scaler.step_deferred(opt, Some(1.0));
         opt.zero_grad();
         dev.end_scope();
-        r
+        r?;
+        // Without loss scaling a non-finite gradient is an error (found one step late; the
+        // device skipped that update).
+        if f32_run && scaler.skipped() > 0 {
+            return Err(Error::Invalid {
+                op: "train_gpt",
+                detail: "a gradient held inf or NaN (the update was skipped)".into(),
+            });
+        }
+        Ok(())
     };
     let jobs = t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas());
     std::thread::scope(|sc| -> Result<()> {
@@ -602,16 +615,30 @@ fn train_step(
         }
         Ok(())
     })?;
-    let n = losses.len() as f32;
+    let losses = unscaled
+        .into_iter()
+        .map(|u| {
+            u.into_inner()
+                .ok()
+                .flatten()
+                .ok_or_else(|| Error::Internal("a replica computed no loss".into()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((losses, wait))
+}
+
+/// The mean of the replicas' losses (of every process under mpirun), from their read-backs.
+fn mean_of(t: &Trainer, losses: Vec<Readback<f32>>) -> Result<f32> {
+    let n = losses.len();
     let mut sum = 0.0;
-    for (l, s) in losses.iter().zip(&scales) {
-        sum += l.to_scalar()? / s;
+    for l in losses {
+        sum += l.wait()?.first().copied().unwrap_or(f32::NAN);
     }
-    let mean = match &t.mpi {
-        Some(group) => group.mean(sum / n),
-        None => sum / n,
-    };
-    Ok((mean, wait))
+    let mean = sum / n.max(1) as f32;
+    Ok(match &t.mpi {
+        Some(group) => group.mean(mean),
+        None => mean,
+    })
 }
 
 fn mean_loss(
@@ -819,9 +846,17 @@ fn run() -> Result<()> {
         .iter()
         .map(|(_, g)| Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true))
         .collect::<Result<Vec<_>>>()?;
-    // f16's range needs a loss scaler; bf16 has f32's and trains without one.
+    // f16's range needs a loss scaler; bf16 has f32's and trains without one (a scale-1
+    // guard still clips on the device and catches inf and NaN).
+    let scaled = c.dtype == DType::F16;
     let scalers = (0..replicas)
-        .map(|_| (c.dtype == DType::F16).then(GradScaler::new))
+        .map(|_| {
+            if scaled {
+                GradScaler::new()
+            } else {
+                GradScaler::unscaled()
+            }
+        })
         .collect();
     if let Some(g) = &group {
         // Every process starts from rank 0's weights.
@@ -853,7 +888,12 @@ fn run() -> Result<()> {
             .zip(&mut tr.scalers)
             .zip(tr.dp.replicas())
         {
-            last = Some(load_checkpoint(&ckpt, &g.params(), opt, scaler.as_mut())?);
+            last = Some(load_checkpoint(
+                &ckpt,
+                &g.params(),
+                opt,
+                scaled.then_some(scaler),
+            )?);
         }
         let p = last.ok_or_else(|| Error::Invalid {
             op: "resume",
@@ -954,8 +994,18 @@ fn run() -> Result<()> {
         train_curve.push((step, tl));
         val_curve.push((step, vl));
     }
+    // The loss shown is the last step's: its read-back starts when the step is queued and is
+    // collected after the next one is, by when it has arrived, so the host never waits.
+    let (mut loss, mut reading) = (f32::NAN, None);
     while step < c.steps {
-        let loss = one_step(&mut tr, step, &mut data)?;
+        let losses = one_step(&mut tr, step, &mut data)?;
+        let started = losses
+            .iter()
+            .map(|l| l.to_vec_async::<f32>())
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(last) = reading.replace(started) {
+            loss = mean_of(&tr, last)?;
+        }
         step += 1;
         let done = step - first_step;
         let tps = tokens * done as f64 / start.elapsed().as_secs_f64();
@@ -994,7 +1044,7 @@ fn run() -> Result<()> {
                     &ckpt,
                     &tr.model().1.params(),
                     &tr.opts[0],
-                    tr.scalers[0].as_ref(),
+                    scaled.then_some(&tr.scalers[0]),
                     &progress,
                 )?;
                 std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;

@@ -1,10 +1,15 @@
-// optim.wgsl: fused optimizer updates (one dispatch per parameter) and gradient norms.
+// optim.wgsl: fused optimizer updates (one dispatch per parameter), gradient norms, and the
+// device-side decision of a guarded step (clip, skip on overflow, loss-scale update), so a
+// training step needs no read-back.
 //
 // Update entries are one thread per parameter element, 1-D with flat_id; threads past n return
 // (each touches only its own element). All optimizer state is f32 on the device. The gradient
-// is multiplied by `gmul` first, which folds loss-scale removal (1/scale) and global-norm
-// clipping into the same pass. With `has_master`, the f32 master weight is the one updated and
-// the (f16) parameter receives its rounded copy; otherwise the parameter itself is updated.
+// is multiplied by `gmul` and by the step's control word ctl[CTL_MUL] first, which folds
+// loss-scale removal (1/scale) and global-norm clipping into the same pass; when
+// ctl[CTL_STEPPED] is 0 (the gradients held inf or NaN) the update leaves everything as it
+// was. A plain step binds a control block of (multiplier 1, stepped 1). With `has_master`,
+// the f32 master weight is the one updated and the (f16) parameter receives its rounded copy;
+// otherwise the parameter itself is updated.
 //
 //   sgd    g += wd * w;  b = momentum * b + g (when momentum > 0);
 //          g = nesterov ? g + momentum * b : b;  w -= lr * g
@@ -12,13 +17,21 @@
 //          m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //          w -= lr * (m * c1) / (sqrt(v * c2) + eps),  c1 = 1/(1 - b1^t), c2 = 1/(1 - b2^t)
 //   sumsq  One workgroup per chunk of WG * 8 elements: the f32 sum of squares of its chunk,
-//          written to partial[wid] (the host sums the partials). Accumulating in f32 keeps an
-//          f16 gradient's squares from overflowing; an inf or NaN anywhere makes the sum inf
-//          or NaN, which is how the loss scaler detects overflow.
+//          written to partial[out_off + wid]. Accumulating in f32 keeps an f16 gradient's
+//          squares from overflowing; an inf or NaN anywhere makes the sum inf or NaN, which
+//          is how overflow is detected.
+//   decide One workgroup: sums the n partials of every gradient, and writes the step's
+//          decision into ctl (the CTL_* slots, declared by kernels/optim.rs): the gradient
+//          norm in unscaled units, norm = sqrt(sum) gmul / scale; when it is finite, the
+//          multiplier gmul / scale * clip (clip = max_norm / (norm + 1e-6) when norm >
+//          max_norm > 0, else 1), stepped = 1, and one more clean step (the scale grows by
+//          `growth` after `interval` of them); otherwise multiplier 0, stepped = 0, the scale
+//          times `backoff`, the clean count reset and one more skipped step.
 //
 // Bindings: signature lines. (When there is no master weight or no momentum, a dummy block
 // is bound and never touched.)
-// Loops: sumsq 8 (a constant trip count); the updates none.
+// Loops: sumsq 8 (a constant trip count); decide n / WG + 1 plus the block reduction (the
+// host keeps n under the loop budget); the updates none.
 
 struct Params {
   n: u32,
@@ -33,17 +46,25 @@ struct Params {
   has_master: u32,
   decoupled: u32,  // adam: AdamW's decoupled weight decay
   nesterov: u32,   // sgd
+  out_off: u32,    // sumsq: where its partials start
+  max_norm: f32,   // decide: clip threshold (0: no clipping)
+  growth: f32,     // decide: scale multiplier after `interval` clean steps
+  backoff: f32,    // decide: scale multiplier after an overflow
+  interval: u32,   // decide
+  _pad0: u32,
+  _pad1: u32,
+  _pad2: u32,
 }
 
-//! entry sgd(g: data, w: data mut, master: f32 mut, buf: f32 mut)
+//! entry sgd(g: data, w: data mut, master: f32 mut, buf: f32 mut, ctl: f32)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
-  if (i >= p.n) { return; }
+  if (i >= p.n || ld_ctl(CTL_STEPPED) == 0.0) { return; }
   // With a master copy, the dummy-or-master binding is read either way (it is valid memory).
   let has_master = p.has_master != 0u;
   var w = select(ld_w(i), ld_master(i), has_master);
-  var g = ld_g(i) * p.gmul + p.wd * w;
+  var g = ld_g(i) * (p.gmul * ld_ctl(CTL_MUL)) + p.wd * w;
   if (p.beta1 > 0.0) {
     let b = p.beta1 * ld_buf(i) + g;
     st_buf(i, b);
@@ -54,15 +75,15 @@ fn main(ids: Ids) {
   st_w(i, w);
 }
 
-//! entry adam(g: data, w: data mut, master: f32 mut, m: f32 mut, v: f32 mut)
+//! entry adam(g: data, w: data mut, master: f32 mut, m: f32 mut, v: f32 mut, ctl: f32)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
-  if (i >= p.n) { return; }
+  if (i >= p.n || ld_ctl(CTL_STEPPED) == 0.0) { return; }
   // With a master copy, the dummy-or-master binding is read either way (it is valid memory).
   let has_master = p.has_master != 0u;
   var w = select(ld_w(i), ld_master(i), has_master);
-  var g = ld_g(i) * p.gmul;
+  var g = ld_g(i) * (p.gmul * ld_ctl(CTL_MUL));
   if (p.decoupled != 0u) {
     w = w - p.lr * p.wd * w;
   } else {
@@ -91,5 +112,41 @@ fn main(ids: Ids) {
     }
   }
   let t = block_sum(s, ids);
-  if (ids.lid == 0u) { st_partial(wg, t); }
+  if (ids.lid == 0u) { st_partial(p.out_off + wg, t); }
+}
+
+//! entry decide(partial: f32, ctl: f32 mut)
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  var s = 0.0;
+  for (var i = ids.lid; i < p.n; i = i + WG) {
+    s = s + ld_partial(i);
+  }
+  let t = block_sum(s, ids);
+  if (ids.lid != 0u) { return; }
+  let scale = ld_ctl(CTL_SCALE);
+  let norm = sqrt(t) * p.gmul / scale;
+  // NaN fails both comparisons, so it is not finite either.
+  let finite = norm >= 0.0 && norm <= 3.4028235e38;
+  var clip = 1.0;
+  if (finite && p.max_norm > 0.0 && norm > p.max_norm) { clip = p.max_norm / (norm + 1e-6); }
+  st_ctl(CTL_NORM, norm);
+  st_ctl(CTL_CLIP, clip);
+  if (finite) {
+    st_ctl(CTL_MUL, p.gmul / scale * clip);
+    st_ctl(CTL_STEPPED, 1.0);
+    let clean = ld_ctl(CTL_CLEAN) + 1.0;
+    if (clean >= f32(p.interval)) {
+      st_ctl(CTL_SCALE, scale * p.growth);
+      st_ctl(CTL_CLEAN, 0.0);
+    } else {
+      st_ctl(CTL_CLEAN, clean);
+    }
+  } else {
+    st_ctl(CTL_MUL, 0.0);
+    st_ctl(CTL_STEPPED, 0.0);
+    st_ctl(CTL_SCALE, scale * p.backoff);
+    st_ctl(CTL_CLEAN, 0.0);
+    st_ctl(CTL_SKIPPED, ld_ctl(CTL_SKIPPED) + 1.0);
+  }
 }

@@ -103,7 +103,7 @@ fn loss_scaler_skips_overflow_and_adapts() {
     let mut opt = Sgd::new(vec![("p".into(), p.clone())], 0.1, 0.0, 0.0, false).unwrap();
     let mut scaler = GradScaler::new();
     scaler.growth_interval = 3;
-    assert_eq!(scaler.scale, 65536.0);
+    assert_eq!(scaler.scale(), 65536.0);
     // A gradient holding inf: the step is skipped, nothing changes, the scale halves.
     p.set_grad(Some(
         Tensor::from_f32(&dev, &[1.0, f32::INFINITY, 1.0], &[3], DType::F16).unwrap(),
@@ -111,17 +111,17 @@ fn loss_scaler_skips_overflow_and_adapts() {
     let r = scaler.step(&mut opt, None).unwrap();
     assert!(!r.stepped && !r.grad_norm.is_finite());
     assert_eq!(p.to_f32_vec().unwrap(), vec![1.0, 2.0, 3.0]);
-    assert_eq!(scaler.scale, 32768.0);
-    assert_eq!(scaler.skipped, 1);
+    assert_eq!(scaler.scale(), 32768.0);
+    assert_eq!(scaler.skipped(), 1);
     // NaN too.
     p.set_grad(Some(
         Tensor::from_f32(&dev, &[f32::NAN, 0.0, 0.0], &[3], DType::F16).unwrap(),
     ));
     assert!(!scaler.step(&mut opt, None).unwrap().stepped);
-    assert_eq!(scaler.scale, 16384.0);
+    assert_eq!(scaler.scale(), 16384.0);
     // Scaled clean gradients: the update uses the unscaled value.
     for i in 0..3 {
-        let g = scaler.scale; // gradient of 1.0 after scaling
+        let g = scaler.scale(); // gradient of 1.0 after scaling
         p.set_grad(Some(
             Tensor::from_f32(&dev, &[g, g, g], &[3], DType::F16).unwrap(),
         ));
@@ -130,7 +130,8 @@ fn loss_scaler_skips_overflow_and_adapts() {
         assert!((r.grad_norm - 3f32.sqrt()).abs() < 1e-3);
     }
     assert_eq!(
-        scaler.scale, 32768.0,
+        scaler.scale(),
+        32768.0,
         "doubled after growth_interval clean steps"
     );
     let v = p.to_f32_vec().unwrap();
@@ -141,6 +142,66 @@ fn loss_scaler_skips_overflow_and_adapts() {
     // The scaled loss is loss * scale.
     let l = Tensor::from_slice(&dev, &[2.0f32], &[1]).unwrap();
     assert_eq!(scaler.scale_loss(&l).unwrap().to_scalar().unwrap(), 65536.0);
+}
+
+/// The deferred step (decided on the device, its report read one step later) takes the same
+/// steps as the blocking one through an overflow and a clip: the same parameters, scale and
+/// Adam step count; and the skipped step leaves Adam as if it had never come (its bias
+/// correction counts only the steps taken).
+#[test]
+fn deferred_scaler_step_matches_blocking_step() {
+    let dev = device();
+    let grads: [[f32; 3]; 4] = [
+        [1.0, -2.0, 0.5],
+        [f32::INFINITY, 0.0, 1.0],
+        [0.25, 1.0, -1.0],
+        [2.0, 0.5, 0.5],
+    ];
+    let run = |deferred: bool, leave_out_bad: bool| -> (Vec<f32>, u64, f32, u64) {
+        let p = Tensor::from_f32(&dev, &[1.0, 2.0, 3.0], &[3], DType::F16)
+            .unwrap()
+            .variable();
+        let mut opt = wgrad::optim::Adam::new(vec![("p".into(), p.clone())], 0.1).unwrap();
+        let mut scaler = GradScaler::with_scale(1024.0);
+        for g in &grads {
+            if leave_out_bad && !g[0].is_finite() {
+                continue;
+            }
+            // The gradient of a loss scaled on the device (the host's scale lags when deferred).
+            let scaled = Tensor::from_f32(&dev, g, &[3], DType::F32)
+                .unwrap()
+                .mul(&scaler.scale_tensor(&dev).unwrap())
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            p.set_grad(Some(scaled));
+            if deferred {
+                scaler.step_deferred(&mut opt, Some(1.5)).unwrap();
+            } else {
+                scaler.step(&mut opt, Some(1.5)).unwrap();
+            }
+            opt.zero_grad();
+        }
+        let last = scaler.last_report(&mut opt).unwrap();
+        assert!(last.stepped && last.clip < 1.0, "{last:?}");
+        (
+            p.to_f32_vec().unwrap(),
+            opt.steps(),
+            scaler.scale(),
+            scaler.skipped(),
+        )
+    };
+    let blocking = run(false, false);
+    let deferred = run(true, false);
+    assert_eq!(blocking, deferred);
+    assert_eq!((blocking.1, blocking.2, blocking.3), (3, 512.0, 1));
+    let (without, steps, _, skipped) = run(true, true);
+    assert_eq!((steps, skipped), (3, 0));
+    for (a, b) in blocking.0.iter().zip(&without) {
+        assert!((a - b).abs() < 2e-3, "{:?} vs {without:?}", blocking.0);
+    }
+    // The parameters moved.
+    assert!((blocking.0[0] - 1.0).abs() > 0.1, "{:?}", blocking.0);
 }
 
 #[test]

@@ -93,6 +93,7 @@ macro_rules! codes {
                 wgsl: "",
             };
             /// The shader constant's name.
+            #[allow(dead_code)]
             pub fn code_name(self) -> &'static str {
                 Self::CODES.consts[self as usize].0
             }

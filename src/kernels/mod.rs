@@ -134,7 +134,7 @@ families! {
     /// Embedding gather and scatter-add.
     Embedding => "embedding.wgsl", embedding::EmbedParams, codes [], enables [];
     /// Fused optimizer updates (SGD, Adam, AdamW) and gradient sums of squares.
-    Optim => "optim.wgsl", optim::OptimParams, codes [], enables [];
+    Optim => "optim.wgsl", optim::OptimParams, codes [optim::Ctl::CODES], enables [];
     /// Cumulative sums along an axis, forward or reversed.
     Scan => "scan.wgsl", scan::ScanParams, codes [], enables [];
     /// Gather, scatter-add and index-select along an axis; top-k ranks.

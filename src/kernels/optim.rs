@@ -1,6 +1,6 @@
 //! Host side of `shaders/optim.wgsl`.
 
-use super::{Kernel, Launch, arg, grid_1d, launch, launch_flat, u32_len};
+use super::{Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, launch_flat, over_budget, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -23,8 +23,40 @@ crate::params! {
         has_master: u32,
         decoupled: u32,
         nesterov: u32,
+        out_off: u32,
+        max_norm: f32,
+        growth: f32,
+        backoff: f32,
+        interval: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
+
+crate::codes! {
+    /// The slots of a step's control block (f32 on the device, shader constants `CTL_*`):
+    /// what `decide` wrote for the last step and the loss scaler's state.
+    pub enum Ctl: "CTL" {
+        /// The loss scale the next step's loss is multiplied by.
+        Scale = "SCALE",
+        /// Clean steps since the scale last changed.
+        Clean = "CLEAN",
+        /// Steps skipped so far.
+        Skipped = "SKIPPED",
+        /// The last step's gradient norm, unscaled, before clipping.
+        Norm = "NORM",
+        /// The last step's gradient multiplier (1/scale times the clip), 0 when skipped.
+        Mul = "MUL",
+        /// 1 when the last step updated the parameters, 0 when it was skipped.
+        Stepped = "STEPPED",
+        /// The last step's clip coefficient (1 when not clipped).
+        Clip = "CLIP",
+    }
+}
+
+/// Slots in a control block.
+pub(crate) const CTL_LEN: usize = Ctl::ALL.len();
 
 /// A parameter and the state its update touches.
 pub(crate) struct Slot<'a> {
@@ -55,7 +87,10 @@ pub(crate) enum Rule {
 }
 
 /// One fused update of `slot` with learning rate `lr`, weight decay `wd`, and the gradient
-/// multiplied by `gmul`. `state` holds the momentum buffer (SGD) or (m, v) (Adam), f32.
+/// multiplied by `gmul` and by the control block's multiplier (`ctl`, [`CTL_LEN`] f32; no
+/// update where it says the step was skipped). `state` holds the momentum buffer (SGD) or
+/// (m, v) (Adam), f32.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn step(
     dev: &Device,
     slot: &Slot<'_>,
@@ -64,6 +99,7 @@ pub(crate) fn step(
     wd: f32,
     gmul: f32,
     state: &[&Block],
+    ctl: &Block,
 ) -> Result<()> {
     let master = slot.master.unwrap_or(state[0]);
     let base = OptimParams {
@@ -90,6 +126,7 @@ pub(crate) fn step(
                 arg(slot.p, slot.p_dtype),
                 arg(master, DType::F32),
                 arg(state[0], DType::F32),
+                arg(ctl, DType::F32),
             ],
             slot.n,
         ),
@@ -123,6 +160,7 @@ pub(crate) fn step(
                     arg(master, DType::F32),
                     arg(state[0], DType::F32),
                     arg(state[1], DType::F32),
+                    arg(ctl, DType::F32),
                 ],
                 slot.n,
             )
@@ -135,13 +173,15 @@ pub(crate) fn sumsq_parts(n: usize) -> usize {
     n.div_ceil(WG as usize * 8).max(1)
 }
 
-/// Partial f32 sums of squares of `x` into `partial` (sumsq_parts(n) values).
+/// Partial f32 sums of squares of `x` into `partial` (sumsq_parts(n) values from element
+/// `at` on).
 pub(crate) fn sumsq(
     dev: &Device,
     x: &Block,
     dtype: DType,
     n: usize,
     partial: &Block,
+    at: usize,
 ) -> Result<()> {
     let parts = sumsq_parts(n);
     launch(
@@ -153,10 +193,64 @@ pub(crate) fn sumsq(
             consts: &[],
             params: OptimParams {
                 n: u32_len("sum of squares", n)?,
+                out_off: u32_len("sum of squares", at + parts)? - parts as u32,
                 ..Default::default()
             },
             args: &[arg(x, dtype), arg(partial, DType::F32)],
             groups: grid_1d(parts * WG as usize, WG),
+        },
+    )
+}
+
+/// How `decide` turns the gradients' sum of squares into a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Decision {
+    /// Multiplied into the gradients besides 1/scale (1/accumulation steps, say).
+    pub gmul: f32,
+    /// Clip the unscaled global norm to this (0: no clipping).
+    pub max_norm: f32,
+    pub growth: f32,
+    pub backoff: f32,
+    pub interval: u32,
+}
+
+/// Sums the `n` partial sums of squares in `partial` and writes the step's decision into the
+/// control block `ctl` (see optim.wgsl `decide`).
+pub(crate) fn decide(
+    dev: &Device,
+    partial: &Block,
+    n: usize,
+    ctl: &Block,
+    d: Decision,
+) -> Result<()> {
+    // One workgroup strides over the partials: keep its loop inside the budget (with the
+    // block reduction's few iterations).
+    let limit = (LOOP_BUDGET - 64) * WG as usize;
+    if n > limit {
+        return Err(over_budget(
+            format!("gradient norm over {n} partial sums"),
+            n,
+            limit,
+        ));
+    }
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Optim,
+            entry: "decide",
+            wg: WG,
+            consts: &[],
+            params: OptimParams {
+                n: n as u32,
+                gmul: d.gmul,
+                max_norm: d.max_norm,
+                growth: d.growth,
+                backoff: d.backoff,
+                interval: d.interval,
+                ..Default::default()
+            },
+            args: &[arg(partial, DType::F32), arg(ctl, DType::F32)],
+            groups: [1, 1, 1],
         },
     )
 }

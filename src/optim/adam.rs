@@ -1,13 +1,13 @@
 //! Adam and AdamW.
 
-use super::{Optimizer, Slotted, named};
+use super::{Control, Optimizer, Slots, named};
 use crate::error::Result;
 use crate::kernels::optim::Rule;
 use crate::tensor::Tensor;
 
 /// Adam (L2 weight decay added to the gradient) or AdamW (decoupled weight decay).
 pub struct Adam {
-    slots: Vec<Slotted>,
+    slots: Slots,
     lr: f32,
     beta1: f32,
     beta2: f32,
@@ -51,7 +51,7 @@ impl Adam {
 }
 
 impl Optimizer for Adam {
-    fn step_scaled(&mut self, gmul: f32) -> Result<()> {
+    fn step_with(&mut self, gmul: f32, control: Option<&Control>) -> Result<()> {
         self.t += 1;
         let rule = Rule::Adam {
             beta1: self.beta1,
@@ -60,10 +60,8 @@ impl Optimizer for Adam {
             step: self.t,
             decoupled: self.decoupled,
         };
-        for s in &self.slots {
-            s.update(rule, self.lr, self.weight_decay, gmul)?;
-        }
-        Ok(())
+        self.slots
+            .update(rule, self.lr, self.weight_decay, gmul, control)
     }
     fn steps(&self) -> u64 {
         self.t

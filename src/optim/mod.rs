@@ -1,5 +1,6 @@
 //! Optimizers with fused update kernels (one dispatch per parameter, state on the device),
-//! learning-rate schedules, and gradient-norm utilities.
+//! learning-rate schedules, gradient-norm utilities, and guarded steps (clipping, overflow
+//! checks, loss scaling) decided on the device.
 
 /// The `Optimizer` methods every optimizer shares, for a type with `slots` and `lr` fields;
 /// `$state` names its per-parameter state tensors, in slot order.
@@ -9,7 +10,7 @@ macro_rules! slot_methods {
             crate::optim::slot_state(&self.slots, $state)
         }
         fn zero_grad(&self) {
-            self.slots.iter().for_each(|s| s.p.zero_grad());
+            self.slots.list.iter().for_each(|s| s.p.zero_grad());
         }
         fn lr(&self) -> f32 {
             self.lr
@@ -19,6 +20,7 @@ macro_rules! slot_methods {
         }
         fn params(&self) -> Vec<(String, Tensor)> {
             self.slots
+                .list
                 .iter()
                 .map(|s| (s.name.clone(), s.p.clone()))
                 .collect()
@@ -32,20 +34,28 @@ mod schedule;
 mod sgd;
 
 pub use adam::Adam;
-pub use scaler::{GradScaler, NonFinite, StepReport, guarded_step};
+pub use scaler::{Control, GradScaler, NonFinite, StepReport, guarded_step};
 pub use schedule::LrSchedule;
 pub use sgd::Sgd;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::optim::{self as ko, Rule, Slot};
+use crate::memory::Block;
 use crate::tensor::Tensor;
 
 /// What every optimizer does.
 pub trait Optimizer {
     /// Updates every parameter that has a gradient, with the gradient multiplied by `gmul`
-    /// (1/loss-scale, a clipping coefficient, 1/accumulation steps, or their product).
-    fn step_scaled(&mut self, gmul: f32) -> Result<()>;
+    /// (1/loss-scale, a clipping coefficient, 1/accumulation steps, or their product) and, with
+    /// a `control`, by the multiplier a guarded step decided on the device; where it decided
+    /// to skip the step (inf or NaN in the gradients), the update changes nothing on the
+    /// device (the host's step count still advances: [`GradScaler`] takes it back).
+    fn step_with(&mut self, gmul: f32, control: Option<&Control>) -> Result<()>;
+    /// [`Optimizer::step_with`] without a control block.
+    fn step_scaled(&mut self, gmul: f32) -> Result<()> {
+        self.step_with(gmul, None)
+    }
     /// [`Optimizer::step_scaled`] with a multiplier of 1.
     fn step(&mut self) -> Result<()> {
         self.step_scaled(1.0)
@@ -71,9 +81,9 @@ pub trait Optimizer {
 }
 
 /// Named state tensors of `slots` (see [`Optimizer::state`]).
-pub(crate) fn slot_state(slots: &[Slotted], names: &[&str]) -> Vec<(String, Tensor)> {
+pub(crate) fn slot_state(slots: &Slots, names: &[&str]) -> Vec<(String, Tensor)> {
     let mut v = Vec::new();
-    for s in slots {
+    for s in &slots.list {
         for (t, n) in s.state.iter().zip(names) {
             v.push((format!("{}.{n}", s.name), t.clone()));
         }
@@ -134,7 +144,7 @@ impl Slotted {
     }
 
     /// Runs one fused update if the parameter has a gradient.
-    pub(crate) fn update(&self, rule: Rule, lr: f32, wd: f32, gmul: f32) -> Result<()> {
+    fn update(&self, rule: Rule, lr: f32, wd: f32, gmul: f32, ctl: &Block) -> Result<()> {
         let Some(g) = self.p.grad() else {
             return Ok(());
         };
@@ -161,34 +171,76 @@ impl Slotted {
             },
             n: self.p.numel(),
         };
-        ko::step(self.p.device(), &slot, rule, lr, wd, gmul, &state)
+        ko::step(self.p.device(), &slot, rule, lr, wd, gmul, &state, ctl)
     }
+}
+
+/// An optimizer's parameters with their state, and the control block of a plain step
+/// (multiplier 1, stepped), which the update kernels read when no guarded step decided.
+pub(crate) struct Slots {
+    pub list: Vec<Slotted>,
+    plain: Option<Control>,
+}
+
+impl Slots {
+    /// Every parameter's update, with `control` or the plain one.
+    pub(crate) fn update(
+        &self,
+        rule: Rule,
+        lr: f32,
+        wd: f32,
+        gmul: f32,
+        control: Option<&Control>,
+    ) -> Result<()> {
+        let Some(ctl) = control.or(self.plain.as_ref()) else {
+            return Ok(());
+        };
+        let ctl = ctl.block()?;
+        for s in &self.list {
+            s.update(rule, lr, wd, gmul, ctl)?;
+        }
+        Ok(())
+    }
+}
+
+/// The f32 sums of squares of the gradients of `params` (those that have one), as partial
+/// sums in one f32 tensor (to sum), or `None` when no parameter has a gradient.
+pub(crate) fn sum_of_squares(params: &[(String, Tensor)]) -> Result<Option<Tensor>> {
+    let grads: Vec<Tensor> = params
+        .iter()
+        .filter_map(|(_, p)| p.grad())
+        .map(|g| g.contiguous())
+        .collect::<Result<_>>()?;
+    let Some(first) = grads.first() else {
+        return Ok(None);
+    };
+    let total: usize = grads.iter().map(|g| ko::sumsq_parts(g.numel())).sum();
+    let partial = Tensor::uninit(first.device(), &[total], DType::F32)?;
+    let mut at = 0;
+    for g in &grads {
+        let op = "grad_norm";
+        ko::sumsq(
+            g.device(),
+            g.dense_block(op)?,
+            g.dtype(),
+            g.numel(),
+            partial.dense_block(op)?,
+            at,
+        )?;
+        at += ko::sumsq_parts(g.numel());
+    }
+    Ok(Some(partial))
 }
 
 /// The global L2 norm of the gradients of `params` (those that have one), accumulated in f32.
 /// Reads one number back from the device. Infinite or NaN when any gradient element is.
 pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f32> {
-    let mut parts = Vec::new();
-    for (_, p) in params {
-        let Some(g) = p.grad() else { continue };
-        let g = g.contiguous()?;
-        let n = g.numel();
-        let partial = Tensor::uninit(g.device(), &[ko::sumsq_parts(n)], DType::F32)?;
-        ko::sumsq(
-            g.device(),
-            g.dense_block("grad_norm")?,
-            g.dtype(),
-            n,
-            partial.dense_block("grad_norm")?,
-        )?;
-        parts.push(partial);
+    match sum_of_squares(params)? {
+        Some(partial) => Ok(crate::autograd::no_grad(|| partial.sum_all())?
+            .to_scalar()?
+            .sqrt()),
+        None => Ok(0.0),
     }
-    if parts.is_empty() {
-        return Ok(0.0);
-    }
-    let refs: Vec<&Tensor> = parts.iter().collect();
-    let total = crate::autograd::no_grad(|| Tensor::cat(&refs, 0)?.sum_all())?;
-    Ok(total.to_scalar()?.sqrt())
 }
 
 /// The multiplier that scales gradients of global norm `norm` down to at most `max_norm`.
@@ -200,9 +252,14 @@ pub fn clip_coefficient(norm: f32, max_norm: f32) -> f32 {
     }
 }
 
-pub(crate) fn named(params: Vec<(String, Tensor)>, n_state: usize) -> Result<Vec<Slotted>> {
-    params
+pub(crate) fn named(params: Vec<(String, Tensor)>, n_state: usize) -> Result<Slots> {
+    let plain = match params.first() {
+        Some((_, p)) => Some(Control::plain(p.device())?),
+        None => None,
+    };
+    let list = params
         .into_iter()
         .map(|(n, p)| Slotted::new(n, p, n_state))
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok(Slots { list, plain })
 }

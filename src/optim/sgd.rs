@@ -1,13 +1,13 @@
 //! Stochastic gradient descent with momentum, Nesterov momentum and weight decay.
 
-use super::{Optimizer, Slotted, named};
+use super::{Control, Optimizer, Slots, named};
 use crate::error::Result;
 use crate::kernels::optim::Rule;
 use crate::tensor::Tensor;
 
 /// SGD: `b = momentum * b + g + wd * w; w -= lr * (nesterov ? g + momentum * b : b)`.
 pub struct Sgd {
-    slots: Vec<Slotted>,
+    slots: Slots,
     lr: f32,
     momentum: f32,
     weight_decay: f32,
@@ -35,19 +35,13 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
-    fn step_scaled(&mut self, gmul: f32) -> Result<()> {
-        for s in &self.slots {
-            s.update(
-                Rule::Sgd {
-                    momentum: self.momentum,
-                    nesterov: self.nesterov,
-                },
-                self.lr,
-                self.weight_decay,
-                gmul,
-            )?;
-        }
-        Ok(())
+    fn step_with(&mut self, gmul: f32, control: Option<&Control>) -> Result<()> {
+        let rule = Rule::Sgd {
+            momentum: self.momentum,
+            nesterov: self.nesterov,
+        };
+        self.slots
+            .update(rule, self.lr, self.weight_decay, gmul, control)
     }
     slot_methods!(&["momentum"]);
 }

@@ -58,16 +58,26 @@ pub fn save_checkpoint(
     let mut meta: HashMap<String, String> = HashMap::new();
     meta.insert("format".into(), FORMAT.into());
     meta.insert("step".into(), progress.step.to_string());
-    meta.insert("optimizer_steps".into(), opt.steps().to_string());
+    // The scaler's state as the device has it; a skipped step the host has not yet heard
+    // of (a deferred step's report) is not one of the optimizer's steps.
+    let scaler = match scaler {
+        Some(s) => Some((s, s.snapshot()?)),
+        None => None,
+    };
+    let untaken = scaler.map_or(0, |(_, (_, _, _, u))| u);
+    meta.insert(
+        "optimizer_steps".into(),
+        opt.steps().saturating_sub(untaken).to_string(),
+    );
     meta.insert("seed_state".into(), first.device().seed_state().to_string());
     meta.insert("data_position".into(), progress.data_position.to_string());
-    if let Some(s) = scaler {
+    if let Some((s, (scale, clean, skipped, _))) = scaler {
         // Display of a float is the shortest text that parses back to the same value.
         meta.insert(
             "scaler".into(),
             format!(
-                "{} {} {} {} {} {}",
-                s.scale, s.growth, s.backoff, s.growth_interval, s.clean, s.skipped
+                "{scale} {} {} {} {clean} {skipped}",
+                s.growth, s.backoff, s.growth_interval
             ),
         );
     }
@@ -220,13 +230,14 @@ fn parse_scaler(path: &Path, text: &str) -> Result<GradScaler> {
     if f.len() != 6 {
         return Err(err());
     }
-    let mut s = GradScaler::new();
-    s.scale = f[0].parse().map_err(|_| err())?;
+    let mut s = GradScaler::restored(
+        f[0].parse().map_err(|_| err())?,
+        f[4].parse().map_err(|_| err())?,
+        f[5].parse().map_err(|_| err())?,
+    );
     s.growth = f[1].parse().map_err(|_| err())?;
     s.backoff = f[2].parse().map_err(|_| err())?;
     s.growth_interval = f[3].parse().map_err(|_| err())?;
-    s.clean = f[4].parse().map_err(|_| err())?;
-    s.skipped = f[5].parse().map_err(|_| err())?;
     Ok(s)
 }
 
