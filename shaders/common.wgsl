@@ -312,6 +312,16 @@ fn bf16_unpack(w_: u32, i_: u32) -> f32 {
   return bitcast<f32>(select(w_ << 16u, w_ & 0xffff0000u, (i_ & 1u) == 1u));
 }
 
+//! fn f16_bits
+// The f16 bits of v (low half), for adapters without native f16 storage. pack2x16float is
+// indeterminate outside the f16 range, so overflow and NaN are encoded by hand, as a native
+// f16 conversion would round them.
+fn f16_bits(v: f32) -> u32 {
+  if ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u) { return 0x7e00u; }
+  if (abs(v) >= 65520.0) { return select(0x7c00u, 0xfc00u, v < 0.0); }
+  return pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
+}
+
 //! fn bf16_round
 // The bf16 bits of v, rounded to nearest even as PyTorch and `half` round. Adding 0x7fff plus the
 // kept low bit carries into the high half exactly when the dropped half is above one half, or

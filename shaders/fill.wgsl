@@ -11,6 +11,7 @@
 //   dropout  y[i] = x[i] * (u(i) >= a ? b : 0)     a = drop probability, b = 1 / (1 - a)
 //            The mask depends only on (seed, i), so the backward pass is the same kernel
 //            applied to dy with the same seed, and a replay (checkpointing) draws the same mask.
+//   dropout4 the same, four elements a thread (the host's choice when n is a multiple of 4)
 //
 // Bindings: on each entry's signature line. Params: n, a, b, and the 64-bit seed as two words.
 // Loops: none.
@@ -48,6 +49,11 @@ fn rand_bits(i: u32, stream: u32) -> u32 {
 // Uniform in [0, 1) with 24 random bits.
 fn uniform01(i: u32, stream: u32) -> f32 {
   return f32(rand_bits(i, stream) >> 8u) * (1.0 / 16777216.0);
+}
+
+// Whether dropout keeps element i. A dropped element is 0 even where x is inf or NaN.
+fn kept(i: u32) -> bool {
+  return uniform01(i, 3u) >= p.a;
 }
 
 //! entry fill(out: data mut)
@@ -91,6 +97,16 @@ fn main(ids: Ids) {
 fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n) { return; }
-  let keep = uniform01(i, 3u) >= p.a;
-  st_y(i, select(0.0, ld_x(i) * p.b, keep));
+  st_y(i, select(0.0, ld_x(i) * p.b, kept(i)));
+}
+
+// Four elements a thread (p.n counts vectors; the same mask as `dropout`).
+//! entry dropout4(x: data vec4, y: data mut vec4)
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let j = flat_id(ids);
+  if (j >= p.n) { return; }
+  let i = 4u * j;
+  let k = vec4<bool>(kept(i), kept(i + 1u), kept(i + 2u), kept(i + 3u));
+  st4_y(j, select(vec4<f32>(0.0), ld4_x(j) * p.b, k));
 }

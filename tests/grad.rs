@@ -111,15 +111,17 @@ fn unary_gradients() {
         if !case.differentiable {
             continue;
         }
-        let n = 17;
-        let x = sample(&mut rng, case.domain, n);
-        check(
-            &dev,
-            case.name,
-            &[(x, vec![n], true)],
-            &|t| case.run(&t[0]),
-            &|x| x[0].iter().map(|&v| case.cpu(v)).collect(),
-        );
+        // 17 elements take the one-element-a-thread kernels, 20 the four-a-thread ones.
+        for n in [17, 20] {
+            let x = sample(&mut rng, case.domain, n);
+            check(
+                &dev,
+                case.name,
+                &[(x, vec![n], true)],
+                &|t| case.run(&t[0]),
+                &|x| x[0].iter().map(|&v| case.cpu(v)).collect(),
+            );
+        }
     }
 }
 

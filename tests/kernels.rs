@@ -15,19 +15,30 @@ fn f(v: &[f64]) -> Vec<f64> {
     v.to_vec()
 }
 
+/// The devices the elementwise tests run on: the adapter as it is, and (for f16) the same
+/// adapter with f16 in packed u32 words, the storage of adapters without SHADER_F16.
+fn elementwise_devices() -> [(wgrad::Device, &'static [DType]); 2] {
+    let packed = device_with(|o| {
+        o.poison = true;
+        o.disable_f16 = true;
+    });
+    [(poisoned(), &DTYPES), (packed, &[DType::F16])]
+}
+
 #[test]
 fn unary_ops() {
-    let dev = poisoned();
     let mut rng = Rng::new(10);
-    for dt in DTYPES {
-        for n in SIZES {
-            for &op in Unary::ALL {
-                let case = unary_case(op);
-                let x = sample(&mut rng, case.domain, n);
-                let t = tensor(&dev, &x, &[n], dt);
-                let y = case.run(&t).unwrap().to_f32_vec().unwrap();
-                let want: Vec<f64> = rounded(&x, dt).into_iter().map(|v| case.cpu(v)).collect();
-                assert_close(&y, &want, dt, &format!("{} n={n} {dt}", case.name));
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            for n in SIZES {
+                for &op in Unary::ALL {
+                    let case = unary_case(op);
+                    let x = sample(&mut rng, case.domain, n);
+                    let t = tensor(&dev, &x, &[n], dt);
+                    let y = case.run(&t).unwrap().to_f32_vec().unwrap();
+                    let want: Vec<f64> = rounded(&x, dt).into_iter().map(|v| case.cpu(v)).collect();
+                    assert_close(&y, &want, dt, &format!("{} n={n} {dt}", case.name));
+                }
             }
         }
     }
@@ -35,7 +46,6 @@ fn unary_ops() {
 
 #[test]
 fn binary_ops_broadcast() {
-    let dev = poisoned();
     let mut rng = Rng::new(11);
     let shapes: [(&[usize], &[usize]); 7] = [
         (&[1], &[1]),
@@ -46,46 +56,88 @@ fn binary_ops_broadcast() {
         (&[1000], &[1000]),
         (&[2, 3, 4, 5, 6], &[3, 1, 5, 1]),
     ];
-    for dt in DTYPES {
-        for (sa, sb) in shapes {
-            let na: usize = sa.iter().product();
-            let nb: usize = sb.iter().product();
-            let out_shape = wgrad::ops::elementwise::broadcast_shape("t", sa, sb).unwrap();
-            for &op in Binary::ALL {
-                let case = binary_case(op);
-                let (a, b): (Vec<f32>, Vec<f32>) = if !case.differentiable {
-                    // Comparisons: values on a coarse grid, so that ties occur.
-                    let grid = |v: f32| (v * 4.0).round() / 2.0;
-                    (
-                        rng.vec(na).into_iter().map(grid).collect(),
-                        rng.vec(nb).into_iter().map(grid).collect(),
-                    )
-                } else {
-                    let a = rng.vec(na);
-                    // |b| >= 2 keeps division well conditioned.
-                    let b = rng
-                        .vec(nb)
-                        .into_iter()
-                        .map(|v| v + 2.0 * v.signum())
-                        .collect();
-                    if op == Binary::Pow {
-                        (a.into_iter().map(|v| v.abs() + 0.5).collect(), b)
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            for (sa, sb) in shapes {
+                let na: usize = sa.iter().product();
+                let nb: usize = sb.iter().product();
+                let out_shape = wgrad::ops::elementwise::broadcast_shape("t", sa, sb).unwrap();
+                for &op in Binary::ALL {
+                    let case = binary_case(op);
+                    let (a, b): (Vec<f32>, Vec<f32>) = if !case.differentiable {
+                        // Comparisons: values on a coarse grid, so that ties occur.
+                        let grid = |v: f32| (v * 4.0).round() / 2.0;
+                        (
+                            rng.vec(na).into_iter().map(grid).collect(),
+                            rng.vec(nb).into_iter().map(grid).collect(),
+                        )
                     } else {
-                        (a, b)
-                    }
-                };
-                let (ta, tb) = (tensor(&dev, &a, sa, dt), tensor(&dev, &b, sb, dt));
-                let y = (case.run)(&ta, &tb).unwrap();
-                assert_eq!(y.shape(), out_shape.as_slice());
-                let (ra, rb) = (rounded(&a, dt), rounded(&b, dt));
-                let want = broadcast_apply(&ra, sa, &rb, sb, &out_shape, case.cpu);
-                assert_close(
-                    &y.to_f32_vec().unwrap(),
-                    &want,
-                    dt,
-                    &format!("{} {sa:?} {sb:?} {dt}", case.name),
-                );
+                        let a = rng.vec(na);
+                        // |b| >= 2 keeps division well conditioned.
+                        let b = rng
+                            .vec(nb)
+                            .into_iter()
+                            .map(|v| v + 2.0 * v.signum())
+                            .collect();
+                        if op == Binary::Pow {
+                            (a.into_iter().map(|v| v.abs() + 0.5).collect(), b)
+                        } else {
+                            (a, b)
+                        }
+                    };
+                    let (ta, tb) = (tensor(&dev, &a, sa, dt), tensor(&dev, &b, sb, dt));
+                    let y = (case.run)(&ta, &tb).unwrap();
+                    assert_eq!(y.shape(), out_shape.as_slice());
+                    let (ra, rb) = (rounded(&a, dt), rounded(&b, dt));
+                    let want = broadcast_apply(&ra, sa, &rb, sb, &out_shape, case.cpu);
+                    assert_close(
+                        &y.to_f32_vec().unwrap(),
+                        &want,
+                        dt,
+                        &format!("{} {sa:?} {sb:?} {dt}", case.name),
+                    );
+                }
             }
+        }
+    }
+}
+
+/// Dropout draws the same mask four elements a thread (n a multiple of 4) as one (n odd), with
+/// f16 native or packed: the first 999 of 1000 elements equal 999 elements' dropout under the
+/// same seed, each 0 or x / (1 - p).
+#[test]
+fn dropout_mask_is_the_same_in_every_path() {
+    let mut rng = Rng::new(13);
+    let x = rng.vec(1000);
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            let run = |n: usize| {
+                dev.manual_seed(7);
+                tensor(&dev, &x[..n], &[n], dt)
+                    .dropout(0.3)
+                    .unwrap()
+                    .to_f32_vec()
+                    .unwrap()
+            };
+            let (four, one) = (run(1000), run(999));
+            assert_eq!(&four[..999], &one[..], "{dt}");
+            let want = rounded(&x, dt);
+            let mut dropped = 0;
+            for (i, &y) in four.iter().enumerate() {
+                if y == 0.0 {
+                    dropped += 1;
+                } else {
+                    let w = want[i] / 0.7;
+                    assert!(
+                        (y as f64 - w).abs() <= 2e-2 * w.abs(),
+                        "{dt} {i}: {y} vs {w}"
+                    );
+                }
+            }
+            assert!(
+                (200..400).contains(&dropped),
+                "{dt}: {dropped} of 1000 dropped"
+            );
         }
     }
 }

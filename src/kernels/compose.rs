@@ -120,9 +120,11 @@ pub struct Binding {
     pub elem: Elem,
     /// Whether the kernel writes it.
     pub write: bool,
-    /// Declared as an array of 4-element vectors (`vec4` on the signature line; read-only
-    /// float bindings): `ld4_x(j)` reads elements 4j .. 4j + 3 as one 16-byte (f32) or
-    /// 8-byte (f16) load, and `ld_x(i)` still reads one element.
+    /// Declared as an array of 4-element vectors (`vec4` on the signature line; float
+    /// bindings): `ld4_x(j)` reads elements 4j .. 4j + 3 as one 16-byte (f32) or 8-byte (f16)
+    /// load, and `ld_x(i)` still reads one element; a writable one has `st4_x(j, v)` only
+    /// (one plain store of four elements, where a single packed f16 or bf16 element would
+    /// need atomics).
     pub vec4: bool,
 }
 
@@ -238,9 +240,9 @@ fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), S
                 w => return Err(format!("binding {part:?} of {name}: unexpected {w:?}")),
             }
         }
-        if vec4 && (write || !matches!(elem, Elem::Data | Elem::F32 | Elem::F16)) {
+        if vec4 && !matches!(elem, Elem::Data | Elem::F32 | Elem::F16) {
             return Err(format!(
-                "binding {part:?} of {name}: vec4 is for read-only float bindings"
+                "binding {part:?} of {name}: vec4 is for float bindings"
             ));
         }
         bindings.push(Binding {
@@ -496,7 +498,7 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
     // between any two dtypes (cast); for float storage they are the plain accessors.
     if dtype != DType::U32 {
         let _ = writeln!(s, "fn ldf_{n}(i_: u32) -> f32 {{ return ld_{n}(i_); }}");
-        if d.write {
+        if d.write && !d.vec4 {
             let _ = writeln!(s, "fn stf_{n}(i_: u32, v_: f32) {{ st_{n}(i_, v_); }}");
         }
     }
@@ -519,6 +521,23 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
             (DType::U32, _) => String::new(),
         };
         let _ = writeln!(s, "{decl}");
+        if d.write {
+            let store = match (dtype, target.f16) {
+                (DType::F32, _) => "v_",
+                (DType::F16, F16Mode::Native) => "vec4<f16>(v_)",
+                (DType::F16, F16Mode::Packed) => {
+                    "vec2<u32>(f16_bits(v_.x) | (f16_bits(v_.y) << 16u), f16_bits(v_.z) | (f16_bits(v_.w) << 16u))"
+                }
+                (DType::BF16, _) => {
+                    "vec2<u32>(bf16_round(v_.x) | (bf16_round(v_.y) << 16u), bf16_round(v_.z) | (bf16_round(v_.w) << 16u))"
+                }
+                (DType::U32, _) => return,
+            };
+            let _ = writeln!(
+                s,
+                "fn st4_{n}(j_: u32, v_: vec4<f32>) {{ {n}[j_] = {store}; }}"
+            );
+        }
         return;
     }
     match (dtype, target.f16) {
@@ -580,15 +599,12 @@ fn st_{n}(i_: u32, v_: f32) {{
             );
         }
         (DType::F16, F16Mode::Packed) => {
-            // pack2x16float is indeterminate outside the f16 range, so overflow and NaN are
-            // encoded by hand, as a native f16 conversion would round them.
             let _ = writeln!(
                 s,
                 "{at}: array<atomic<u32>>;
 fn ld_{n}(i_: u32) -> f32 {{ return unpack2x16float(atomicLoad(&{n}[i_ >> 1u]))[i_ & 1u]; }}
 fn st_{n}(i_: u32, v_: f32) {{
-  var h = pack2x16float(vec2<f32>(v_, 0.0)) & 0xffffu;
-  if ((bitcast<u32>(v_) & 0x7fffffffu) > 0x7f800000u) {{ h = 0x7e00u; }} else if (abs(v_) >= 65520.0) {{ h = select(0x7c00u, 0xfc00u, v_ < 0.0); }}
+  let h = f16_bits(v_);
   let sh = (i_ & 1u) * 16u;
   atomicAnd(&{n}[i_ >> 1u], ~(0xffffu << sh));
   atomicOr(&{n}[i_ >> 1u], h << sh);
@@ -687,7 +703,9 @@ mod tests {
         assert!(e[1].bindings.is_empty() && e[1].accepts_consts(&[]));
         assert!(parse_entries("//! entry z(x: float)\n").is_err());
         assert!(parse_entries("//! entry z(x: data vec4)\n").is_ok_and(|e| e[0].bindings[0].vec4));
-        assert!(parse_entries("//! entry z(x: data mut vec4)\n").is_err());
+        assert!(
+            parse_entries("//! entry z(x: data mut vec4)\n").is_ok_and(|e| e[0].bindings[0].write)
+        );
         assert!(parse_entries("//! entry z(x: u32 vec4)\n").is_err());
     }
 

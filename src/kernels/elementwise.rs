@@ -265,6 +265,22 @@ fn run(dev: &Device, entry: &'static str, p: EwParams, args: &[Arg<'_>]) -> Resu
     launch_flat(dev, Kernel::Elementwise, entry, WG, p, args, p.n as usize)
 }
 
+/// Runs the four-elements-a-thread entry `vec` where the element count divides by 4 (every
+/// operand is a whole block, starting at element 0, so the vectors are aligned), else
+/// `scalar`.
+fn run_vec(
+    dev: &Device,
+    scalar: &'static str,
+    vec: &'static str,
+    p: EwParams,
+    args: &[Arg<'_>],
+) -> Result<()> {
+    if p.n.is_multiple_of(4) {
+        return run(dev, vec, EwParams { n: p.n / 4, ..p }, args);
+    }
+    run(dev, scalar, p, args)
+}
+
 /// `y = op(x; a, b)` over `n` elements.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn unary(
@@ -278,7 +294,7 @@ pub(crate) fn unary(
     b: f32,
 ) -> Result<()> {
     let p = unary_params("unary", op, n, a, b)?;
-    run(dev, "unary", p, &[arg(x, dtype), arg(y, dtype)])
+    run_vec(dev, "unary", "unary4", p, &[arg(x, dtype), arg(y, dtype)])
 }
 
 fn unary_params(what: &'static str, op: Unary, n: usize, a: f32, b: f32) -> Result<EwParams> {
@@ -305,9 +321,10 @@ pub(crate) fn unary_bwd(
     b: f32,
 ) -> Result<()> {
     let p = unary_params("unary backward", op, n, a, b)?;
-    run(
+    run_vec(
         dev,
         "unary_bwd",
+        "unary_bwd4",
         p,
         &[arg(v, dtype), arg(g, dtype), arg(dx, dtype)],
     )
@@ -395,7 +412,7 @@ pub(crate) fn binary(
             op: op as u32,
             ..Default::default()
         };
-        return run(dev, "binary", p, &args);
+        return run_vec(dev, "binary", "binary4", p, &args);
     }
     let (dims, st) = plan("binary", out, &[x, y])?;
     let p = EwParams {
