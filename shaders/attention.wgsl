@@ -28,7 +28,8 @@
 //              add p_c = exp(s_c - m') and p_c * V[c]. At the end O = acc / l and, for the
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
 //              State per row: acc[DMAX], m, l.
-//   bwd_delta  One thread per query row: delta = sum_d dO * O (the softmax backward's dot).
+//   bwd_delta  DL = 16 threads per query row: delta = sum_d dO * O (the softmax backward's
+//              dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
 //              of dK and dV in registers. For each query block (starting at the first that can
 //              see these keys): recompute P = exp(scale * Q K^T - lse), dP = dO V^T and
@@ -117,6 +118,8 @@ fn base_v(bh: u32) -> u32 { return head_base(bh, p.v_off, p.v_sb, p.v_sh); }
 fn base_o(bh: u32) -> u32 { return head_base(bh, p.o_off, p.o_sb, p.o_sh); }
 fn base_g(bh: u32) -> u32 { return head_base(bh, p.g_off, p.g_sb, p.g_sh); }
 
+// Lanes per row in bwd_delta.
+const DL: u32 = 16u;
 const RS: u32 = DMAX + 1u;
 
 // Whether query `qi` may not attend to key `kj` (outside the keys, or causally masked).
@@ -232,16 +235,29 @@ fn main(ids: Ids) {
 
 //! entry bwd_delta(o: data, dout: data, delta: f32 mut)
 //! check WG=256 BR=16 BC=32 DMAX=64
+var<workgroup> Dsum: array<f32, WG>;
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let i = flat_id(ids);
-  if (i >= p.bh * p.sq) { return; }
-  let br = udivmod(i, p.sq);
-  let ob = base_o(br.x) + br.y * p.o_ss;
-  let gb = base_g(br.x) + br.y * p.g_ss;
+  // DL lanes a row, reading neighbouring columns (one lane a row read addresses a row apart,
+  // and ran at a sixth of the memory bandwidth); the lanes' sums combine in workgroup memory.
+  // Rows past the end still take part in the barriers, and store nothing.
+  let lane = ids.lid % DL;
+  let i = flat_id(ids) / DL;
+  let ok = i < p.bh * p.sq;
   var s = 0.0;
-  for (var dd = 0u; dd < p.d; dd = dd + 1u) { s = fma(ld_dout(gb + dd), ld_o(ob + dd), s); }
-  st_delta(i, s);
+  if (ok) {
+    let br = udivmod(i, p.sq);
+    let ob = base_o(br.x) + br.y * p.o_ss;
+    let gb = base_g(br.x) + br.y * p.g_ss;
+    for (var dd = lane; dd < p.d; dd = dd + DL) { s = fma(ld_dout(gb + dd), ld_o(ob + dd), s); }
+  }
+  Dsum[ids.lid] = s;
+  workgroupBarrier();
+  for (var h = DL / 2u; h > 0u; h = h / 2u) {
+    if (lane < h) { Dsum[ids.lid] = Dsum[ids.lid] + Dsum[ids.lid + h]; }
+    workgroupBarrier();
+  }
+  if (ok && lane == 0u) { st_delta(i, Dsum[ids.lid]); }
 }
 
 //! entry bwd_kv(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dk: data mut, dv: data mut, state: f32 mut)

@@ -13,6 +13,7 @@
 //             workgroup reduction. Output index o * nchunks + c.
 //   cols      inner > 1. One thread per (o, c, i), flat over outer * nchunks * inner; it loops
 //             over its chunk at stride inner (neighbouring threads read neighbouring addresses).
+//   tiles     As cols, for GPUs: a workgroup per 32 columns of a chunk (see the entry).
 //   arg_rows  As rows, keeping (value, index) pairs: the first index of the maximum (or minimum)
 //             wins ties. A merge pass (p.merge == 1) reads pairs written by an earlier pass:
 //             values from x, indices from pidx.
@@ -26,7 +27,8 @@
 // starting value: -inf for max, +inf for min, passed in because WGSL rejects an infinite
 // constant), merge.
 // Loops (per invocation): rows <= chunk / WG + 1 plus the block reduction (<= 2 log2 WG);
-// cols <= chunk / 4 + 5. The host keeps chunk at 8192 with WG = 256 for rows and at 8192 for
+// cols <= chunk / 4 + 5; tiles <= chunk / 32 + 5 plus 3 for the lanes' reduction (the host
+// keeps its chunk at most 65536). The host keeps chunk at 8192 with WG = 256 for rows and at 8192 for
 // cols.
 // Bounds: rows test each index against the chunk end; cols threads past the last output
 // return (no barriers there).
@@ -45,6 +47,9 @@ struct Params {
   _pad1: u32,
   _pad2: u32,
 }
+
+// Columns of a `tiles` workgroup.
+const TC: u32 = 32u;
 
 // Folds v into acc for op; a NaN, once in, stays.
 fn fold(acc: f32, v: f32) -> f32 {
@@ -129,6 +134,58 @@ fn main(ids: Ids) {
   }
   if (p.op == RED_SUM) { acc = acc * p.scale; }
   st_y(t, acc);
+}
+
+//! entry tiles(x: data, y: data mut)
+//! check WG=256
+// cols for GPUs, in workgroups: workgroup (column tile wid.x, chunk row) takes TC = 32
+// neighbouring columns of one chunk; its 8 row lanes take every 8th row, each lane reading its
+// 32 columns of a row together (one 64- or 128-byte line a subgroup, where `cols` threads
+// each walked one column alone and waited out every load's latency in turn). The 8 row lanes'
+// results combine in workgroup memory. Row = wid.y + nwg.y wid.z = o * nchunks + c; tile
+// columns past `inner` and rows past `outer` load nothing, take part in the barriers, and
+// store nothing.
+var<workgroup> tile_acc: array<f32, WG>;
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let col = ids.wid.x * TC + ids.lid % TC;
+  let lane = ids.lid / TC;
+  let oc = udivmod(ids.wid.z * ids.nwg.y + ids.wid.y, p.nchunks);
+  let o = oc.x;
+  let c = oc.y;
+  let ok = col < p.inner && o < p.outer;
+  var acc = select(p.init, 0.0, p.op == RED_SUM);
+  if (ok) {
+    let start = c * p.chunk;
+    let end = min(start + p.chunk, p.len);
+    let step = (WG / TC) * p.inner;
+    var l = start + lane;
+    var idx = (o * p.len + l) * p.inner + col;
+    // Four rows' loads in flight before they are folded (in order).
+    for (; l + 3u * (WG / TC) < end; l = l + 4u * (WG / TC)) {
+      let v0 = ld_x(idx);
+      let v1 = ld_x(idx + step);
+      let v2 = ld_x(idx + 2u * step);
+      let v3 = ld_x(idx + 3u * step);
+      acc = fold(fold(fold(fold(acc, v0), v1), v2), v3);
+      idx = idx + 4u * step;
+    }
+    for (; l < end; l = l + WG / TC) {
+      acc = fold(acc, ld_x(idx));
+      idx = idx + step;
+    }
+  }
+  tile_acc[ids.lid] = acc;
+  workgroupBarrier();
+  for (var h = WG / TC / 2u; h > 0u; h = h / 2u) {
+    if (lane < h) { tile_acc[ids.lid] = fold(tile_acc[ids.lid], tile_acc[ids.lid + h * TC]); }
+    workgroupBarrier();
+  }
+  if (ok && lane == 0u) {
+    var r = tile_acc[ids.lid];
+    if (p.op == RED_SUM) { r = r * p.scale; }
+    st_y((o * p.nchunks + c) * p.inner + col, r);
+  }
 }
 
 //! entry arg_rows(x: data, pidx: u32, vals: f32 mut, idx: u32 mut)

@@ -497,7 +497,11 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
                 arg(g.dout, dtype),
                 arg(g.delta, DType::F32),
             ],
-            groups: grid_1d(a.bh * a.sq, 256),
+            // DL = 16 threads a row (attention.wgsl), numbered in u32.
+            groups: grid_1d(
+                u32_len("attention backward", a.bh * a.sq * 16)? as usize,
+                256,
+            ),
         },
     )?;
     let common = [

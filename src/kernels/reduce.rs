@@ -100,6 +100,32 @@ fn chunks(len: usize, rows: bool, lines: usize, cpu: bool) -> Result<(usize, usi
     Ok((chunk, n))
 }
 
+/// Workgroups a `tiles` pass aims for: a few per core of a large GPU.
+const TILES_WGS: usize = 512;
+/// Rows of a `tiles` chunk: at least 64 per row lane (shorter axes take one chunk, so a
+/// second pass over the partial results is the last), at most 8192 per lane (loop budget).
+const TILES_MIN: usize = 512;
+const TILES_MAX: usize = 65536;
+/// Columns of a `tiles` workgroup (TC in reduce.wgsl).
+const TILE_COLS: usize = 32;
+
+/// Whether a reduction over a middle axis (inner > 1) takes the `tiles` kernel: on GPUs,
+/// where one thread per column waited out each load's latency in turn (column sums of the GPT's
+/// bias gradients ran at a fifth of the memory bandwidth); CPU adapters keep `cols` (few
+/// threads, and barriers are coroutine switches there).
+fn tiles_path(dev: &Device, inner: usize) -> bool {
+    inner > 1 && !dev.info().is_cpu() && inner.div_ceil(TILE_COLS) <= 65535
+}
+
+/// (chunk, number of chunks) of a `tiles` pass.
+fn tile_chunks(len: usize, outer: usize, inner: usize) -> (usize, usize) {
+    let tiles = inner.div_ceil(TILE_COLS) * outer;
+    let chunk = len
+        .div_ceil(TILES_WGS.div_ceil(tiles.max(1)))
+        .clamp(TILES_MIN, TILES_MAX);
+    (chunk, len.div_ceil(chunk).max(1))
+}
+
 /// Grid of `rows`-style entries: chunks on x, rows on y, rows past 65535 on z.
 fn rows_grid(nchunks: usize, outer: usize) -> [u32; 3] {
     [
@@ -176,11 +202,28 @@ pub(crate) fn reduce(
 ) -> Result<()> {
     u32_len("reduce", outer * len * inner)?;
     let rows = rows_path(dev, inner);
-    let entry = if rows { "rows" } else { "cols" };
+    let tiles = tiles_path(dev, inner);
+    let entry = match (rows, tiles) {
+        (true, _) => "rows",
+        (_, true) => "tiles",
+        _ => "cols",
+    };
+    let grid = |n: usize| {
+        if tiles {
+            let [_, y, z] = rows_grid(1, outer * n);
+            [inner.div_ceil(TILE_COLS) as u32, y, z]
+        } else {
+            grid(rows, outer, n, inner)
+        }
+    };
     let mut owned: Option<Block> = None;
     let mut len = len;
     loop {
-        let (chunk, n) = chunks(len, rows, outer * inner, dev.info().is_cpu())?;
+        let (chunk, n) = if tiles {
+            tile_chunks(len, outer, inner)
+        } else {
+            chunks(len, rows, outer * inner, dev.info().is_cpu())?
+        };
         let src = Src {
             block: owned.as_ref().unwrap_or(x),
             dtype: if owned.is_some() { DType::F32 } else { dtype },
@@ -194,7 +237,7 @@ pub(crate) fn reduce(
                 entry,
                 p,
                 &[arg(src.block, src.dtype), arg(y, ydtype)],
-                grid(rows, outer, 1, inner),
+                grid(1),
             );
         }
         let part = dev.alloc((outer * n * inner * 4) as u64)?;
@@ -203,7 +246,7 @@ pub(crate) fn reduce(
             entry,
             p,
             &[arg(src.block, src.dtype), arg(&part, DType::F32)],
-            grid(rows, outer, n, inner),
+            grid(n),
         )?;
         owned = Some(part);
         len = n;
