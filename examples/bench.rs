@@ -13,7 +13,7 @@
 //! buffer-to-buffer copy of the same device: the memory-bandwidth ceiling for the GB/s rows.
 
 use std::time::Instant;
-use wgrad::kernels::matmul::{Config, Operands, plan};
+use wgrad::kernels::matmul::{Config, Operands, forced, plan};
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::{DType, Device, Result, Tensor};
 
@@ -357,7 +357,26 @@ fn main() -> Result<()> {
                     Config::Simt(tm, tn) => format!("matmul (simt {tm}x{tn})"),
                     Config::SimtN4(tm, tn4) => format!("matmul (simt {tm}x{}, 4-wide N)", 4 * tn4),
                     Config::SimtK4(tm, tn) => format!("matmul (simt {tm}x{tn}, 4-wide K)"),
+                    Config::Reg => "matmul (tiled 128x128, 8x8 a thread)".to_string(),
                 };
+                // Where `reg` runs, the 64 x 64 tiles it replaced, timed beside it.
+                let plain = plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false));
+                if plain == Config::Reg {
+                    let old = Config::Tiled(64, 64, 16, 4, 4);
+                    let ms = forced(old, || time(&dev, a.ms, || ta.matmul(&tb).map(drop)))??;
+                    emit(
+                        rows,
+                        Row {
+                            name: "matmul (tiled 64x64, as before reg)".into(),
+                            shape: format!("{m}x{n}x{k}"),
+                            dtype: dt,
+                            ms,
+                            rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
+                            unit: "GFLOP/s",
+                            check: "-".into(),
+                        },
+                    );
+                }
                 emit(
                     rows,
                     Row {

@@ -44,6 +44,8 @@
 //            offsets multiples of 4: 4-element runs of A's rows and B's columns per load,
 //            multiplied elementwise into vec4 partial sums summed at the end; TM x TN outputs
 //            per invocation (rows m0 + i, columns n0 + 8 j), an 8 TM x 8 TN tile.
+//   reg      128 x 128 tiles with 8 x 8 outputs per thread in named vec4 registers, read
+//            from workgroup memory as vec4s (see the entry): the GPU kernel for f32.
 //   splitk   one thread per element of C: the sum of the splits' partials, then the epilogue.
 //
 // Bindings: signature lines (bias is a dummy when has_bias is 0).
@@ -123,6 +125,91 @@ fn main(ids: Ids) {
         st_c(c_base + gm * p.n + gn, matmul_epilogue(acc[i * TN + j], gm, gn, bb));
       }
     }
+  }
+}
+
+//! entry reg(a: data, b: data, bias: data, c: data mut)
+//! check WG=256 BK=8 FUSE=0,5
+// 128 x 128 tiles for GPUs without tensor cores for the dtype (f32 products everywhere): 16 x 16
+// threads, each holding 8 x 8 outputs in 16 named vec4 registers (rows 4 ty + i and
+// 64 + 4 ty + i, columns 4 tx + 0..3 and 64 + 4 tx + 0..3). Per step of K the workgroup
+// stages a BK x 128 slice of each operand in workgroup memory as vec4s along M (A) and N (B),
+// so a thread's BK-step reads four 16-byte words and does 64 multiply-adds with them (`main`
+// reads two scalars for every multiply-add it does: its 4 x 4 block per thread is bound by
+// workgroup-memory reads). Columns split into halves 64 apart keep a subgroup's reads of a
+// row on distinct banks. The epilogue choice is the constant FUSE (common.wgsl
+// `matmul_fused`).
+var<workgroup> Ar: array<vec4<f32>, BK * 32u>;
+var<workgroup> Br: array<vec4<f32>, BK * 32u>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let tx = lid % 16u;
+  let ty = lid / 16u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * 128u;
+  let n0 = ids.wid.x * 128u;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  //! unroll i in 0..8
+  var lo$i = vec4<f32>(0.0);
+  var hi$i = vec4<f32>(0.0);
+  //! end
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
+    // 128 x BK elements of each operand, four per thread, read along its contiguous axis.
+    //! unroll e in 0..4
+    {
+      let t = lid + $e * WG;
+      var mm = t % 128u;
+      var kk = t / 128u;
+      if (p.a_kfast != 0u) { mm = t / BK; kk = t % BK; }
+      Ar[kk * 32u + mm / 4u][mm % 4u] = matmul_a(a_base, m0 + mm, k0 + kk, kr.y);
+      var nn = t / BK;
+      var kb = t % BK;
+      if (p.b_nfast != 0u) { nn = t % 128u; kb = t / 128u; }
+      Br[kb * 32u + nn / 4u][nn % 4u] = matmul_b(b_base, k0 + kb, n0 + nn, kr.y);
+    }
+    //! end
+    workgroupBarrier();
+    for (var kk = 0u; kk < BK; kk = kk + 1u) {
+      let a0 = Ar[kk * 32u + ty];
+      let a1 = Ar[kk * 32u + 16u + ty];
+      let b0 = Br[kk * 32u + tx];
+      let b1 = Br[kk * 32u + 16u + tx];
+      lo0u = fma(vec4<f32>(a0.x), b0, lo0u);
+      hi0u = fma(vec4<f32>(a0.x), b1, hi0u);
+      lo1u = fma(vec4<f32>(a0.y), b0, lo1u);
+      hi1u = fma(vec4<f32>(a0.y), b1, hi1u);
+      lo2u = fma(vec4<f32>(a0.z), b0, lo2u);
+      hi2u = fma(vec4<f32>(a0.z), b1, hi2u);
+      lo3u = fma(vec4<f32>(a0.w), b0, lo3u);
+      hi3u = fma(vec4<f32>(a0.w), b1, hi3u);
+      lo4u = fma(vec4<f32>(a1.x), b0, lo4u);
+      hi4u = fma(vec4<f32>(a1.x), b1, hi4u);
+      lo5u = fma(vec4<f32>(a1.y), b0, lo5u);
+      hi5u = fma(vec4<f32>(a1.y), b1, hi5u);
+      lo6u = fma(vec4<f32>(a1.z), b0, lo6u);
+      hi6u = fma(vec4<f32>(a1.z), b1, hi6u);
+      lo7u = fma(vec4<f32>(a1.w), b0, lo7u);
+      hi7u = fma(vec4<f32>(a1.w), b1, hi7u);
+    }
+    workgroupBarrier();
+  }
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..8
+  reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 4u * tx, lo$i, bb);
+  reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 64u + 4u * tx, hi$i, bb);
+  //! end
+}
+
+// Four outputs of `reg` at row gm, columns gn .. gn + 3, those inside C.
+fn reg_store(c_base: u32, gm: u32, gn: u32, v: vec4<f32>, bb: u32) {
+  if (gm >= p.m) { return; }
+  for (var j = 0u; j < 4u; j = j + 1u) {
+    if (gn + j < p.n) { st_c(c_base + gm * p.n + gn + j, matmul_fused(v[j], gm, gn + j, bb)); }
   }
 }
 

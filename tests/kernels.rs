@@ -408,6 +408,69 @@ fn matmul_tensor_core_tiles() {
     }
 }
 
+/// The workgroup-tile kernels for GPUs (`reg`, 128 x 128 with 8 x 8 outputs per thread, and
+/// the 64 x 64 `main`), forced on every adapter so CPU adapters test them too: partial tiles,
+/// every transpose, fused epilogues, a batch broadcasting B, and (`reg`) K split into
+/// partial products.
+#[test]
+fn matmul_register_tiles() {
+    use wgrad::kernels::matmul::{Config, forced};
+    let dev = poisoned();
+    let mut rng = Rng::new(18);
+    for config in [Config::Reg, Config::Tiled(64, 64, 16, 4, 4)] {
+        forced(config, || {
+            for dt in DTYPES {
+                for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                    for s in [(1, 1, 1), (3, 17, 5), (130, 129, 65), (128, 256, 17)] {
+                        matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None);
+                    }
+                }
+                for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+                    matmul_case(&dev, &mut rng, dt, (140, 200, 9), false, true, true, act);
+                }
+            }
+            // [2, 3, M, K] x [3, K, N]: B broadcast over the first dimension.
+            let (a, b) = (rng.vec(2 * 3 * 33 * 20), rng.vec(3 * 20 * 140));
+            let ta = tensor(&dev, &a, &[2, 3, 33, 20], DType::F32);
+            let tb = tensor(&dev, &b, &[3, 20, 140], DType::F32);
+            let got = ta.matmul(&tb).unwrap().to_f32_vec().unwrap();
+            let mut want = Vec::new();
+            for i in 0..6 {
+                let am = &a[i * 660..(i + 1) * 660];
+                let bm = &b[(i % 3) * 2800..(i % 3 + 1) * 2800];
+                want.extend(cpu::matmul(
+                    &rounded(am, DType::F32),
+                    &rounded(bm, DType::F32),
+                    None,
+                    33,
+                    140,
+                    20,
+                    false,
+                    false,
+                    None,
+                ));
+            }
+            assert_close(&got, &want, DType::F32, &format!("batched {config:?}"));
+        })
+        .unwrap();
+    }
+    // K past one invocation's loop budget: partial products over splits of K.
+    forced(Config::Reg, || {
+        matmul_case(
+            &dev,
+            &mut rng,
+            DType::F32,
+            (130, 3, 14000),
+            false,
+            true,
+            true,
+            None,
+        );
+    })
+    .unwrap();
+    assert!(forced(Config::CoopDirect, || ()).is_err());
+}
+
 #[test]
 fn matmul_batched_broadcast() {
     let dev = poisoned();

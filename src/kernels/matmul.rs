@@ -125,6 +125,8 @@ pub enum Config {
     Coop,
     /// Tiled kernel: (BM, BN, BK, TM, TN).
     Tiled(u32, u32, u32, u32, u32),
+    /// 128 x 128 tiles, 8 x 8 outputs per thread in vec4 registers (matmul.wgsl `reg`).
+    Reg,
     /// Register tiles with no workgroup memory, for CPU adapters: (TM, TN) per invocation.
     Simt(u32, u32),
     /// Simt with 4-column loads of B (B contiguous along N): (TM rows, TN4 groups of 4
@@ -154,6 +156,8 @@ impl Config {
                 let wg = (bm / tm) * (bn / tn);
                 ((bm * bk / wg + 1) + (bn * bk / wg + 1) + bk + 2, bk)
             }
+            // The tile loads are unrolled; the k loop of BK = 8, and its exit.
+            Config::Reg => (REG_BK + 2, REG_BK),
         };
         ((LOOP_BUDGET - 100) / per_step as usize) * step as usize
     }
@@ -162,7 +166,7 @@ impl Config {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
             Config::CoopTiled | Config::CoopDirect => 128,
-            Config::Coop => 256,
+            Config::Coop | Config::Reg => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
     }
@@ -172,11 +176,14 @@ impl Config {
             Config::Simt(tm, tn) => (8 * tm as usize, 8 * tn as usize),
             Config::SimtN4(tm, tn4) => (8 * tm as usize, 32 * tn4 as usize),
             Config::SimtK4(tm, tn) => (8 * tm as usize, 8 * tn as usize),
-            Config::CoopTiled | Config::CoopDirect | Config::Coop => (128, 128),
+            Config::CoopTiled | Config::CoopDirect | Config::Coop | Config::Reg => (128, 128),
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
 }
+
+/// The K step of `reg` (BK in matmul.wgsl).
+const REG_BK: u32 = 8;
 
 /// The configuration `matmul` picks for these sizes on `dev`.
 pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Config {
@@ -197,9 +204,12 @@ pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Confi
     if dev.info().is_cpu() {
         return Config::Simt(4, 4);
     }
-    // Measured on an H200 (Vulkan): 64 x 64 tiles with 4 x 4 outputs per thread ran a
-    // 4096-cube product at 3-4x the rate of 128 x 128 tiles with 8 x 8 per thread, whose 64
-    // accumulators spill. The large tile stays for validation and experiments.
+    // 128 x 128 tiles with 8 x 8 outputs per thread where they are mostly full. (An earlier
+    // 128 x 128 `main`, whose 64 accumulators were an indexed array, spilled and ran at a
+    // third of the 64 x 64 tiles' rate on an H200; `reg` keeps them in named registers.)
+    if m >= 96 && n >= 96 {
+        return Config::Reg;
+    }
     if m >= 48 && n >= 48 {
         Config::Tiled(64, 64, 16, 4, 4)
     } else {
@@ -255,9 +265,35 @@ impl Operands {
     }
 }
 
+thread_local! {
+    /// A configuration `plan` returns instead of choosing (see [`forced`]).
+    static FORCED: std::cell::Cell<Option<Config>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with every product on this thread planned as `config` (tests run each kernel
+/// on adapters where the rules would not pick it: the GPU kernels on lavapipe). Only the
+/// kernels that take any shape and layout can be forced: the tiled ones (`Tiled`, `Reg`)
+/// and `Simt`; others are an error.
+#[doc(hidden)]
+pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
+    if !matches!(config, Config::Tiled(..) | Config::Reg | Config::Simt(..)) {
+        return Err(Error::invalid(
+            "matmul::forced",
+            format!("{config:?} does not take every shape"),
+        ));
+    }
+    let before = FORCED.with(|c| c.replace(Some(config)));
+    let r = f();
+    FORCED.with(|c| c.set(before));
+    Ok(r)
+}
+
 /// The kernel and tiles a product of these sizes and operand layouts runs with on `dev`:
 /// `choose` by size, then what the layouts allow (16-byte or 4-element runs).
 pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Operands) -> Config {
+    if let Some(c) = FORCED.with(|c| c.get()) {
+        return c;
+    }
     let (sam, sak) = o.a_strides;
     let (sbk, sbn) = o.b_strides;
     // op(A) is "transposed" when its columns (k) are the strided axis; likewise op(B).
@@ -474,6 +510,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
             "main",
             vec![("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
         ),
+        Config::Reg => (Kernel::Matmul, "reg", vec![("BK", REG_BK), ("FUSE", fuse)]),
     };
     launch(
         dev,
