@@ -128,19 +128,25 @@ fn main(ids: Ids) {
   }
 }
 
-//! entry reg(a: data, b: data, bias: data, c: data mut)
-//! check WG=256 BK=8 FUSE=0,5
+//! entry reg(a: data vec4, b: data vec4, bias: data, c: data mut)
+//! check WG=256 FUSE=0,5
 // 128 x 128 tiles for GPUs without tensor cores for the dtype (f32 products everywhere): 16 x 16
 // threads, each holding 8 x 8 outputs in 16 named vec4 registers (rows 4 ty + i and
-// 64 + 4 ty + i, columns 4 tx + 0..3 and 64 + 4 tx + 0..3). Per step of K the workgroup
-// stages a BK x 128 slice of each operand in workgroup memory as vec4s along M (A) and N (B),
-// so a thread's BK-step reads four 16-byte words and does 64 multiply-adds with them (`main`
-// reads two scalars for every multiply-add it does: its 4 x 4 block per thread is bound by
-// workgroup-memory reads). Columns split into halves 64 apart keep a subgroup's reads of a
-// row on distinct banks. The epilogue choice is the constant FUSE (common.wgsl
-// `matmul_fused`).
-var<workgroup> Ar: array<vec4<f32>, BK * 32u>;
-var<workgroup> Br: array<vec4<f32>, BK * 32u>;
+// 64 + 4 ty + i, columns 4 tx + 0..3 and 64 + 4 tx + 0..3). Per step of RBK = 16 along K the
+// workgroup stages a 16 x 128 slice of each operand in workgroup memory as vec4s along M (A)
+// and N (B), so a thread's step of k reads four 16-byte words and does 64 multiply-adds with
+// them (`main` reads two scalars for every multiply-add). Columns split into halves 64 apart
+// keep a subgroup's reads on distinct banks.
+// Loads: threads 0..127 fetch A's slice, 128..255 B's, each a 4 x 4 block as four 16-byte
+// loads along the operand's contiguous axis; a block whose contiguous axis is K is transposed
+// in registers, so every workgroup-memory store is a whole vec4. The next step's blocks are
+// loaded into registers while the current step multiplies. Blocks that cross the matrix's
+// edge load element by element, zero outside. The host takes this kernel only where every
+// offset, pitch and contiguous extent is a multiple of 4 (aligned 16-byte loads).
+// The epilogue choice is the constant FUSE (common.wgsl `matmul_fused`).
+const RBK: u32 = 16u;
+var<workgroup> Ar: array<vec4<f32>, 512>;
+var<workgroup> Br: array<vec4<f32>, 512>;
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
@@ -154,27 +160,40 @@ fn main(ids: Ids) {
   let n0 = ids.wid.x * 128u;
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  // This thread's block of the slice: operand, and whether the tile's axis (M or N) is the
+  // contiguous one; q numbers 4-wide groups along that axis, kq along K.
+  let is_a = lid < 128u;
+  let u = lid % 128u;
+  let tile_fast = select(p.b_nfast != 0u, p.a_kfast == 0u, is_a);
+  let q = select(u / 4u, u % 32u, tile_fast);
+  let kq = select(u % 4u, u / 32u, tile_fast);
+  let base = select(b_base, a_base, is_a);
+  let t0 = select(n0, m0, is_a) + 4u * q;
+  //! unroll i in 0..4
+  var r$i = reg_block(is_a, tile_fast, base, t0, kr.x + 4u * kq, $i, kr.y);
+  //! end
   //! unroll i in 0..8
   var lo$i = vec4<f32>(0.0);
   var hi$i = vec4<f32>(0.0);
   //! end
-  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
-    // 128 x BK elements of each operand, four per thread, read along its contiguous axis.
-    //! unroll e in 0..4
-    {
-      let t = lid + $e * WG;
-      var mm = t % 128u;
-      var kk = t / 128u;
-      if (p.a_kfast != 0u) { mm = t / BK; kk = t % BK; }
-      Ar[kk * 32u + mm / 4u][mm % 4u] = matmul_a(a_base, m0 + mm, k0 + kk, kr.y);
-      var nn = t / BK;
-      var kb = t % BK;
-      if (p.b_nfast != 0u) { nn = t % 128u; kb = t / 128u; }
-      Br[kb * 32u + nn / 4u][nn % 4u] = matmul_b(b_base, k0 + kb, n0 + nn, kr.y);
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + RBK) {
+    if (tile_fast) {
+      //! unroll i in 0..4
+      reg_put(is_a, (4u * kq + $i) * 32u + q, r$i);
+      //! end
+    } else {
+      reg_put(is_a, (4u * kq) * 32u + q, vec4<f32>(r0u.x, r1u.x, r2u.x, r3u.x));
+      reg_put(is_a, (4u * kq + 1u) * 32u + q, vec4<f32>(r0u.y, r1u.y, r2u.y, r3u.y));
+      reg_put(is_a, (4u * kq + 2u) * 32u + q, vec4<f32>(r0u.z, r1u.z, r2u.z, r3u.z));
+      reg_put(is_a, (4u * kq + 3u) * 32u + q, vec4<f32>(r0u.w, r1u.w, r2u.w, r3u.w));
     }
-    //! end
     workgroupBarrier();
-    for (var kk = 0u; kk < BK; kk = kk + 1u) {
+    if (k0 + RBK < kr.y) {
+      //! unroll i in 0..4
+      r$i = reg_block(is_a, tile_fast, base, t0, k0 + RBK + 4u * kq, $i, kr.y);
+      //! end
+    }
+    for (var kk = 0u; kk < RBK; kk = kk + 1u) {
       let a0 = Ar[kk * 32u + ty];
       let a1 = Ar[kk * 32u + 16u + ty];
       let b0 = Br[kk * 32u + tx];
@@ -203,6 +222,34 @@ fn main(ids: Ids) {
   reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 4u * tx, lo$i, bb);
   reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 64u + 4u * tx, hi$i, bb);
   //! end
+}
+
+// Vector i of a thread's 4 x 4 block: four elements along the operand's contiguous axis,
+// starting at tile position t (M for A, N for B; t + i when that axis is K) and k (k + i when
+// the tile's axis is the contiguous one).
+fn reg_block(is_a: bool, tile_fast: bool, base: u32, t: u32, k: u32, i: u32, kend: u32) -> vec4<f32> {
+  let tt = select(t + i, t, tile_fast);
+  let kk = select(k, k + i, tile_fast);
+  // The last element's position along (tile axis, K), and its index.
+  let t_last = select(tt, tt + 3u, tile_fast);
+  let k_last = select(kk + 3u, kk, tile_fast);
+  if (is_a) {
+    if (t_last < p.m && k_last < kend) { return ld4_a((base + tt * p.sam + kk * p.sak) / 4u); }
+  } else {
+    if (t_last < p.n && k_last < kend) { return ld4_b((base + kk * p.sbk + tt * p.sbn) / 4u); }
+  }
+  // Across the edge: element by element, zero outside.
+  var r = vec4<f32>(0.0);
+  for (var j = 0u; j < 4u; j = j + 1u) {
+    let tj = select(tt, tt + j, tile_fast);
+    let kj = select(kk + j, kk, tile_fast);
+    if (is_a) { r[j] = matmul_a(base, tj, kj, kend); } else { r[j] = matmul_b(base, kj, tj, kend); }
+  }
+  return r;
+}
+
+fn reg_put(is_a: bool, at: u32, v: vec4<f32>) {
+  if (is_a) { Ar[at] = v; } else { Br[at] = v; }
 }
 
 // Four outputs of `reg` at row gm, columns gn .. gn + 3, those inside C.

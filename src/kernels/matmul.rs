@@ -125,7 +125,8 @@ pub enum Config {
     Coop,
     /// Tiled kernel: (BM, BN, BK, TM, TN).
     Tiled(u32, u32, u32, u32, u32),
-    /// 128 x 128 tiles, 8 x 8 outputs per thread in vec4 registers (matmul.wgsl `reg`).
+    /// 128 x 128 tiles, 8 x 8 outputs per thread in vec4 registers (matmul.wgsl `reg`), for
+    /// operands whose offsets, pitches and contiguous extents are multiples of 4.
     Reg,
     /// Register tiles with no workgroup memory, for CPU adapters: (TM, TN) per invocation.
     Simt(u32, u32),
@@ -156,8 +157,9 @@ impl Config {
                 let wg = (bm / tm) * (bn / tn);
                 ((bm * bk / wg + 1) + (bn * bk / wg + 1) + bk + 2, bk)
             }
-            // The tile loads are unrolled; the k loop of BK = 8, and its exit.
-            Config::Reg => (REG_BK + 2, REG_BK),
+            // The k loop of RBK = 16 and its exit; the block loads' edge loops (4 each, in
+            // the rare blocks across an edge) counted too.
+            Config::Reg => (REG_BK + 2 + 8, REG_BK),
         };
         ((LOOP_BUDGET - 100) / per_step as usize) * step as usize
     }
@@ -182,8 +184,8 @@ impl Config {
     }
 }
 
-/// The K step of `reg` (BK in matmul.wgsl).
-const REG_BK: u32 = 8;
+/// The K step of `reg` (RBK in matmul.wgsl).
+const REG_BK: u32 = 16;
 
 /// The configuration `matmul` picks for these sizes on `dev`.
 pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Config {
@@ -270,10 +272,11 @@ thread_local! {
     static FORCED: std::cell::Cell<Option<Config>> = const { std::cell::Cell::new(None) };
 }
 
-/// Runs `f` with every product on this thread planned as `config` (tests run each kernel
-/// on adapters where the rules would not pick it: the GPU kernels on lavapipe). Only the
-/// kernels that take any shape and layout can be forced: the tiled ones (`Tiled`, `Reg`)
-/// and `Simt`; others are an error.
+/// Runs `f` with every product on this thread planned as if the size rules had chosen
+/// `config` (tests run each kernel on adapters where the rules would not pick it: the GPU
+/// kernels on lavapipe); the layout rules still apply (`Reg` needs runs of 4, `Simt` takes
+/// its 4-wide forms where it can). Only kernels that run on every adapter can be forced:
+/// `Tiled`, `Reg` and `Simt`; others are an error.
 #[doc(hidden)]
 pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
     if !matches!(config, Config::Tiled(..) | Config::Reg | Config::Simt(..)) {
@@ -291,34 +294,37 @@ pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
 /// The kernel and tiles a product of these sizes and operand layouts runs with on `dev`:
 /// `choose` by size, then what the layouts allow (16-byte or 4-element runs).
 pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Operands) -> Config {
-    if let Some(c) = FORCED.with(|c| c.get()) {
-        return c;
-    }
     let (sam, sak) = o.a_strides;
     let (sbk, sbn) = o.b_strides;
     // op(A) is "transposed" when its columns (k) are the strided axis; likewise op(B).
     let (ta, tb) = (sak != 1, sbn != 1);
-    let mut config = choose(dev, dtype, m, n, k);
+    let mut config = FORCED
+        .with(|c| c.get())
+        .unwrap_or_else(|| choose(dev, dtype, m, n, k));
+    // Kernels that move runs of 4 elements along each operand's contiguous axis need that
+    // axis's extent, the row pitches and every offset to be multiples of 4 (a run is then
+    // wholly inside or outside the matrix, and 16-byte aligned for f32). (A row pitch of 0,
+    // a broadcast view, goes to the general kernels.)
+    let lda = if ta { sak } else { sam };
+    let ldb = if tb { sbn } else { sbk };
+    let a_run = if ta { m } else { k };
+    let b_run = if tb { k } else { n };
+    let runs = [
+        o.offsets.0,
+        o.offsets.1,
+        o.batch_strides.0,
+        o.batch_strides.1,
+        lda,
+        ldb,
+        a_run,
+        b_run,
+    ];
+    let runs_of_4 = lda > 0 && ldb > 0 && runs.iter().all(|v| v % 4 == 0);
+    if config == Config::Reg && !runs_of_4 {
+        config = Config::Tiled(64, 64, 16, 4, 4);
+    }
     if config == Config::Coop && dev.caps().workgroup_storage >= 49152 {
-        // matmul_tc.wgsl moves runs of 4 halves along each operand's contiguous axis:
-        // that axis's extent, the row pitches and every offset must be multiples of 4 (a run
-        // is then wholly inside or outside the matrix).
-        let lda = if ta { sak } else { sam };
-        let ldb = if tb { sbn } else { sbk };
-        let a_run = if ta { m } else { k };
-        let b_run = if tb { k } else { n };
-        let runs = [
-            o.offsets.0,
-            o.offsets.1,
-            o.batch_strides.0,
-            o.batch_strides.1,
-            lda,
-            ldb,
-            a_run,
-            b_run,
-        ];
-        // (A row pitch of 0, a broadcast view, goes to the general kernel.)
-        if lda > 0 && ldb > 0 && runs.iter().all(|v| v % 4 == 0) {
+        if runs_of_4 {
             config = Config::CoopTiled;
             // Measured on an H200: fragments straight from the buffers ran 10-15% faster
             // where B is contiguous along N, 15% slower where it is contiguous along K. Their
@@ -510,7 +516,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
             "main",
             vec![("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
         ),
-        Config::Reg => (Kernel::Matmul, "reg", vec![("BK", REG_BK), ("FUSE", fuse)]),
+        Config::Reg => (Kernel::Matmul, "reg", vec![("FUSE", fuse)]),
     };
     launch(
         dev,
