@@ -28,6 +28,7 @@
 //              add p_c = exp(s_c - m') and p_c * V[c]. At the end O = acc / l and, for the
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
 //              State per row: acc[DMAX], m, l.
+//   fwd_tile   fwd in register tiles for head dimensions up to 64 (see the entry).
 //   bwd_delta  DL = 16 threads per query row: delta = sum_d dO * O (the softmax backward's
 //              dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
@@ -231,6 +232,143 @@ fn main(ids: Ids) {
       }
     }
   }
+}
+
+//! entry fwd_tile(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
+//! check WG=128 BR=32 BC=32 DMAX=64
+// fwd in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
+// online softmax, chunks and state as fwd. Thread t owns rows 4 rg .. 4 rg + 3 (rg = t / 16)
+// of the 32-row query block, and with lane = t % 16 the scores of keys 2 lane, 2 lane + 1
+// and the output columns 4 lane .. 4 lane + 3 of those rows, as vec4s over the four rows (the
+// scores) or the four columns (the output). Q (scaled) and K sit in workgroup memory
+// transposed, V and the weights P row-major in keys, so each step of a product reads two
+// words and does 8 (scores) or 16 (output) multiply-adds; fwd reads two scalars per
+// multiply-add. The row maxima and sums combine through workgroup memory (Mx, Lx, one vec4
+// per lane and row group); all 16 lanes of a row group keep the same running max and sum.
+// Workgroup memory: 32 KiB.
+var<workgroup> Qt: array<vec4<f32>, 512>;
+var<workgroup> Kt: array<vec2<f32>, 1024>;
+var<workgroup> Vt: array<vec4<f32>, 512>;
+var<workgroup> Pt: array<vec4<f32>, 256>;
+var<workgroup> Mx: array<vec4<f32>, 128>;
+var<workgroup> Lx: array<vec4<f32>, 128>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let t = ids.lid;
+  let rg = t / 16u;
+  let lane = t % 16u;
+  let qb = base_q(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
+  for (var e = t; e < BR * DMAX; e = e + WG) {
+    let rr = e / DMAX;
+    let dd = e % DMAX;
+    var v = 0.0;
+    if (q0 + rr < p.sq && dd < p.d) { v = ld_q(qb + (q0 + rr) * p.q_ss + dd) * p.scale; }
+    Qt[dd * 8u + rr / 4u][rr % 4u] = v;
+  }
+  let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
+  let ninf = vec4<f32>(p.ninf);
+  var m = ninf;
+  var l = vec4<f32>(0.0);
+  //! unroll r in 0..4
+  var o$r = vec4<f32>(0.0);
+  //! end
+  if (p.first == 0u) {
+    //! unroll r in 0..4
+    if (rows[$r] < p.sq) {
+      let sb = (bh * p.sq + rows[$r]) * (DMAX + 2u);
+      o$r = vec4<f32>(ld_state(sb + 4u * lane), ld_state(sb + 4u * lane + 1u), ld_state(sb + 4u * lane + 2u), ld_state(sb + 4u * lane + 3u));
+      m[$r] = ld_state(sb + DMAX);
+      l[$r] = ld_state(sb + DMAX + 1u);
+    }
+    //! end
+  }
+  let kend = min(p.c1, key_end(q0));
+  for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
+    workgroupBarrier();
+    for (var e = t; e < BC * DMAX; e = e + WG) {
+      let c = e / DMAX;
+      let dd = e % DMAX;
+      var kv = 0.0;
+      var vv = 0.0;
+      if (k0 + c < p.skv && dd < p.d) {
+        kv = ld_k(kb + (k0 + c) * p.k_ss + dd);
+        vv = ld_v(vb + (k0 + c) * p.v_ss + dd);
+      }
+      Kt[dd * 16u + c / 2u][c % 2u] = kv;
+      Vt[c * 16u + dd / 4u][dd % 4u] = vv;
+    }
+    workgroupBarrier();
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
+      let a = Qt[dd * 8u + rg];
+      let b = Kt[dd * 16u + lane];
+      s0 = fma(a, vec4<f32>(b.x), s0);
+      s1 = fma(a, vec4<f32>(b.y), s1);
+    }
+    // Keys past the end, or causally masked (as `masked`), score -inf.
+    let key0 = k0 + 2u * lane;
+    let seen = rows + vec4<u32>(p.skv);
+    let ok0 = vec4<bool>(key0 < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key0 + p.sq) > seen));
+    let ok1 = vec4<bool>(key0 + 1u < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key0 + 1u + p.sq) > seen));
+    s0 = select(ninf, s0, ok0);
+    s1 = select(ninf, s1, ok1);
+    Mx[lane * 8u + rg] = max(s0, s1);
+    workgroupBarrier();
+    var mb = m;
+    for (var i = 0u; i < 16u; i = i + 1u) { mb = max(mb, Mx[i * 8u + rg]); }
+    // Exponents from the new maximum, or from 0 in rows that have seen only masked keys.
+    let base = select(mb, vec4<f32>(0.0), mb == ninf);
+    let corr = exp(m - base);
+    let p0 = exp(s0 - base);
+    let p1 = exp(s1 - base);
+    Lx[lane * 8u + rg] = p0 + p1;
+    // Dropout scales the weights in the output only: the softmax sum stays whole.
+    let row0 = bh * p.sq + rows.x;
+    Pt[(2u * lane) * 8u + rg] = p0 * vec4<f32>(attn_keep(row0, key0), attn_keep(row0 + 1u, key0), attn_keep(row0 + 2u, key0), attn_keep(row0 + 3u, key0));
+    Pt[(2u * lane + 1u) * 8u + rg] = p1 * vec4<f32>(attn_keep(row0, key0 + 1u), attn_keep(row0 + 1u, key0 + 1u), attn_keep(row0 + 2u, key0 + 1u), attn_keep(row0 + 3u, key0 + 1u));
+    workgroupBarrier();
+    var lb = vec4<f32>(0.0);
+    for (var i = 0u; i < 16u; i = i + 1u) { lb = lb + Lx[i * 8u + rg]; }
+    l = l * corr + lb;
+    m = mb;
+    //! unroll r in 0..4
+    o$r = o$r * corr[$r];
+    //! end
+    for (var c = 0u; c < BC; c = c + 1u) {
+      let w = Pt[c * 8u + rg];
+      let vv = Vt[c * 16u + lane];
+      o0u = fma(vec4<f32>(w.x), vv, o0u);
+      o1u = fma(vec4<f32>(w.y), vv, o1u);
+      o2u = fma(vec4<f32>(w.z), vv, o2u);
+      o3u = fma(vec4<f32>(w.w), vv, o3u);
+    }
+  }
+  let ob = base_o(bh);
+  //! unroll r in 0..4
+  if (rows[$r] < p.sq) {
+    let qi = rows[$r];
+    if (p.last != 0u) {
+      let inv = 1.0 / l[$r];
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        if (4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + 4u * lane + j, o$r[j] * inv); }
+      }
+      if (lane == 0u) { st_lse(bh * p.sq + qi, m[$r] + log(l[$r])); }
+    } else {
+      let sb = (bh * p.sq + qi) * (DMAX + 2u);
+      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + 4u * lane + j, o$r[j]); }
+      if (lane == 0u) {
+        st_state(sb + DMAX, m[$r]);
+        st_state(sb + DMAX + 1u, l[$r]);
+      }
+    }
+  }
+  //! end
 }
 
 //! entry bwd_delta(o: data, dout: data, delta: f32 mut)

@@ -436,25 +436,49 @@ pub(crate) fn forward(
             },
         );
     }
+    let args = [
+        arg(q, dtype),
+        arg(k, dtype),
+        arg(v, dtype),
+        arg(o, dtype),
+        arg(lse, DType::F32),
+    ];
+    if fwd_tiled(dev, a.d) {
+        return chunked(
+            dev,
+            "fwd_tile",
+            &[("BR", 32), ("BC", 32), ("DMAX", 64)],
+            p,
+            &args,
+            [a.sq.div_ceil(32) as u32, a.bh as u32, 1],
+            a.skv,
+            FWD_TILE_CHUNK,
+            a.bh * a.sq * (64 + 2),
+        );
+    }
     let t = tiles(a.d)?;
     chunked(
         dev,
         "fwd",
         &[("BR", t.fbr), ("BC", t.fbc), ("DMAX", t.dmax)],
         p,
-        &[
-            arg(q, dtype),
-            arg(k, dtype),
-            arg(v, dtype),
-            arg(o, dtype),
-            arg(lse, DType::F32),
-        ],
+        &args,
         [a.sq.div_ceil(t.fbr as usize) as u32, a.bh as u32, 1],
         a.skv,
         t.fwd_chunk(),
         a.bh * a.sq * (t.dmax as usize + 2),
     )
 }
+
+/// Whether the forward pass without tensor cores takes `fwd_tile` (register tiles, head
+/// dimensions up to 64, 32 KiB of workgroup memory) rather than `fwd`.
+pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
+    d <= 64 && dev.caps().workgroup_storage >= 32_768
+}
+
+/// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 16 (K and V
+/// loads) + 64 (scores) + 16 + 16 (row maxima and sums) + 32 (output), plus exits.
+const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 150 * 32;
 
 /// The saved tensors and gradients of one attention backward pass.
 pub(crate) struct Grads<'a> {
