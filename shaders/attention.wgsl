@@ -28,7 +28,9 @@
 //              add p_c = exp(s_c - m') and p_c * V[c]. At the end O = acc / l and, for the
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
 //              State per row: acc[DMAX], m, l.
-//   fwd_tile   fwd in register tiles for head dimensions up to 64 (see the entry).
+//   fwd_tile, bwd_kv_tile, bwd_q_tile
+//              fwd, bwd_kv, bwd_q in register tiles for head dimensions up to 64 (see the
+//              entries).
 //   bwd_delta  DL = 16 threads per query row: delta = sum_d dO * O (the softmax backward's
 //              dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
@@ -133,6 +135,19 @@ fn masked(qi: u32, kj: u32) -> bool {
 fn key_end(q0: u32) -> u32 {
   if (p.causal == 0u) { return p.skv; }
   return min(p.skv, q0 + BR + p.skv - p.sq);
+}
+
+// The backward weights of query qi against four keys, from its scores s = Q K^T and
+// dP' = dO V^T (unscaled) and its (lse, delta): [0] P with dropout's factor (dV's weights),
+// [1] dS = P (dP' keep - delta); both 0 for keys masked or past the end and for rows past
+// SQ. (bwd_kv_tile and bwd_q_tile.)
+fn tile_weights(bh: u32, qi: u32, keys: vec4<u32>, s: vec4<f32>, dp: vec4<f32>, ld: vec2<f32>) -> array<vec4<f32>, 2> {
+  let ok = vec4<bool>(qi < p.sq) & (keys < vec4<u32>(p.skv))
+    & !(vec4<bool>(p.causal != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi + p.skv)));
+  let row = bh * p.sq + qi;
+  let keep = vec4<f32>(attn_keep(row, keys.x), attn_keep(row, keys.y), attn_keep(row, keys.z), attn_keep(row, keys.w));
+  let pr = select(vec4<f32>(0.0), exp(s * p.scale - ld.x), ok);
+  return array<vec4<f32>, 2>(pr * keep, pr * (dp * keep - ld.y));
 }
 
 //! entry fwd(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
@@ -288,21 +303,25 @@ fn main(ids: Ids) {
     //! end
   }
   let kend = min(p.c1, key_end(q0));
+  // This thread's share of each K and V block: column dd_l of keys c_l + 2 e (WG = 2 DMAX),
+  // loaded into registers a block ahead, while the block before multiplies.
+  let dd_l = t % DMAX;
+  let c_l = t / DMAX;
+  //! unroll e in 0..16
+  var kv$e = tile_kv(kb, vb, p.c0 + c_l + 2u * $e, dd_l);
+  //! end
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
-    for (var e = t; e < BC * DMAX; e = e + WG) {
-      let c = e / DMAX;
-      let dd = e % DMAX;
-      var kv = 0.0;
-      var vv = 0.0;
-      if (k0 + c < p.skv && dd < p.d) {
-        kv = ld_k(kb + (k0 + c) * p.k_ss + dd);
-        vv = ld_v(vb + (k0 + c) * p.v_ss + dd);
-      }
-      Kt[dd * 16u + c / 2u][c % 2u] = kv;
-      Vt[c * 16u + dd / 4u][dd % 4u] = vv;
-    }
+    //! unroll e in 0..16
+    Kt[dd_l * 16u + $e][c_l] = kv$e.x;
+    Vt[(c_l + 2u * $e) * 16u + dd_l / 4u][dd_l % 4u] = kv$e.y;
+    //! end
     workgroupBarrier();
+    if (k0 + BC < kend) {
+      //! unroll e in 0..16
+      kv$e = tile_kv(kb, vb, k0 + BC + c_l + 2u * $e, dd_l);
+      //! end
+    }
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
     for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
@@ -637,6 +656,226 @@ fn main(ids: Ids) {
       }
     } else {
       for (var j = 0u; j < OPT; j = j + 1u) { st_state(sb + l + j * TPR, dq[j]); }
+    }
+  }
+}
+
+//! entry bwd_kv_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dk: data mut, dv: data mut, state: f32 mut)
+//! check WG=128 BR=16 BC=32 DMAX=64
+// bwd_kv in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
+// products, chunks and state. The workgroup's 32 keys sit transposed in workgroup memory
+// (K^T, V^T: a row of 4-key vectors per dimension, rows padded to 9 vectors), each query
+// block's 16 rows of Q and dO transposed too (a row of 16 queries per dimension, padded to
+// 17). Thread t takes keys 4 cg .. 4 cg + 3 (cg = t / 16) and, with lane = t % 16, the scores
+// of query lane (S and dP as vec4s over its keys: two scalars and two vectors read per 8
+// multiply-adds), then the columns 4 lane .. 4 lane + 3 of dK and dV for its keys (vec4
+// registers; per query row two vectors and eight scalars read per 32 multiply-adds). P and
+// dS pass between the two through workgroup memory. Workgroup memory: about 31 KiB.
+var<workgroup> KTb: array<vec4<f32>, 576>;
+var<workgroup> VTb: array<vec4<f32>, 576>;
+var<workgroup> QTb: array<f32, 1088>;
+var<workgroup> OTb: array<f32, 1088>;
+var<workgroup> Pb: array<vec4<f32>, 128>;
+var<workgroup> Sb: array<vec4<f32>, 128>;
+var<workgroup> LDb: array<vec2<f32>, 16>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let k0 = ids.wid.x * BC;
+  let t = ids.lid;
+  let cg = t / 16u;
+  let lane = t % 16u;
+  let qb = base_q(bh);
+  let gb = base_g(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
+  let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
+  let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);
+  for (var e = t; e < BC * DMAX; e = e + WG) {
+    let c = e / DMAX;
+    let dd = e % DMAX;
+    let kv = tile_kv(kb, vb, k0 + c, dd);
+    KTb[dd * 9u + c / 4u][c % 4u] = kv.x;
+    VTb[dd * 9u + c / 4u][c % 4u] = kv.y;
+  }
+  let keys = vec4<u32>(k0 + 4u * cg) + vec4<u32>(0u, 1u, 2u, 3u);
+  //! unroll c in 0..4
+  var dk$c = vec4<f32>(0.0);
+  var dv$c = vec4<f32>(0.0);
+  if (p.first == 0u && keys[$c] < p.skv) {
+    let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + 4u * lane;
+    dk$c = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
+    dv$c = vec4<f32>(ld_state(sb + DMAX), ld_state(sb + DMAX + 1u), ld_state(sb + DMAX + 2u), ld_state(sb + DMAX + 3u));
+  }
+  //! end
+  // The first query that can see key k0 is k0 - (SKV - SQ).
+  var qstart = p.c0;
+  if (p.causal != 0u && k0 + p.sq > p.skv) { qstart = max(qstart, ((k0 + p.sq - p.skv) / BR) * BR); }
+  let qend = min(p.c1, p.sq);
+  // This thread's share of each query block: column dd_l of rows r_l + 2 e (WG = 2 DMAX),
+  // loaded into registers a block ahead.
+  let dd_l = t % DMAX;
+  let r_l = t / DMAX;
+  //! unroll e in 0..8
+  var qo$e = tile_qo(qb, gb, qstart + r_l + 2u * $e, dd_l);
+  //! end
+  for (var q0 = qstart; q0 < qend; q0 = q0 + BR) {
+    workgroupBarrier();
+    //! unroll e in 0..8
+    QTb[dd_l * 17u + r_l + 2u * $e] = qo$e.x;
+    OTb[dd_l * 17u + r_l + 2u * $e] = qo$e.y;
+    //! end
+    if (t < BR) {
+      var ld = vec2<f32>(0.0);
+      if (q0 + t < p.sq) { ld = vec2<f32>(ld_lse(bh * p.sq + q0 + t), ld_delta(bh * p.sq + q0 + t)); }
+      LDb[t] = ld;
+    }
+    workgroupBarrier();
+    if (q0 + BR < qend) {
+      //! unroll e in 0..8
+      qo$e = tile_qo(qb, gb, q0 + BR + r_l + 2u * $e, dd_l);
+      //! end
+    }
+    var s = vec4<f32>(0.0);
+    var dp = vec4<f32>(0.0);
+    for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
+      s = fma(vec4<f32>(QTb[dd * 17u + lane]), KTb[dd * 9u + cg], s);
+      dp = fma(vec4<f32>(OTb[dd * 17u + lane]), VTb[dd * 9u + cg], dp);
+    }
+    let w = tile_weights(bh, q0 + lane, keys, s, dp, LDb[lane]);
+    Pb[lane * 8u + cg] = w[0];
+    Sb[lane * 8u + cg] = w[1];
+    workgroupBarrier();
+    for (var r = 0u; r < BR; r = r + 1u) {
+      let pk = Pb[r * 8u + cg];
+      let sk = Sb[r * 8u + cg];
+      let d0 = 4u * lane * 17u + r;
+      let o4 = vec4<f32>(OTb[d0], OTb[d0 + 17u], OTb[d0 + 34u], OTb[d0 + 51u]);
+      let q4 = vec4<f32>(QTb[d0], QTb[d0 + 17u], QTb[d0 + 34u], QTb[d0 + 51u]);
+      //! unroll c in 0..4
+      dv$c = fma(vec4<f32>(pk[$c]), o4, dv$c);
+      dk$c = fma(vec4<f32>(sk[$c]), q4, dk$c);
+      //! end
+    }
+  }
+  //! unroll c in 0..4
+  if (keys[$c] < p.skv) {
+    if (p.last != 0u) {
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        let dd = 4u * lane + j;
+        if (dd < p.d) {
+          st_dk(dkb + keys[$c] * p.dk_ss + dd, dk$c[j] * p.scale);
+          st_dv(dvb + keys[$c] * p.dv_ss + dd, dv$c[j]);
+        }
+      }
+    } else {
+      let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + 4u * lane;
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        st_state(sb + j, dk$c[j]);
+        st_state(sb + DMAX + j, dv$c[j]);
+      }
+    }
+  }
+  //! end
+}
+
+//! entry bwd_q_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dq: data mut, state: f32 mut)
+//! check WG=128 BR=16 BC=32 DMAX=64
+// bwd_q in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
+// products, chunks and state. The workgroup's 16 query rows of Q and dO sit transposed in
+// workgroup memory (padded rows of 17), each key block's K and V transposed in 4-key vectors
+// (rows padded to 9 vectors, so the dQ step's reads of 8 neighbouring dimensions fall on
+// distinct banks). Scores as in bwd_kv_tile (thread t: keys 4 cg .. 4 cg + 3 of query
+// lane); dS passes through workgroup memory; then thread t takes row t / 8 of dQ and its
+// columns 8 j + t % 8, adding dot(dS of 4 keys, K of those keys) per column: nine vectors
+// read per 32 multiply-adds.
+var<workgroup> KTq: array<vec4<f32>, 576>;
+var<workgroup> VTq: array<vec4<f32>, 576>;
+var<workgroup> QTq: array<f32, 1088>;
+var<workgroup> OTq: array<f32, 1088>;
+var<workgroup> Sq: array<vec4<f32>, 128>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let t = ids.lid;
+  let cg = t / 16u;
+  let lane = t % 16u;
+  let qb = base_q(bh);
+  let gb = base_g(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
+  for (var e = t; e < BR * DMAX; e = e + WG) {
+    let rr = e / DMAX;
+    let dd = e % DMAX;
+    let qo = tile_qo(qb, gb, q0 + rr, dd);
+    QTq[dd * 17u + rr] = qo.x;
+    OTq[dd * 17u + rr] = qo.y;
+  }
+  let qi = q0 + lane;
+  var ld = vec2<f32>(0.0);
+  if (qi < p.sq) { ld = vec2<f32>(ld_lse(bh * p.sq + qi), ld_delta(bh * p.sq + qi)); }
+  // dQ: row r = t / 8 of the block, columns 8 j + dl (j < 8) in two vec4s.
+  let r = t / 8u;
+  let dl = t % 8u;
+  let row = q0 + r;
+  var dqa = vec4<f32>(0.0);
+  var dqb = vec4<f32>(0.0);
+  if (p.first == 0u && row < p.sq) {
+    let sb = (bh * p.sq + row) * DMAX + dl;
+    dqa = vec4<f32>(ld_state(sb), ld_state(sb + 8u), ld_state(sb + 16u), ld_state(sb + 24u));
+    dqb = vec4<f32>(ld_state(sb + 32u), ld_state(sb + 40u), ld_state(sb + 48u), ld_state(sb + 56u));
+  }
+  let kend = min(p.c1, key_end(q0));
+  let dd_l = t % DMAX;
+  let c_l = t / DMAX;
+  //! unroll e in 0..16
+  var kv$e = tile_kv(kb, vb, p.c0 + c_l + 2u * $e, dd_l);
+  //! end
+  for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
+    workgroupBarrier();
+    //! unroll e in 0..16
+    KTq[dd_l * 9u + (c_l + 2u * $e) / 4u][(c_l + 2u * $e) % 4u] = kv$e.x;
+    VTq[dd_l * 9u + (c_l + 2u * $e) / 4u][(c_l + 2u * $e) % 4u] = kv$e.y;
+    //! end
+    workgroupBarrier();
+    if (k0 + BC < kend) {
+      //! unroll e in 0..16
+      kv$e = tile_kv(kb, vb, k0 + BC + c_l + 2u * $e, dd_l);
+      //! end
+    }
+    var s = vec4<f32>(0.0);
+    var dp = vec4<f32>(0.0);
+    for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
+      s = fma(vec4<f32>(QTq[dd * 17u + lane]), KTq[dd * 9u + cg], s);
+      dp = fma(vec4<f32>(OTq[dd * 17u + lane]), VTq[dd * 9u + cg], dp);
+    }
+    let keys = vec4<u32>(k0 + 4u * cg) + vec4<u32>(0u, 1u, 2u, 3u);
+    Sq[lane * 8u + cg] = tile_weights(bh, qi, keys, s, dp, ld)[1];
+    workgroupBarrier();
+    for (var g = 0u; g < 8u; g = g + 1u) {
+      let ds = Sq[r * 8u + g];
+      //! unroll j in 0..4
+      dqa[$j] = dqa[$j] + dot(ds, KTq[(8u * $j + dl) * 9u + g]);
+      dqb[$j] = dqb[$j] + dot(ds, KTq[(8u * $j + 32u + dl) * 9u + g]);
+      //! end
+    }
+  }
+  if (row < p.sq) {
+    if (p.last != 0u) {
+      let dqo = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh) + row * p.dq_ss;
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        if (8u * j + dl < p.d) { st_dq(dqo + 8u * j + dl, dqa[j] * p.scale); }
+        if (8u * j + 32u + dl < p.d) { st_dq(dqo + 8u * j + 32u + dl, dqb[j] * p.scale); }
+      }
+    } else {
+      let sb = (bh * p.sq + row) * DMAX + dl;
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        st_state(sb + 8u * j, dqa[j]);
+        st_state(sb + 8u * j + 32u, dqb[j]);
+      }
     }
   }
 }

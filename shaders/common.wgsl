@@ -97,6 +97,21 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
   return off + t.x * sb + t.y * sh;
 }
 
+//! fn tile_kv
+// Element (key, dd) of attention's K and V, zero past the keys or the head dimension
+// (attention.wgsl's register-tile kernels).
+fn tile_kv(kb: u32, vb: u32, key: u32, dd: u32) -> vec2<f32> {
+  if (key >= p.skv || dd >= p.d) { return vec2<f32>(0.0); }
+  return vec2<f32>(ld_k(kb + key * p.k_ss + dd), ld_v(vb + key * p.v_ss + dd));
+}
+
+//! fn tile_qo
+// Element (row, dd) of attention's Q and dO, zero past the queries or the head dimension.
+fn tile_qo(qb: u32, gb: u32, row: u32, dd: u32) -> vec2<f32> {
+  if (row >= p.sq || dd >= p.d) { return vec2<f32>(0.0); }
+  return vec2<f32>(ld_q(qb + row * p.q_ss + dd), ld_dout(gb + row * p.g_ss + dd));
+}
+
 //! fn attn_keep
 // Dropout on attention weights: the factor for the weight of key `key` in query row `row`
 // (numbered across heads: bh SQ + i): 0 when dropped, 1 / (1 - p) when kept, 1 without

@@ -200,6 +200,8 @@ fn attention_over_many_keys() {
         attention_case(16, 4100, d, false, 4);
         attention_case(16, 4100, d, true, 5);
     }
+    // dQ's register-tile kernel (d <= 64) walks up to 5,728 keys per dispatch.
+    attention_case(16, 5800, 48, true, 7);
 }
 
 #[test]

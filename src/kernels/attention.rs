@@ -470,15 +470,25 @@ pub(crate) fn forward(
     )
 }
 
-/// Whether the forward pass without tensor cores takes `fwd_tile` (register tiles, head
-/// dimensions up to 64, 32 KiB of workgroup memory) rather than `fwd`.
+/// Whether attention without tensor cores takes the register-tile kernels (`fwd_tile`,
+/// `bwd_kv_tile`, `bwd_q_tile`: head dimensions up to 64, 32 KiB of workgroup memory)
+/// rather than `fwd`, `bwd_kv`, `bwd_q`.
 pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
     d <= 64 && dev.caps().workgroup_storage >= 32_768
 }
 
-/// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 16 (K and V
-/// loads) + 64 (scores) + 16 + 16 (row maxima and sums) + 32 (output), plus exits.
-const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 150 * 32;
+/// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 64 (scores)
+/// + 16 + 16 (row maxima and sums) + 32 (output), plus exits (the K and V loads are
+/// unrolled).
+const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 140 * 32;
+
+/// Queries one `bwd_kv_tile` invocation covers: per block of 16 queries, 64 (scores) + 16
+/// (dK, dV) and exits; the K and V loads (16) come once.
+const KV_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 16;
+
+/// Keys one `bwd_q_tile` invocation covers: per block of 32 keys, 64 (scores) + 8 (dQ) and
+/// exits; the Q and dO loads (8) come once.
+const Q_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 32;
 
 /// The saved tensors and gradients of one attention backward pass.
 pub(crate) struct Grads<'a> {
@@ -560,6 +570,33 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     let mut kv = common.to_vec();
     kv.push(arg(g.dk, dtype));
     kv.push(arg(g.dv, dtype));
+    if fwd_tiled(dev, a.d) {
+        let consts = [("BR", 16), ("BC", 32), ("DMAX", 64)];
+        chunked(
+            dev,
+            "bwd_kv_tile",
+            &consts,
+            p,
+            &kv,
+            [a.skv.div_ceil(32) as u32, a.bh as u32, 1],
+            a.sq,
+            KV_TILE_CHUNK,
+            a.bh * a.skv * 2 * 64,
+        )?;
+        let mut q = common.to_vec();
+        q.push(arg(g.dq, dtype));
+        return chunked(
+            dev,
+            "bwd_q_tile",
+            &consts,
+            p,
+            &q,
+            [a.sq.div_ceil(16) as u32, a.bh as u32, 1],
+            a.skv,
+            Q_TILE_CHUNK,
+            a.bh * a.sq * 64,
+        );
+    }
     chunked(
         dev,
         "bwd_kv",
