@@ -16,7 +16,9 @@
 //   adam   (AdamW when decoupled: w -= lr * wd * w, else g += wd * w)
 //          m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //          w -= lr * (m * c1) / (sqrt(v * c2) + eps),  c1 = 1/(1 - b1^t), c2 = 1/(1 - b2^t)
-//   sumsq  One workgroup per chunk of WG * 8 elements: the f32 sum of squares of its chunk,
+//   sumsq  Up to four tensors a dispatch (x0u .. x3u: 76 dispatches of mostly small
+//          gradients cost the GPT step more than their arithmetic), one workgroup per chunk of
+//          WG * 8 elements of one of them, in order: the f32 sum of squares of its chunk,
 //          written to partial[out_off + wid]. Accumulating in f32 keeps an f16 gradient's
 //          squares from overflowing; an inf or NaN anywhere makes the sum inf or NaN, which
 //          is how overflow is detected.
@@ -51,9 +53,16 @@ struct Params {
   growth: f32,     // decide: scale multiplier after `interval` clean steps
   backoff: f32,    // decide: scale multiplier after an overflow
   interval: u32,   // decide
+  // sumsq: the element counts of x1u, x2u, x3u (x0u's is n) and the workgroups where their
+  // chunks start (x0u's at 0).
+  n1: u32,
+  n2: u32,
+  n3: u32,
+  w1: u32,
+  w2: u32,
+  w3: u32,
   _pad0: u32,
   _pad1: u32,
-  _pad2: u32,
 }
 
 //! entry sgd(g: data, w: data mut, master: f32 mut, buf: f32 mut, ctl: f32)
@@ -98,19 +107,27 @@ fn main(ids: Ids) {
   st_w(i, w);
 }
 
-//! entry sumsq(x: data, partial: f32 mut)
+//! entry sumsq(x0u: data, x1u: data, x2u: data, x3u: data, partial: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let wg = ids.wid.y * ids.nwg.x + ids.wid.x;
-  let start = wg * WG * 8u;
+  let starts = vec4<u32>(0u, p.w1, p.w2, p.w3);
+  let ends = vec4<u32>(p.w1, p.w2, p.w3, 0xffffffffu);
+  let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
   var s = 0.0;
-  for (var j = 0u; j < 8u; j = j + 1u) {
-    let i = start + j * WG + ids.lid;
-    if (i < p.n) {
-      let x = ld_x(i);
-      s = s + x * x;
+  // The workgroup's tensor: a test on the workgroup id, uniform across it.
+  //! unroll k in 0..4
+  if (wg >= starts[$k] && wg < ends[$k]) {
+    let start = (wg - starts[$k]) * WG * 8u;
+    for (var j = 0u; j < 8u; j = j + 1u) {
+      let i = start + j * WG + ids.lid;
+      if (i < ns[$k]) {
+        let x = ld_x$k(i);
+        s = s + x * x;
+      }
     }
   }
+  //! end
   let t = block_sum(s, ids);
   if (ids.lid == 0u) { st_partial(p.out_off + wg, t); }
 }

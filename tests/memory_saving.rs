@@ -317,6 +317,40 @@ fn clipping_and_nonfinite_guards() {
     assert_eq!(p.to_vec::<f32>().unwrap(), v, "no update when skipping");
 }
 
+/// The global gradient norm over many gradients of awkward sizes and both float dtypes
+/// (summed four tensors a dispatch), against an f64 sum; a parameter without a gradient is
+/// left out, and an inf in one late gradient makes the norm inf.
+#[test]
+fn grad_norm_over_many_tensors() {
+    let dev = device_with(|o| o.poison = true);
+    let mut rng = Rng::new(40);
+    let sizes = [1usize, 3, 17, 127, 1000, 2049, 5000, 2, 4100];
+    let mut params = Vec::new();
+    let mut want = 0.0f64;
+    for (i, &n) in sizes.iter().enumerate() {
+        let dt = if i % 3 == 1 { DType::F16 } else { DType::F32 };
+        let p = Tensor::zeros(&dev, &[n], dt).unwrap().variable();
+        let g = rng.vec(n);
+        want += rounded(&g, dt).iter().map(|v| v * v).sum::<f64>();
+        p.set_grad(Some(tensor(&dev, &g, &[n], dt)));
+        params.push((format!("p{i}"), p));
+    }
+    let idle = Tensor::zeros(&dev, &[7], DType::F32).unwrap().variable();
+    params.insert(3, ("idle".into(), idle));
+    let got = wgrad::optim::grad_norm(&params).unwrap() as f64;
+    assert!(
+        (got - want.sqrt()).abs() <= 1e-5 * want.sqrt(),
+        "{got} vs {}",
+        want.sqrt()
+    );
+    let mut bad = vec![0.5f32; 2049];
+    bad[2000] = f32::INFINITY;
+    params[6]
+        .1
+        .set_grad(Some(tensor(&dev, &bad, &[2049], DType::F32)));
+    assert!(wgrad::optim::grad_norm(&params).unwrap().is_infinite());
+}
+
 #[test]
 fn largest_batch_under_a_budget() {
     let dev = device_with(|o| {

@@ -1,6 +1,8 @@
 //! Host side of `shaders/optim.wgsl`.
 
-use super::{Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, launch_flat, over_budget, u32_len};
+use super::{
+    Arg, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, launch_flat, over_budget, u32_len,
+};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -28,9 +30,14 @@ crate::params! {
         growth: f32,
         backoff: f32,
         interval: u32,
+        n1: u32,
+        n2: u32,
+        n3: u32,
+        w1: u32,
+        w2: u32,
+        w3: u32,
         _pad0: u32,
         _pad1: u32,
-        _pad2: u32,
     }
 }
 
@@ -173,17 +180,44 @@ pub(crate) fn sumsq_parts(n: usize) -> usize {
     n.div_ceil(WG as usize * 8).max(1)
 }
 
-/// Partial f32 sums of squares of `x` into `partial` (sumsq_parts(n) values from element
-/// `at` on).
+/// Tensors one `sumsq` dispatch reads.
+pub(crate) const SUMSQ_GROUP: usize = 4;
+
+/// Partial f32 sums of squares of up to [`SUMSQ_GROUP`] tensors `xs` (block, dtype, elements)
+/// into `partial`, from element `at` on: sumsq_parts(n) values per tensor, in order.
 pub(crate) fn sumsq(
     dev: &Device,
-    x: &Block,
-    dtype: DType,
-    n: usize,
+    xs: &[(&Block, DType, usize)],
     partial: &Block,
     at: usize,
 ) -> Result<()> {
-    let parts = sumsq_parts(n);
+    let Some(&first) = xs.first() else {
+        return Ok(());
+    };
+    if xs.len() > SUMSQ_GROUP {
+        return Err(crate::error::Error::Internal(format!(
+            "sumsq of {} tensors",
+            xs.len()
+        )));
+    }
+    // Workgroup starts and element counts; missing tensors are the first one again, empty.
+    let mut n = [0u32; SUMSQ_GROUP];
+    let mut w = [0u32; SUMSQ_GROUP + 1];
+    for (i, &(_, _, len)) in xs.iter().enumerate() {
+        n[i] = u32_len("sum of squares", len)?;
+        w[i + 1] = w[i] + sumsq_parts(len) as u32;
+    }
+    for i in xs.len()..SUMSQ_GROUP {
+        w[i + 1] = w[i];
+    }
+    let parts = w[SUMSQ_GROUP] as usize;
+    let args: Vec<Arg<'_>> = (0..SUMSQ_GROUP)
+        .map(|i| {
+            let (b, d, _) = xs.get(i).copied().unwrap_or(first);
+            arg(b, d)
+        })
+        .chain([arg(partial, DType::F32)])
+        .collect();
     launch(
         dev,
         &Launch {
@@ -192,11 +226,17 @@ pub(crate) fn sumsq(
             wg: WG,
             consts: &[],
             params: OptimParams {
-                n: u32_len("sum of squares", n)?,
+                n: n[0],
+                n1: n[1],
+                n2: n[2],
+                n3: n[3],
+                w1: w[1],
+                w2: w[2],
+                w3: w[3],
                 out_off: u32_len("sum of squares", at + parts)? - parts as u32,
                 ..Default::default()
             },
-            args: &[arg(x, dtype), arg(partial, DType::F32)],
+            args: &args,
             groups: grid_1d(parts * WG as usize, WG),
         },
     )

@@ -216,18 +216,18 @@ pub(crate) fn sum_of_squares(params: &[(String, Tensor)]) -> Result<Option<Tenso
     };
     let total: usize = grads.iter().map(|g| ko::sumsq_parts(g.numel())).sum();
     let partial = Tensor::uninit(first.device(), &[total], DType::F32)?;
+    let op = "grad_norm";
     let mut at = 0;
-    for g in &grads {
-        let op = "grad_norm";
-        ko::sumsq(
-            g.device(),
-            g.dense_block(op)?,
-            g.dtype(),
-            g.numel(),
-            partial.dense_block(op)?,
-            at,
-        )?;
-        at += ko::sumsq_parts(g.numel());
+    for group in grads.chunks(ko::SUMSQ_GROUP) {
+        let xs = group
+            .iter()
+            .map(|g| Ok((g.dense_block(op)?, g.dtype(), g.numel())))
+            .collect::<Result<Vec<_>>>()?;
+        ko::sumsq(first.device(), &xs, partial.dense_block(op)?, at)?;
+        at += group
+            .iter()
+            .map(|g| ko::sumsq_parts(g.numel()))
+            .sum::<usize>();
     }
     Ok(Some(partial))
 }
