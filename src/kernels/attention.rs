@@ -477,9 +477,9 @@ pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
     d <= 64 && dev.caps().workgroup_storage >= 32_768
 }
 
-/// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 64 (scores)
-/// + 16 + 16 (row maxima and sums) + 32 (output), plus exits (the K and V loads are
-/// unrolled).
+/// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 64 for the
+/// scores, 16 and 16 for the row maxima and sums, 32 for the output, plus exits (the K and
+/// V loads are unrolled).
 const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 140 * 32;
 
 /// Queries one `bwd_kv_tile` invocation covers: per block of 16 queries, 64 (scores) + 16

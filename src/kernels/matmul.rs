@@ -323,15 +323,13 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     if config == Config::Reg && !runs_of_4 {
         config = Config::Tiled(64, 64, 16, 4, 4);
     }
-    if config == Config::Coop && dev.caps().workgroup_storage >= 49152 {
-        if runs_of_4 {
-            config = Config::CoopTiled;
-            // Measured on an H200: fragments straight from the buffers ran 10-15% faster
-            // where B is contiguous along N, 15% slower where it is contiguous along K. Their
-            // loads need 16-byte aligned rows and whole 16 x 16 tiles.
-            if !tb && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0) {
-                config = Config::CoopDirect;
-            }
+    if config == Config::Coop && dev.caps().workgroup_storage >= 49152 && runs_of_4 {
+        config = Config::CoopTiled;
+        // Measured on an H200: fragments straight from the buffers ran 10-15% faster where B
+        // is contiguous along N, 15% slower where it is contiguous along K. Their loads need
+        // 16-byte aligned rows and whole 16 x 16 tiles.
+        if !tb && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0) {
+            config = Config::CoopDirect;
         }
     }
     if matches!(config, Config::Simt(..)) {
