@@ -480,6 +480,43 @@ fn matmul_register_tiles() {
     assert!(forced(Config::CoopDirect, || ()).is_err());
 }
 
+/// A product with enough 128 x 128 tiles to fill a large GPU 1.45 times (16384 x 384), which
+/// `reg` splits along K on GPUs to even out the waves: sampled entries against f64 dot
+/// products. (CPU adapters never split this way, and the product is large for them: GPUs
+/// only.)
+#[test]
+fn matmul_split_for_even_waves() {
+    let dev = poisoned();
+    if dev.info().is_cpu() {
+        return;
+    }
+    let mut rng = Rng::new(19);
+    let (m, n, k) = (16384, 384, 1152);
+    let (a, b) = (rng.vec(m * k), rng.vec(n * k));
+    let c = tensor(&dev, &a, &[m, k], DType::F32)
+        .matmul_with(
+            &tensor(&dev, &b, &[n, k], DType::F32),
+            MatmulOpts {
+                trans_b: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    for t in 0..256 {
+        let (i, j) = ((t * 7919 + 13) % m, (t * 104_729 + 7) % n);
+        let want: f64 = (0..k)
+            .map(|p| a[i * k + p] as f64 * b[j * k + p] as f64)
+            .sum();
+        let got = c[i * n + j] as f64;
+        assert!(
+            (got - want).abs() <= 1e-4 * (k as f64).sqrt(),
+            "({i}, {j}): {got} vs {want}"
+        );
+    }
+}
+
 #[test]
 fn matmul_batched_broadcast() {
     let dev = poisoned();
