@@ -627,18 +627,13 @@ fn train_step(
     Ok((losses, wait))
 }
 
-/// The mean of the replicas' losses (of every process under mpirun), from their read-backs.
-fn mean_of(t: &Trainer, losses: Vec<Readback<f32>>) -> Result<f32> {
-    let n = losses.len();
-    let mut sum = 0.0;
-    for l in losses {
-        sum += l.wait()?.first().copied().unwrap_or(f32::NAN);
-    }
-    let mean = sum / n.max(1) as f32;
-    Ok(match &t.mpi {
+/// The mean of the replicas' losses (of every process under mpirun).
+fn mean_of(t: &Trainer, losses: &[f32]) -> f32 {
+    let mean = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+    match &t.mpi {
         Some(group) => group.mean(mean),
         None => mean,
-    })
+    }
 }
 
 fn mean_loss(
@@ -996,16 +991,25 @@ fn run() -> Result<()> {
     }
     // The loss shown is the last step's: its read-back starts when the step is queued and is
     // collected after the next one is, by when it has arrived, so the host never waits.
-    let (mut loss, mut reading) = (f32::NAN, None);
+    let mut reading: Option<Vec<Readback<f32>>> = None;
     while step < c.steps {
         let losses = one_step(&mut tr, step, &mut data)?;
         let started = losses
             .iter()
             .map(|l| l.to_vec_async::<f32>())
             .collect::<Result<Vec<_>>>()?;
-        if let Some(last) = reading.replace(started) {
-            loss = mean_of(&tr, last)?;
-        }
+        let values = match reading.replace(started) {
+            Some(last) => last
+                .into_iter()
+                .map(|r| Ok(r.wait()?.first().copied().unwrap_or(f32::NAN)))
+                .collect::<Result<Vec<f32>>>()?,
+            // The first step has no last one: its own loss, waited for this once.
+            None => losses
+                .iter()
+                .map(|l| l.to_scalar())
+                .collect::<Result<Vec<f32>>>()?,
+        };
+        let loss = mean_of(&tr, &values);
         step += 1;
         let done = step - first_step;
         let tps = tokens * done as f64 / start.elapsed().as_secs_f64();
