@@ -6,7 +6,10 @@
 //! MLP 4x; dropout on the embeddings, on the attention weights inside the fused kernel and on
 //! both residual branches, as nanoGPT), a final LayerNorm and a head that shares the token
 //! embedding's weights. AdamW (betas 0.9, 0.99), warm-up then cosine decay, gradient
-//! clipping at 1. The first 90% of the text trains, the last 10% validates.
+//! clipping at 1, decided on the device with the loss scaler's overflow check, so the host
+//! queues step after step without waiting (the progress line shows the previous step's
+//! loss, read back while the next one runs). The first 90% of the text trains, the last 10%
+//! validates.
 //!
 //! Defaults fit the adapter: nanoGPT's configuration (6 layers, 6 heads, width 384, context
 //! 256, batch 64, 5000 steps, f16 storage) on a GPU; a small one on a CPU adapter (lavapipe)
