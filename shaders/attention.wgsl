@@ -55,7 +55,9 @@
 // fwd (BC DMAX / WG + 1) + (BC / TPR + 1) + (BC / TPR)(DMAX + 1) + (BC + 1) + (BC + 1) +
 // BC (OPT + 1); bwd_kv (BR DMAX / WG + 1) + 2 + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
 // (BR + 1) + BR (KPT + 1); bwd_q (BC DMAX / WG + 1) + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
-// (BC + 1) + BC (OPT + 1). The host (kernels::attention) sizes chunks from these.
+// (BC + 1) + BC (OPT + 1). The host (kernels::attention) sizes chunks from these; the tile
+// kernels' counts are beside their chunk constants there (FWD_TILE_CHUNK, KV_TILE_CHUNK,
+// Q_TILE_CHUNK).
 
 struct Params {
   bh: u32,

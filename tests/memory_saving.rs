@@ -204,6 +204,73 @@ fn deferred_scaler_step_matches_blocking_step() {
     assert!((blocking.0[0] - 1.0).abs() > 0.1, "{:?}", blocking.0);
 }
 
+/// An optimizer written outside the crate follows the loss scaler's decision through
+/// `Control::stepped` and `Control::multiplier`: plain SGD, updating through the host.
+#[test]
+fn outside_optimizer_reads_the_control_block() {
+    struct Plain {
+        p: Tensor,
+        lr: f32,
+    }
+    impl Optimizer for Plain {
+        fn step_with(
+            &mut self,
+            gmul: f32,
+            control: Option<&wgrad::optim::Control>,
+        ) -> wgrad::Result<()> {
+            let Some(g) = self.p.grad() else {
+                return Ok(());
+            };
+            let mut step = g.to_dtype(DType::F32)?.mul_scalar(self.lr * gmul)?;
+            if let Some(c) = control {
+                let zero = Tensor::zeros(g.device(), g.shape(), DType::F32)?;
+                step = Tensor::where_cond(&c.stepped()?, &step.mul(&c.multiplier()?)?, &zero)?;
+            }
+            let next = self.p.to_dtype(DType::F32)?.sub(&step)?.to_f32_vec()?;
+            self.p.copy_from_slice(&next)
+        }
+        fn zero_grad(&self) {
+            self.p.zero_grad();
+        }
+        fn lr(&self) -> f32 {
+            self.lr
+        }
+        fn set_lr(&mut self, lr: f32) {
+            self.lr = lr;
+        }
+        fn params(&self) -> Vec<(String, Tensor)> {
+            vec![("p".into(), self.p.clone())]
+        }
+        fn state(&self) -> Vec<(String, Tensor)> {
+            Vec::new()
+        }
+    }
+    let dev = device();
+    let p = Tensor::from_slice(&dev, &[1.0f32, 2.0], &[2])
+        .unwrap()
+        .variable();
+    let mut opt = Plain {
+        p: p.clone(),
+        lr: 0.5,
+    };
+    let mut scaler = GradScaler::with_scale(8.0);
+    p.set_grad(Some(
+        Tensor::from_slice(&dev, &[f32::NAN, 8.0], &[2]).unwrap(),
+    ));
+    assert!(!scaler.step(&mut opt, None).unwrap().stepped);
+    assert_eq!(
+        p.to_f32_vec().unwrap(),
+        vec![1.0, 2.0],
+        "skipped: unchanged"
+    );
+    // Scale 4 now: a scaled gradient of (4, 8) is (1, 2).
+    p.set_grad(Some(
+        Tensor::from_slice(&dev, &[4.0f32, 8.0], &[2]).unwrap(),
+    ));
+    assert!(scaler.step(&mut opt, None).unwrap().stepped);
+    assert_eq!(p.to_f32_vec().unwrap(), vec![0.5, 1.0]);
+}
+
 #[test]
 fn fp16_model_trains_with_scaler() {
     let dev = device();

@@ -214,6 +214,12 @@ pub(crate) fn sum_of_squares(params: &[(String, Tensor)]) -> Result<Option<Tenso
     let Some(first) = grads.first() else {
         return Ok(None);
     };
+    if grads.iter().any(|g| !g.device().same(first.device())) {
+        return Err(Error::invalid(
+            "grad_norm",
+            "the gradients live on more than one device",
+        ));
+    }
     let total: usize = grads.iter().map(|g| ko::sumsq_parts(g.numel())).sum();
     let partial = Tensor::uninit(first.device(), &[total], DType::F32)?;
     let op = "grad_norm";

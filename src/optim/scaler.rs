@@ -70,6 +70,22 @@ impl Control {
     fn scale(&self) -> Result<Tensor> {
         self.0.narrow(0, Ctl::Scale as usize, 1)
     }
+
+    /// The multiplier the step's update applies to the gradients (1/scale times the clip
+    /// coefficient, and 0 for a step skipped because a gradient held inf or NaN), as a
+    /// one-element f32 view [1] on the device, for optimizers outside this crate, whose
+    /// `step_with` receives the block. A skipped step must be skipped through
+    /// [`Control::stepped`] (`Tensor::where_cond`): its gradients hold inf or NaN, which a
+    /// multiplier of 0 turns into NaN.
+    pub fn multiplier(&self) -> Result<Tensor> {
+        self.0.narrow(0, Ctl::Mul as usize, 1)
+    }
+
+    /// 1 when the step updates the parameters, 0 when it was skipped, as a one-element f32
+    /// view [1] on the device.
+    pub fn stepped(&self) -> Result<Tensor> {
+        self.0.narrow(0, Ctl::Stepped as usize, 1)
+    }
 }
 
 /// Host copies of a control block's values.
