@@ -382,6 +382,15 @@ fn clipping_and_nonfinite_guards() {
     let r = guarded_step(&mut opt, 1.0, None, NonFinite::Skip).unwrap();
     assert!(!r.stepped);
     assert_eq!(p.to_vec::<f32>().unwrap(), v, "no update when skipping");
+    // Parameters on two devices cannot share one optimizer.
+    let q = Tensor::zeros(&device(), &[2], DType::F32)
+        .unwrap()
+        .variable();
+    let two = vec![("p".into(), p.clone()), ("q".into(), q)];
+    assert!(matches!(
+        Sgd::new(two, 1.0, 0.0, 0.0, false),
+        Err(Error::Invalid { .. })
+    ));
 }
 
 /// The global gradient norm over many gradients of awkward sizes and both float dtypes

@@ -259,6 +259,15 @@ pub fn clip_coefficient(norm: f32, max_norm: f32) -> f32 {
 }
 
 pub(crate) fn named(params: Vec<(String, Tensor)>, n_state: usize) -> Result<Slots> {
+    // The update kernels read a control block on the parameters' device.
+    if let Some((_, first)) = params.first()
+        && params.iter().any(|(_, p)| !p.device().same(first.device()))
+    {
+        return Err(Error::invalid(
+            "optimizer",
+            "the parameters live on more than one device (use one optimizer per device)",
+        ));
+    }
     let plain = match params.first() {
         Some((_, p)) => Some(Control::plain(p.device())?),
         None => None,
