@@ -10,8 +10,8 @@
 // Layout: a workgroup of 128 threads (4 subgroups) takes 64 query rows of one head; subgroup s
 // owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
 // registers. Keys go by blocks of 64 (four 16-key tiles); the forward stages each block of K
-// (then of V) in workgroup memory once for the four subgroups (see `stage`), as bwd_q does;
-// bwd_kv loads its Q and dO fragments straight from memory. The fragments of KT tiles are
+// (then of V) in workgroup memory once for the four subgroups (see `stage`), as bwd_q does,
+// and bwd_kv stages each block of Q and dO (`stage_q`). The fragments of KT tiles are
 // loaded before any of their products: loaded one tile at a time, each product waited for
 // its own loads.
 //
@@ -143,10 +143,10 @@ fn keep(row: u32, key: u32) -> f32 {
 // FlashAttention keeps them in 16-bit. No atomics: each workgroup owns its rows' gradients.
 //
 //   bwd_kv  Workgroup (x, y) = (block of 64 keys, head); subgroup s owns keys 16 s .. 16 s + 15
-//           and its dK and dV accumulators. For each block of 64 queries: S and dP = dO V^T
-//           for (16 queries, 16 keys) tiles, stored column-major so that workgroup memory
-//           holds S^T and dP^T (16 keys x 64 queries per subgroup); then dV += P^T dO and
-//           dK += dS^T Q; dK is scaled at the end.
+//           and its dK and dV accumulators. For each block of BQ queries (Q and dO staged):
+//           S and dP = dO V^T for (16 queries, 16 keys) tiles, stored column-major so that
+//           workgroup memory holds S^T and dP^T (16 keys x BQ queries per subgroup); then
+//           dV += P^T dO and dK += dS^T Q; dK is scaled at the end.
 //   bwd_q   Workgroup (x, y) = (block of 64 queries, head); subgroup s owns 16 queries and
 //           keeps Q, dO and the dQ accumulators in registers. For each block of 64 keys
 //           (K, V, K staged in turn): S = Q K^T, dP = dO V^T, then dQ += dS K, scaled at
@@ -155,12 +155,12 @@ fn keep(row: u32, key: u32) -> f32 {
 // Causal: blocks wholly above the diagonal are skipped through the loop bounds (bwd_kv starts
 // at the first query block that sees its keys, bwd_q stops after the last key block its
 // queries see); the diagonal blocks are masked.
-// Loops (per invocation): per block of 64 (queries for bwd_kv, keys for bwd_q) about
-// 3 (4 / KT + 1) + 2 (32 + 1) counted iterations; the host takes this path up to 4096
-// queries and keys, inside the loop budget.
+// Loops (per invocation): per block of 64 keys in bwd_q about 3 (4 / KT + 1) + 2 (32 + 1)
+// counted iterations, per block of BQ queries in bwd_kv about 2 (BQ DMAX / 512 + 1) +
+// 4 (BQ / 16 KT + 1) + 3 (BQ / 2 + 1) (at most 10 K for 4096 queries); the host takes this
+// path up to 4096 queries and keys, inside the loop budget.
 
-var<workgroup> Dh: array<f16, 4u * 1024u>;
-// bwd_kv: the log-sum-exp and delta of the current block of 64 queries.
+// bwd_kv: the log-sum-exp and delta of the current block of queries.
 var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
@@ -328,14 +328,54 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry bwd_kv(q: f16, k: f16 vec4, v: f16 vec4, dout: f16, lse: f32, delta: f32, dk: data mut, dv: data mut)
+//! entry bwd_kv(q: f16 vec4, k: f16 vec4, v: f16 vec4, dout: f16 vec4, lse: f32, delta: f32, dk: data mut, dv: data mut)
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
+// Each block of BQ queries (64 at DMAX = 64, 32 at 128) stages its Q and dO rows once in
+// workgroup memory for the four subgroups, which read every fragment of them twice (Q for
+// S^T and dK, dO for dP^T and dV): loaded straight from memory, each subgroup fetched them
+// itself. The budget (48 KiB on the GPUs that have cooperative matrices) holds Qs, Gs, Ss and
+// Ps but not a separate dS buffer, so dS waits in Ss as f32 while dV reads the weights from
+// Ps, then replaces them there as f16 for dK. Workgroup memory: 43,520 bytes at DMAX = 64,
+// 42,496 at 128.
+const BQ: u32 = 4096u / DMAX;
+var<workgroup> Qs: array<array<f16, 4>, BQ * KP / 4u>;
+var<workgroup> Gs: array<array<f16, 4>, BQ * KP / 4u>;
+
 // k and v are bound as vec4 for `stage` (shared with the other entries): a cooperative load
 // through a pointer to a vector counts offsets and strides in vectors (rows are 16-byte
 // aligned, so the offsets divide by 4).
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
   return coopLoad<coop_mat16x16<f16, B>>(&k[(kb + key0 * KS + dd * 16u) / 4u], KS / 4u);
+}
+
+// Copies query rows q0 .. q0 + BQ - 1 (clamped to the last row: those are masked) of Q and dO
+// into Qs and Gs (row pitch KP). All invocations call it in uniform control flow.
+fn stage_q(qb: u32, gb: u32, q0: u32, lid: u32) {
+  for (var i = lid; i < BQ * DMAX / 4u; i = i + WG) {
+    let r = i / (DMAX / 4u);
+    let c = i % (DMAX / 4u);
+    let row = min(q0 + r, p.sq - 1u);
+    let hq = q[(qb + row * QS) / 4u + c];
+    let hg = dout[(gb + row * GS) / 4u + c];
+    Qs[(r * KP) / 4u + c] = array<f16, 4>(hq.x, hq.y, hq.z, hq.w);
+    Gs[(r * KP) / 4u + c] = array<f16, 4>(hg.x, hg.y, hg.z, hg.w);
+  }
+}
+
+// Fragment dd of the 16 staged rows starting at r, as A (row-major, for S^T and dP^T) or as B
+// (row-major, for dK and dV).
+fn q_a(r: u32, dd: u32) -> coop_mat16x16<f16, A> {
+  return coopLoadT<coop_mat16x16<f16, A>>(&Qs[(r * KP + dd * 16u) / 4u][0], KP);
+}
+fn g_a(r: u32, dd: u32) -> coop_mat16x16<f16, A> {
+  return coopLoadT<coop_mat16x16<f16, A>>(&Gs[(r * KP + dd * 16u) / 4u][0], KP);
+}
+fn q_b(r: u32, dd: u32) -> coop_mat16x16<f16, B> {
+  return coopLoadT<coop_mat16x16<f16, B>>(&Qs[(r * KP + dd * 16u) / 4u][0], KP);
+}
+fn g_b(r: u32, dd: u32) -> coop_mat16x16<f16, B> {
+  return coopLoadT<coop_mat16x16<f16, B>>(&Gs[(r * KP + dd * 16u) / 4u][0], KP);
 }
 
 @compute @workgroup_size(WG)
@@ -359,25 +399,28 @@ fn main(ids: Ids) {
   let kf$dd = k_tile(kb, kr, $dd);
   let vf$dd = coopLoad<coop_mat16x16<f16, B>>(&v[(vb + kr * VS + $dd * 16u) / 4u], VS / 4u);
   //! end
-  let qstart = causal_start(k0, BR);
+  let qstart = causal_start(k0, BQ);
+  // Two lanes a key row of the subgroup's 16 x BQ tiles in Ss and Ps (BQ / 2 columns each);
+  // lanes start at different columns (`rot`) so that each access touches 32 banks.
   let row = lane / 2u;
   let half = lane % 2u;
+  let rot = select(row, lane, BQ == 64u);
   let kj = k0 + sg * 16u + row;
-  let sbase = sg * 1024u + row * 64u + half * 32u;
-  for (var q0 = qstart; q0 < p.sq; q0 = q0 + BR) {
-    // The block's log-sum-exp and delta, read once (the barrier after S^T orders them).
-    if (ids.lid < BR) {
+  let sbase = sg * 1024u + row * BQ + half * (BQ / 2u);
+  for (var q0 = qstart; q0 < p.sq; q0 = q0 + BQ) {
+    stage_q(qb, gb, q0, ids.lid);
+    // The block's log-sum-exp and delta, read once.
+    if (ids.lid < BQ) {
       let qs = min(q0 + ids.lid, p.sq - 1u);
       Lq[ids.lid] = ld_lse(bh * p.sq + qs);
       Dq[ids.lid] = ld_delta(bh * p.sq + qs);
     }
-    // S^T = K Q^T for this subgroup's 16 keys and the block's queries.
+    workgroupBarrier();
     // S for (16 queries, this subgroup's 16 keys) tiles, stored column-major: S^T in Ss.
-    for (var qg = 0u; qg < 4u; qg = qg + KT) {
+    for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
-      let qrow$qc = min(q0 + (qg + $qc) * 16u, p.sq - 16u);
       //! unroll dd in 0..ND
-      let qa$qc$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qrow$qc * QS + $dd * 16u], QS);
+      let qa$qc$dd = q_a((qg + $qc) * 16u, $dd);
       //! end
       //! end
       //! unroll qc in 0..KT
@@ -385,24 +428,23 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$qc = coopMultiplyAdd(qa$qc$dd, kf$dd, acc$qc);
       //! end
-      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], 64u);
+      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], BQ);
       //! end
     }
     workgroupBarrier();
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let qi = q0 + half * 32u + cc;
+    for (var c = 0u; c < BQ / 2u; c = c + 1u) {
+      let cc = (c + rot) & (BQ / 2u - 1u);
+      let col = half * (BQ / 2u) + cc;
+      let qi = q0 + col;
       let masked = (qi >= p.sq) | (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
-      Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - Lq[half * 32u + cc]), 0.0, masked));
+      Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - Lq[col]), 0.0, masked));
     }
     workgroupBarrier();
-    // dP^T = V dO^T.
     // dP = dO V^T for (16 queries, 16 keys) tiles, stored column-major: dP^T in Ss.
-    for (var qg = 0u; qg < 4u; qg = qg + KT) {
+    for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
-      let qrow$qc = min(q0 + (qg + $qc) * 16u, p.sq - 16u);
       //! unroll dd in 0..ND
-      let ga$qc$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[gb + qrow$qc * GS + $dd * 16u], GS);
+      let ga$qc$dd = g_a((qg + $qc) * 16u, $dd);
       //! end
       //! end
       //! unroll qc in 0..KT
@@ -410,37 +452,54 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$qc = coopMultiplyAdd(ga$qc$dd, vf$dd, acc$qc);
       //! end
-      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], 64u);
+      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], BQ);
       //! end
     }
     workgroupBarrier();
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let qi = q0 + half * 32u + cc;
+    for (var c = 0u; c < BQ / 2u; c = c + 1u) {
+      let cc = (c + rot) & (BQ / 2u - 1u);
+      let col = half * (BQ / 2u) + cc;
+      let qi = q0 + col;
       let masked = (qi >= p.sq) | (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
       // With dropout (mask factor z): dS = P (z dP' - delta) for dP' = dO V^T, and
       // dV takes the dropped weights z P, which replace P in Ps.
       let keep = keep(bh * p.sq + qi, kj);
       let pv = f32(Ps[sbase + cc]);
-      let ds = pv * (Ss[sbase + cc] * keep - Dq[half * 32u + cc]);
-      Dh[sbase + cc] = f16(select(ds, 0.0, masked));
+      Ss[sbase + cc] = select(pv * (Ss[sbase + cc] * keep - Dq[col]), 0.0, masked);
       if (DROP != 0u) { Ps[sbase + cc] = f16(pv * keep); }
     }
     workgroupBarrier();
-    // dV += P^T dO, dK += dS^T Q.
-    for (var qg = 0u; qg < 4u; qg = qg + KT) {
+    // dV += P^T dO.
+    for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
-      let qrow$qc = min(q0 + (qg + $qc) * 16u, p.sq - 16u);
-      let pt$qc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (qg + $qc) * 16u], 64u);
-      let st$qc = coopLoadT<coop_mat16x16<f16, A>>(&Dh[sg * 1024u + (qg + $qc) * 16u], 64u);
+      let pt$qc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (qg + $qc) * 16u], BQ);
       //! unroll dd in 0..ND
-      let go$qc$dd = coopLoadT<coop_mat16x16<f16, B>>(&dout[gb + qrow$qc * GS + $dd * 16u], GS);
-      let qo$qc$dd = coopLoadT<coop_mat16x16<f16, B>>(&q[qb + qrow$qc * QS + $dd * 16u], QS);
+      let go$qc$dd = g_b((qg + $qc) * 16u, $dd);
       //! end
       //! end
       //! unroll qc in 0..KT
       //! unroll dd in 0..ND
       dvt$dd = coopMultiplyAdd(pt$qc, go$qc$dd, dvt$dd);
+      //! end
+      //! end
+    }
+    workgroupBarrier();
+    // dS replaces the weights in Ps.
+    for (var c = 0u; c < BQ / 2u; c = c + 1u) {
+      let cc = (c + rot) & (BQ / 2u - 1u);
+      Ps[sbase + cc] = f16(Ss[sbase + cc]);
+    }
+    workgroupBarrier();
+    // dK += dS^T Q.
+    for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
+      //! unroll qc in 0..KT
+      let st$qc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (qg + $qc) * 16u], BQ);
+      //! unroll dd in 0..ND
+      let qo$qc$dd = q_b((qg + $qc) * 16u, $dd);
+      //! end
+      //! end
+      //! unroll qc in 0..KT
+      //! unroll dd in 0..ND
       dkt$dd = coopMultiplyAdd(st$qc, qo$qc$dd, dkt$dd);
       //! end
       //! end

@@ -342,8 +342,8 @@ pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: u
 }
 
 /// Whether the backward pass runs on cooperative matrices (attention_coop.wgsl's bwd_kv and
-/// bwd_q), given dense operands: the forward's conditions, and queries within the loop budget
-/// of bwd_kv, which walks them.
+/// bwd_q), given dense operands: the forward's conditions, queries within the loop budget
+/// of bwd_kv, which walks them, and bwd_kv's workgroup memory (43,520 bytes at d = 64).
 pub fn backward_uses_tensor_cores(
     dev: &Device,
     dtype: DType,
@@ -351,7 +351,9 @@ pub fn backward_uses_tensor_cores(
     skv: usize,
     d: usize,
 ) -> bool {
-    uses_tensor_cores(dev, dtype, sq, skv, d) && sq <= COOP_MAX_KEYS
+    uses_tensor_cores(dev, dtype, sq, skv, d)
+        && sq <= COOP_MAX_KEYS
+        && dev.caps().workgroup_storage >= 43_520
 }
 
 /// Runs `entry` over the range [0, total) in chunks of `chunk`, each dispatch continuing from
