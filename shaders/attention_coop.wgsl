@@ -165,13 +165,17 @@ var<workgroup> Lq: array<f32, 64u>;
 var<workgroup> Dq: array<f32, 64u>;
 
 // A block of 64 keys of K or V (fwd: K for the scores, V for P V; bwd_q: K, V, then K
-// again for dS K), staged once for the four subgroups in runs of 4 halves (row pitch
+// again for dS K), staged once for the four subgroups as vec4s of halves (row pitch
 // KP = DMAX + 8 halves, so the 8 rows a fragment load reads at once start in different
-// banks). Loaded as fragments straight from memory, every
-// subgroup fetched the same K and V again, and those loads took 52-60% of the forward's time
-// on an H100 (timed against a variant that read them from workgroup memory).
+// banks; fragment loads count offsets and pitches in vec4s). Loaded as fragments straight
+// from memory, every subgroup fetched the same K and V again, and those loads took 52-60% of
+// the forward's time on an H100 (timed against a variant that read them from workgroup
+// memory). Staged as arrays of 4 halves (stored one half at a time), the backward kernels
+// took 16% longer on an H100 (the GPT step's bwd_kv 2.46 against 2.12 ms); the forward was
+// the same either way. (matmul_tc.wgsl's `main` keeps arrays of 4 halves: its fragment
+// loads through vec4 pointers ran at a third of the speed.)
 const KP: u32 = DMAX + 8u;
-var<workgroup> KVs: array<array<f16, 4>, 16u * KP>;
+var<workgroup> KVs: array<vec4<f16>, 16u * KP>;
 
 // Copies keys k0 .. k0 + 63 (clamped to the last key: those rows are masked) of K, or of V
 // when `of_v`, into KVs. All invocations call it in uniform control flow.
@@ -182,7 +186,7 @@ fn stage(of_v: bool, base: u32, pitch: u32, k0: u32, lid: u32) {
     let at = (base + min(k0 + r, p.skv - 1u) * pitch) / 4u + c;
     var h: vec4<f16>;
     if (of_v) { h = v[at]; } else { h = k[at]; }
-    KVs[(r * KP) / 4u + c] = array<f16, 4>(h.x, h.y, h.z, h.w);
+    KVs[(r * KP) / 4u + c] = h;
   }
 }
 
@@ -223,7 +227,7 @@ fn main(ids: Ids) {
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       //! unroll dd in 0..ND
-      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
+      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -275,7 +279,7 @@ fn main(ids: Ids) {
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       //! unroll dd in 0..ND
-      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
+      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -301,7 +305,7 @@ fn main(ids: Ids) {
       //! unroll kc in 0..KT
       let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
+      let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -339,8 +343,8 @@ fn main(ids: Ids) {
 // Ps, then replaces them there as f16 for dK. Workgroup memory: 43,520 bytes at DMAX = 64,
 // 42,496 at 128.
 const BQ: u32 = 4096u / DMAX;
-var<workgroup> Qs: array<array<f16, 4>, BQ * KP / 4u>;
-var<workgroup> Gs: array<array<f16, 4>, BQ * KP / 4u>;
+var<workgroup> Qs: array<vec4<f16>, BQ * KP / 4u>;
+var<workgroup> Gs: array<vec4<f16>, BQ * KP / 4u>;
 
 // k and v are bound as vec4 for `stage` (shared with the other entries): a cooperative load
 // through a pointer to a vector counts offsets and strides in vectors (rows are 16-byte
@@ -358,24 +362,24 @@ fn stage_q(qb: u32, gb: u32, q0: u32, lid: u32) {
     let row = min(q0 + r, p.sq - 1u);
     let hq = q[(qb + row * QS) / 4u + c];
     let hg = dout[(gb + row * GS) / 4u + c];
-    Qs[(r * KP) / 4u + c] = array<f16, 4>(hq.x, hq.y, hq.z, hq.w);
-    Gs[(r * KP) / 4u + c] = array<f16, 4>(hg.x, hg.y, hg.z, hg.w);
+    Qs[(r * KP) / 4u + c] = hq;
+    Gs[(r * KP) / 4u + c] = hg;
   }
 }
 
 // Fragment dd of the 16 staged rows starting at r, as A (row-major, for S^T and dP^T) or as B
 // (row-major, for dK and dV).
 fn q_a(r: u32, dd: u32) -> coop_mat16x16<f16, A> {
-  return coopLoadT<coop_mat16x16<f16, A>>(&Qs[(r * KP + dd * 16u) / 4u][0], KP);
+  return coopLoadT<coop_mat16x16<f16, A>>(&Qs[(r * KP + dd * 16u) / 4u], KP / 4u);
 }
 fn g_a(r: u32, dd: u32) -> coop_mat16x16<f16, A> {
-  return coopLoadT<coop_mat16x16<f16, A>>(&Gs[(r * KP + dd * 16u) / 4u][0], KP);
+  return coopLoadT<coop_mat16x16<f16, A>>(&Gs[(r * KP + dd * 16u) / 4u], KP / 4u);
 }
 fn q_b(r: u32, dd: u32) -> coop_mat16x16<f16, B> {
-  return coopLoadT<coop_mat16x16<f16, B>>(&Qs[(r * KP + dd * 16u) / 4u][0], KP);
+  return coopLoadT<coop_mat16x16<f16, B>>(&Qs[(r * KP + dd * 16u) / 4u], KP / 4u);
 }
 fn g_b(r: u32, dd: u32) -> coop_mat16x16<f16, B> {
-  return coopLoadT<coop_mat16x16<f16, B>>(&Gs[(r * KP + dd * 16u) / 4u][0], KP);
+  return coopLoadT<coop_mat16x16<f16, B>>(&Gs[(r * KP + dd * 16u) / 4u], KP / 4u);
 }
 
 @compute @workgroup_size(WG)
@@ -561,7 +565,7 @@ fn main(ids: Ids) {
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       //! unroll dd in 0..ND
-      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
+      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -586,7 +590,7 @@ fn main(ids: Ids) {
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       //! unroll dd in 0..ND
-      let vt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
+      let vt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -613,7 +617,7 @@ fn main(ids: Ids) {
       //! unroll kc in 0..KT
       let st$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
       //! unroll dd in 0..ND
-      let kt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u][0], KP);
+      let kt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
       //! end
       //! unroll kc in 0..KT
