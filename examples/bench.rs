@@ -359,8 +359,32 @@ fn main() -> Result<()> {
                     Config::SimtK4(tm, tn) => format!("matmul (simt {tm}x{tn}, 4-wide K)"),
                     Config::Reg => "matmul (tiled 128x128, 8x8 a thread)".to_string(),
                 };
-                // Where `reg` runs, the 64 x 64 tiles it replaced, timed beside it.
+                // Where `reg` runs, the 64 x 64 tiles it replaced, timed beside it; where
+                // the tensor cores run, each of their two kernels (`main` stages tiles in
+                // workgroup memory, `direct` loads fragments from the buffers) on each layout.
                 let plain = plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false));
+                let tc = matches!(plain, Config::CoopTiled | Config::CoopDirect);
+                let side = |rows: &mut Vec<Row>, name: &str, config: Config, f: &dyn Fn() -> Result<()>| -> Result<()> {
+                    let ms = forced(config, || time(&dev, a.ms, f))??;
+                    emit(
+                        rows,
+                        Row {
+                            name: name.into(),
+                            shape: format!("{m}x{n}x{k}"),
+                            dtype: dt,
+                            ms,
+                            rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
+                            unit: "GFLOP/s",
+                            check: "-".into(),
+                        },
+                    );
+                    Ok(())
+                };
+                if tc {
+                    for (name, config) in [("matmul (forced main)", Config::CoopTiled), ("matmul (forced direct)", Config::CoopDirect)] {
+                        side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
+                    }
+                }
                 if plain == Config::Reg {
                     let old = Config::Tiled(64, 64, 16, 4, 4);
                     let ms = forced(old, || time(&dev, a.ms, || ta.matmul(&tb).map(drop)))??;
@@ -405,6 +429,22 @@ fn main() -> Result<()> {
                     )
                     .map(drop)
                 })?;
+                if tc {
+                    let lin = || {
+                        x.matmul_with(
+                            &w,
+                            MatmulOpts {
+                                trans_b: true,
+                                bias: Some(&bias),
+                                act: Some(wgrad::Activation::Relu),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop)
+                    };
+                    side(rows, "linear (forced main)", Config::CoopTiled, &lin)?;
+                    side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
+                }
                 emit(
                     rows,
                     Row {
@@ -429,6 +469,20 @@ fn main() -> Result<()> {
                     )
                     .map(drop)
                 })?;
+                if tc {
+                    let atb = || {
+                        at.matmul_with(
+                            &tb,
+                            MatmulOpts {
+                                trans_a: true,
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop)
+                    };
+                    side(rows, "matmul A^T B (forced main)", Config::CoopTiled, &atb)?;
+                    side(rows, "matmul A^T B (forced direct)", Config::CoopDirect, &atb)?;
+                }
                 emit(
                     rows,
                     Row {

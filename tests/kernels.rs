@@ -477,7 +477,19 @@ fn matmul_register_tiles() {
         );
     })
     .unwrap();
-    assert!(forced(Config::CoopDirect, || ()).is_err());
+    // The any-shape tensor-core kernel cannot be forced; the tiled ones apply only where the
+    // adapter has tensor cores, and products stay correct either way (their own layout rules
+    // still apply: 130 x 129 is no whole number of 16 x 16 tiles for `direct`).
+    assert!(forced(Config::Coop, || ()).is_err());
+    for config in [Config::CoopTiled, Config::CoopDirect] {
+        forced(config, || {
+            for s in [(130, 129, 65), (64, 128, 48)] {
+                matmul_case(&dev, &mut rng, DType::F16, s, false, false, false, None);
+                matmul_case(&dev, &mut rng, DType::F16, s, true, true, true, None);
+            }
+        })
+        .unwrap();
+    }
 }
 
 /// A product with enough 128 x 128 tiles to fill a large GPU 1.45 times (16384 x 384), which

@@ -214,15 +214,21 @@ impl Config {
 /// The K step of `reg` (RBK in matmul.wgsl).
 const REG_BK: u32 = 16;
 
-/// The configuration `matmul` picks for these sizes on `dev`.
-pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Config {
+/// Whether products of `dtype` can run on `dev`'s tensor cores (16x16x16 cooperative
+/// matrices over subgroups of exactly 32).
+fn tensor_cores(dev: &Device, dtype: DType) -> bool {
     let c = dev.caps();
-    let coop_ok = dtype == DType::F16
+    dtype == DType::F16
         && c.coop_matrix_16
         && c.f16
         && c.subgroups
         && c.subgroup_min == 32
-        && c.subgroup_max == 32;
+        && c.subgroup_max == 32
+}
+
+/// The configuration `matmul` picks for these sizes on `dev`.
+pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Config {
+    let coop_ok = tensor_cores(dev, dtype);
     // `plan` moves products whose operand layouts allow it to the faster tensor-core kernels.
     if coop_ok && m >= 64 && n >= 64 && k >= 16 {
         return Config::Coop;
@@ -301,12 +307,21 @@ thread_local! {
 
 /// Runs `f` with every product on this thread planned as if the size rules had chosen
 /// `config` (tests run each kernel on adapters where the rules would not pick it: the GPU
-/// kernels on lavapipe); the layout rules still apply (`Reg` needs runs of 4, `Simt` takes
-/// its 4-wide forms where it can). Only kernels that run on every adapter can be forced:
-/// `Tiled`, `Reg` and `Simt`; others are an error.
+/// kernels on lavapipe, benchmarks the tensor-core kernels side by side); the layout rules
+/// still apply (`Reg` needs runs of 4, `Simt` takes its 4-wide forms where it can, the
+/// tensor-core kernels their alignments). `CoopTiled` and `CoopDirect` apply only where the
+/// adapter and dtype have tensor cores (elsewhere the usual choice stands); `Coop` and the
+/// CPU kernels' other forms are an error.
 #[doc(hidden)]
 pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
-    if !matches!(config, Config::Tiled(..) | Config::Reg | Config::Simt(..)) {
+    if !matches!(
+        config,
+        Config::Tiled(..)
+            | Config::Reg
+            | Config::Simt(..)
+            | Config::CoopTiled
+            | Config::CoopDirect
+    ) {
         return Err(Error::invalid(
             "matmul::forced",
             format!("{config:?} does not take every shape"),
@@ -325,9 +340,12 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let (sbk, sbn) = o.b_strides;
     // op(A) is "transposed" when its columns (k) are the strided axis; likewise op(B).
     let (ta, tb) = (sak != 1, sbn != 1);
-    let mut config = FORCED
-        .with(|c| c.get())
-        .unwrap_or_else(|| choose(dev, dtype, m, n, k));
+    let coop_ok = tensor_cores(dev, dtype);
+    let mut config = match FORCED.with(|c| c.get()) {
+        Some(Config::CoopTiled | Config::CoopDirect) if !coop_ok => choose(dev, dtype, m, n, k),
+        Some(f) => f,
+        None => choose(dev, dtype, m, n, k),
+    };
     // Kernels that move runs of 4 elements along each operand's contiguous axis need that
     // axis's extent, the row pitches and every offset to be multiples of 4 (a run is then
     // wholly inside or outside the matrix, and 16-byte aligned for f32). (A row pitch of 0,
@@ -350,12 +368,21 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     if config == Config::Reg && !runs_of_4 {
         config = Config::Tiled(64, 64, 16, 4, 4);
     }
-    if config == Config::Coop && dev.caps().workgroup_storage >= 49152 && runs_of_4 {
+    // `direct`'s loads need 16-byte aligned rows and whole 16 x 16 tiles; `main` takes runs
+    // of 4 and 48 KiB of workgroup memory.
+    let tiled_ok = coop_ok && dev.caps().workgroup_storage >= 49152 && runs_of_4;
+    let direct_ok = tiled_ok
+        && runs.iter().all(|v| v % 8 == 0)
+        && [m, n, k].iter().all(|v| v % 16 == 0);
+    if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok)
+    {
+        config = Config::Coop;
+    }
+    if config == Config::Coop && tiled_ok {
         config = Config::CoopTiled;
         // Measured on an H200: fragments straight from the buffers ran 10-15% faster where B
-        // is contiguous along N, 15% slower where it is contiguous along K. Their loads need
-        // 16-byte aligned rows and whole 16 x 16 tiles.
-        if !tb && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0) {
+        // is contiguous along N, 15% slower where it is contiguous along K.
+        if !tb && direct_ok {
             config = Config::CoopDirect;
         }
     }
