@@ -252,31 +252,45 @@ fn main(ids: Ids) {
 }
 
 //! entry fwd_tile(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
-//! check WG=128 BR=32 BC=32 DMAX=64
-// fwd in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
-// online softmax, chunks and state as fwd. Thread t owns rows 4 rg .. 4 rg + 3 (rg = t / 16)
-// of the 32-row query block, and with lane = t % 16 the scores of keys 2 lane, 2 lane + 1
-// and the output columns 4 lane .. 4 lane + 3 of those rows, as vec4s over the four rows (the
-// scores) or the four columns (the output). Q (scaled) and K sit in workgroup memory
-// transposed, V and the weights P row-major in keys, so each step of a product reads two
-// words and does 8 (scores) or 16 (output) multiply-adds; fwd reads two scalars per
-// multiply-add. The row maxima and sums combine through workgroup memory (Mx, Lx, one vec4
-// per lane and row group); all 16 lanes of a row group keep the same running max and sum.
-// Workgroup memory: 32 KiB.
-var<workgroup> Qt: array<vec4<f32>, 512>;
-var<workgroup> Kt: array<vec2<f32>, 1024>;
+//! requires subgroups
+//! check WG=128 BR=64 BC=32 DMAX=64
+// fwd in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d) on adapters
+// with subgroups of at least 8: the same online softmax, chunks and state as fwd. A workgroup
+// takes 64 query rows and walks the keys in blocks of 32. Thread t (row group rg = t / 8,
+// lane = t % 8) owns rows 4 rg .. 4 rg + 3: their scores against keys 4 lane .. 4 lane + 3
+// of the block (four vec4s over the rows) and their output columns 4 lane .. 4 lane + 3 and
+// 32 + 4 lane .. 32 + 4 lane + 3 (eight vec4s over the columns). Q (scaled) and each block of
+// K sit in workgroup memory transposed (Qt: a vec4 of 4 rows per dimension and row group;
+// KPt: a vec4 of 4 keys per dimension and lane), so a step of the scores reads two vec4s and
+// does 16 multiply-adds; the weights P then replace K in KPt (a vec4 of 4 rows per key and
+// row group) and V sits row-major, so a step of the output reads three vec4s for 32. The
+// eight lanes of a row group are neighbours in one subgroup: they combine the row maxima and
+// sums by subgroup shuffles, and all keep the same running max and sum. (The first version,
+// 32 rows with 4 x 2 scores and 4 x 4 outputs a thread and the row statistics through
+// workgroup memory, read a vec4 per 3-5 multiply-adds.) Workgroup memory: 32 KiB.
+var<workgroup> Qt: array<vec4<f32>, 1024>;
+var<workgroup> KPt: array<vec4<f32>, 512>;
 var<workgroup> Vt: array<vec4<f32>, 512>;
-var<workgroup> Pt: array<vec4<f32>, 256>;
-var<workgroup> Mx: array<vec4<f32>, 128>;
-var<workgroup> Lx: array<vec4<f32>, 128>;
+
+// The maximum and the sum over the eight lanes of a row group.
+fn group_max(x: vec4<f32>) -> vec4<f32> {
+  var r = max(x, subgroupShuffleXor(x, 1u));
+  r = max(r, subgroupShuffleXor(r, 2u));
+  return max(r, subgroupShuffleXor(r, 4u));
+}
+fn group_sum(x: vec4<f32>) -> vec4<f32> {
+  var r = x + subgroupShuffleXor(x, 1u);
+  r = r + subgroupShuffleXor(r, 2u);
+  return r + subgroupShuffleXor(r, 4u);
+}
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
   let q0 = ids.wid.x * BR;
   let t = ids.lid;
-  let rg = t / 16u;
-  let lane = t % 16u;
+  let rg = t / 8u;
+  let lane = t % 8u;
   let qb = base_q(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
@@ -285,20 +299,22 @@ fn main(ids: Ids) {
     let dd = e % DMAX;
     var v = 0.0;
     if (q0 + rr < p.sq && dd < p.d) { v = ld_q(qb + (q0 + rr) * p.q_ss + dd) * p.scale; }
-    Qt[dd * 8u + rr / 4u][rr % 4u] = v;
+    Qt[dd * 16u + rr / 4u][rr % 4u] = v;
   }
   let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
   let ninf = vec4<f32>(p.ninf);
   var m = ninf;
   var l = vec4<f32>(0.0);
   //! unroll r in 0..4
-  var o$r = vec4<f32>(0.0);
+  var lo$r = vec4<f32>(0.0);
+  var hi$r = vec4<f32>(0.0);
   //! end
   if (p.first == 0u) {
     //! unroll r in 0..4
     if (rows[$r] < p.sq) {
       let sb = (bh * p.sq + rows[$r]) * (DMAX + 2u);
-      o$r = vec4<f32>(ld_state(sb + 4u * lane), ld_state(sb + 4u * lane + 1u), ld_state(sb + 4u * lane + 2u), ld_state(sb + 4u * lane + 3u));
+      lo$r = vec4<f32>(ld_state(sb + 4u * lane), ld_state(sb + 4u * lane + 1u), ld_state(sb + 4u * lane + 2u), ld_state(sb + 4u * lane + 3u));
+      hi$r = vec4<f32>(ld_state(sb + 32u + 4u * lane), ld_state(sb + 33u + 4u * lane), ld_state(sb + 34u + 4u * lane), ld_state(sb + 35u + 4u * lane));
       m[$r] = ld_state(sb + DMAX);
       l[$r] = ld_state(sb + DMAX + 1u);
     }
@@ -312,10 +328,11 @@ fn main(ids: Ids) {
   //! unroll e in 0..16
   var kv$e = tile_kv(kb, vb, p.c0 + c_l + 2u * $e, dd_l);
   //! end
+  let row0 = bh * p.sq + rows.x;
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
     //! unroll e in 0..16
-    Kt[dd_l * 16u + $e][c_l] = kv$e.x;
+    KPt[dd_l * 8u + (c_l + 2u * $e) / 4u][(c_l + 2u * $e) % 4u] = kv$e.x;
     Vt[(c_l + 2u * $e) * 16u + dd_l / 4u][dd_l % 4u] = kv$e.y;
     //! end
     workgroupBarrier();
@@ -324,50 +341,55 @@ fn main(ids: Ids) {
       kv$e = tile_kv(kb, vb, k0 + BC + c_l + 2u * $e, dd_l);
       //! end
     }
-    var s0 = vec4<f32>(0.0);
-    var s1 = vec4<f32>(0.0);
+    //! unroll c in 0..4
+    var s$c = vec4<f32>(0.0);
+    //! end
     for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
-      let a = Qt[dd * 8u + rg];
-      let b = Kt[dd * 16u + lane];
-      s0 = fma(a, vec4<f32>(b.x), s0);
-      s1 = fma(a, vec4<f32>(b.y), s1);
+      let a = Qt[dd * 16u + rg];
+      let b = KPt[dd * 8u + lane];
+      s0u = fma(a, vec4<f32>(b.x), s0u);
+      s1u = fma(a, vec4<f32>(b.y), s1u);
+      s2u = fma(a, vec4<f32>(b.z), s2u);
+      s3u = fma(a, vec4<f32>(b.w), s3u);
     }
     // Keys past the end, or causally masked (as `masked`), score -inf.
-    let key0 = k0 + 2u * lane;
     let seen = rows + vec4<u32>(p.skv);
-    let ok0 = vec4<bool>(key0 < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key0 + p.sq) > seen));
-    let ok1 = vec4<bool>(key0 + 1u < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key0 + 1u + p.sq) > seen));
-    s0 = select(ninf, s0, ok0);
-    s1 = select(ninf, s1, ok1);
-    Mx[lane * 8u + rg] = max(s0, s1);
-    workgroupBarrier();
-    var mb = m;
-    for (var i = 0u; i < 16u; i = i + 1u) { mb = max(mb, Mx[i * 8u + rg]); }
+    //! unroll c in 0..4
+    let key$c = k0 + 4u * lane + $c;
+    s$c = select(ninf, s$c, vec4<bool>(key$c < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key$c + p.sq) > seen)));
+    //! end
+    let mb = max(m, group_max(max(max(s0u, s1u), max(s2u, s3u))));
     // Exponents from the new maximum, or from 0 in rows that have seen only masked keys.
     let base = select(mb, vec4<f32>(0.0), mb == ninf);
     let corr = exp(m - base);
-    let p0 = exp(s0 - base);
-    let p1 = exp(s1 - base);
-    Lx[lane * 8u + rg] = p0 + p1;
-    // Dropout scales the weights in the output only: the softmax sum stays whole.
-    let row0 = bh * p.sq + rows.x;
-    Pt[(2u * lane) * 8u + rg] = p0 * vec4<f32>(attn_keep(row0, key0), attn_keep(row0 + 1u, key0), attn_keep(row0 + 2u, key0), attn_keep(row0 + 3u, key0));
-    Pt[(2u * lane + 1u) * 8u + rg] = p1 * vec4<f32>(attn_keep(row0, key0 + 1u), attn_keep(row0 + 1u, key0 + 1u), attn_keep(row0 + 2u, key0 + 1u), attn_keep(row0 + 3u, key0 + 1u));
-    workgroupBarrier();
-    var lb = vec4<f32>(0.0);
-    for (var i = 0u; i < 16u; i = i + 1u) { lb = lb + Lx[i * 8u + rg]; }
-    l = l * corr + lb;
+    //! unroll c in 0..4
+    let p$c = exp(s$c - base);
+    //! end
+    l = l * corr + group_sum(p0u + p1u + p2u + p3u);
     m = mb;
+    // Every thread is past its reads of K: the weights replace it. Dropout scales the
+    // weights in the output only: the softmax sum stays whole.
+    workgroupBarrier();
+    //! unroll c in 0..4
+    KPt[(4u * lane + $c) * 16u + rg] = p$c * vec4<f32>(attn_keep(row0, key$c), attn_keep(row0 + 1u, key$c), attn_keep(row0 + 2u, key$c), attn_keep(row0 + 3u, key$c));
+    //! end
+    workgroupBarrier();
     //! unroll r in 0..4
-    o$r = o$r * corr[$r];
+    lo$r = lo$r * corr[$r];
+    hi$r = hi$r * corr[$r];
     //! end
     for (var c = 0u; c < BC; c = c + 1u) {
-      let w = Pt[c * 8u + rg];
-      let vv = Vt[c * 16u + lane];
-      o0u = fma(vec4<f32>(w.x), vv, o0u);
-      o1u = fma(vec4<f32>(w.y), vv, o1u);
-      o2u = fma(vec4<f32>(w.z), vv, o2u);
-      o3u = fma(vec4<f32>(w.w), vv, o3u);
+      let w = KPt[c * 16u + rg];
+      let v0 = Vt[c * 16u + lane];
+      let v1 = Vt[c * 16u + 8u + lane];
+      lo0u = fma(vec4<f32>(w.x), v0, lo0u);
+      hi0u = fma(vec4<f32>(w.x), v1, hi0u);
+      lo1u = fma(vec4<f32>(w.y), v0, lo1u);
+      hi1u = fma(vec4<f32>(w.y), v1, hi1u);
+      lo2u = fma(vec4<f32>(w.z), v0, lo2u);
+      hi2u = fma(vec4<f32>(w.z), v1, hi2u);
+      lo3u = fma(vec4<f32>(w.w), v0, lo3u);
+      hi3u = fma(vec4<f32>(w.w), v1, hi3u);
     }
   }
   let ob = base_o(bh);
@@ -377,12 +399,16 @@ fn main(ids: Ids) {
     if (p.last != 0u) {
       let inv = 1.0 / l[$r];
       for (var j = 0u; j < 4u; j = j + 1u) {
-        if (4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + 4u * lane + j, o$r[j] * inv); }
+        if (4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + 4u * lane + j, lo$r[j] * inv); }
+        if (32u + 4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + 32u + 4u * lane + j, hi$r[j] * inv); }
       }
       if (lane == 0u) { st_lse(bh * p.sq + qi, m[$r] + log(l[$r])); }
     } else {
       let sb = (bh * p.sq + qi) * (DMAX + 2u);
-      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + 4u * lane + j, o$r[j]); }
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        st_state(sb + 4u * lane + j, lo$r[j]);
+        st_state(sb + 32u + 4u * lane + j, hi$r[j]);
+      }
       if (lane == 0u) {
         st_state(sb + DMAX, m[$r]);
         st_state(sb + DMAX + 1u, l[$r]);

@@ -445,14 +445,14 @@ pub(crate) fn forward(
         arg(o, dtype),
         arg(lse, DType::F32),
     ];
-    if fwd_tiled(dev, a.d) {
+    if fwd_tile_ok(dev, a.d) {
         return chunked(
             dev,
             "fwd_tile",
-            &[("BR", 32), ("BC", 32), ("DMAX", 64)],
+            &[("BR", 64), ("BC", 32), ("DMAX", 64)],
             p,
             &args,
-            [a.sq.div_ceil(32) as u32, a.bh as u32, 1],
+            [a.sq.div_ceil(64) as u32, a.bh as u32, 1],
             a.skv,
             FWD_TILE_CHUNK,
             a.bh * a.sq * (64 + 2),
@@ -479,9 +479,16 @@ pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
     d <= 64 && dev.caps().workgroup_storage >= 32_768
 }
 
+/// Whether the forward takes `fwd_tile`, which also needs subgroups of at least 8 (the lanes
+/// of a row group combine their row statistics by shuffles).
+fn fwd_tile_ok(dev: &Device, d: usize) -> bool {
+    let c = dev.caps();
+    fwd_tiled(dev, d) && c.subgroups && c.subgroup_min >= 8
+}
+
 /// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 64 for the
-/// scores, 16 and 16 for the row maxima and sums, 32 for the output, plus exits (the K and
-/// V loads are unrolled).
+/// scores and 32 for the output, plus exits (the K and V loads are unrolled); the Q staging
+/// loop (32) comes once. (Sized with room to spare: 140 a block.)
 const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 140 * 32;
 
 /// Queries one `bwd_kv_tile` invocation covers: per block of 16 queries, 64 (scores) + 16
