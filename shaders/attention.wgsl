@@ -809,27 +809,34 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_q_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dq: data mut, state: f32 mut)
-//! check WG=128 BR=16 BC=32 DMAX=64
+//! check WG=128 BR=32 BC=32 DMAX=64
 // bwd_q in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
-// products, chunks and state. The workgroup's 16 query rows of Q and dO sit transposed in
-// workgroup memory (padded rows of 17), each key block's K and V transposed in 4-key vectors
-// (rows padded to 9 vectors, so the dQ step's reads of 8 neighbouring dimensions fall on
-// distinct banks). Scores as in bwd_kv_tile (thread t: keys 4 cg .. 4 cg + 3 of query
-// lane); dS passes through workgroup memory; then thread t takes row t / 8 of dQ and its
-// columns 8 j + t % 8, adding dot(dS of 4 keys, K of those keys) per column: nine vectors
-// read per 32 multiply-adds.
-var<workgroup> KTq: array<vec4<f32>, 576>;
-var<workgroup> VTq: array<vec4<f32>, 576>;
-var<workgroup> QTq: array<f32, 1088>;
-var<workgroup> OTq: array<f32, 1088>;
-var<workgroup> Sq: array<vec4<f32>, 128>;
+// products, chunks and state. A workgroup takes 32 query rows and walks the keys in blocks of
+// 32. Q and dO sit in workgroup memory transposed (a vec4 of 4 rows per dimension and row
+// group), each block of K and V row-major in vec4s along the dimension (`kv_at` rotates each
+// key's vec4s so that neighbouring keys' reads fall on different banks). Thread t (row group
+// rg = t / 16, lane = t % 16) takes S and dP for rows 4 rg .. 4 rg + 3 and keys 2 lane,
+// 2 lane + 1 (vec4s over the rows: per 4 dimensions, twelve vec4s read for 64 multiply-adds),
+// turns them into dS, which replaces V in workgroup memory (a vec4 of 4 rows per key and row
+// group), then adds dS K to dQ's rows 4 rg .. 4 rg + 3, columns 4 lane .. 4 lane + 3 (two
+// vec4s read per 16 multiply-adds). (The first version, 16 rows with one query and 4 keys a
+// thread, read a vec4 or a scalar every 2-4 multiply-adds.) Workgroup memory: 32 KiB.
+var<workgroup> QTq: array<vec4<f32>, 512>;
+var<workgroup> GTq: array<vec4<f32>, 512>;
+var<workgroup> Kq: array<vec4<f32>, 512>;
+var<workgroup> VSq: array<vec4<f32>, 512>;
+
+// Where the vec4 of dimensions 4 d4 .. 4 d4 + 3 of block key `key` sits in Kq or VSq.
+fn kv_at(key: u32, d4: u32) -> u32 {
+  return key * 16u + ((d4 + key / 2u) & 15u);
+}
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
   let q0 = ids.wid.x * BR;
   let t = ids.lid;
-  let cg = t / 16u;
+  let rg = t / 16u;
   let lane = t % 16u;
   let qb = base_q(bh);
   let gb = base_g(bh);
@@ -839,71 +846,105 @@ fn main(ids: Ids) {
     let rr = e / DMAX;
     let dd = e % DMAX;
     let qo = tile_qo(qb, gb, q0 + rr, dd);
-    QTq[dd * 17u + rr] = qo.x;
-    OTq[dd * 17u + rr] = qo.y;
+    QTq[dd * 8u + rr / 4u][rr % 4u] = qo.x;
+    GTq[dd * 8u + rr / 4u][rr % 4u] = qo.y;
   }
-  let qi = q0 + lane;
-  var ld = vec2<f32>(0.0);
-  if (qi < p.sq) { ld = vec2<f32>(ld_lse(bh * p.sq + qi), ld_delta(bh * p.sq + qi)); }
-  // dQ: row r = t / 8 of the block, columns 8 j + dl (j < 8) in two vec4s.
-  let r = t / 8u;
-  let dl = t % 8u;
-  let row = q0 + r;
-  var dqa = vec4<f32>(0.0);
-  var dqb = vec4<f32>(0.0);
-  if (p.first == 0u && row < p.sq) {
-    let sb = (bh * p.sq + row) * DMAX + dl;
-    dqa = vec4<f32>(ld_state(sb), ld_state(sb + 8u), ld_state(sb + 16u), ld_state(sb + 24u));
-    dqb = vec4<f32>(ld_state(sb + 32u), ld_state(sb + 40u), ld_state(sb + 48u), ld_state(sb + 56u));
+  let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
+  let live = rows < vec4<u32>(p.sq);
+  var lse4 = vec4<f32>(0.0);
+  var del4 = vec4<f32>(0.0);
+  //! unroll r in 0..4
+  var dq$r = vec4<f32>(0.0);
+  if (live[$r]) {
+    lse4[$r] = ld_lse(bh * p.sq + rows[$r]);
+    del4[$r] = ld_delta(bh * p.sq + rows[$r]);
+    if (p.first == 0u) {
+      let sb = (bh * p.sq + rows[$r]) * DMAX + 4u * lane;
+      dq$r = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
+    }
   }
-  let kend = min(p.c1, key_end(q0));
-  let dd_l = t % DMAX;
-  let c_l = t / DMAX;
-  //! unroll e in 0..16
-  var kv$e = tile_kv(kb, vb, p.c0 + c_l + 2u * $e, dd_l);
   //! end
+  let kend = min(p.c1, key_end(q0));
+  // This thread's share of each K and V block: keys 4 kg .. 4 kg + 3, dimensions 4 dg ..
+  // 4 dg + 3, loaded into registers a block ahead.
+  let kg = t / 16u;
+  let dg = t % 16u;
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var kv$i$j = tile_kv(kb, vb, p.c0 + 4u * kg + $i, 4u * dg + $j);
+  //! end
+  //! end
+  let row0 = bh * p.sq + rows.x;
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
-    //! unroll e in 0..16
-    KTq[dd_l * 9u + (c_l + 2u * $e) / 4u][(c_l + 2u * $e) % 4u] = kv$e.x;
-    VTq[dd_l * 9u + (c_l + 2u * $e) / 4u][(c_l + 2u * $e) % 4u] = kv$e.y;
+    //! unroll i in 0..4
+    Kq[kv_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
+    VSq[kv_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
     //! end
     workgroupBarrier();
     if (k0 + BC < kend) {
-      //! unroll e in 0..16
-      kv$e = tile_kv(kb, vb, k0 + BC + c_l + 2u * $e, dd_l);
-      //! end
-    }
-    var s = vec4<f32>(0.0);
-    var dp = vec4<f32>(0.0);
-    for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
-      s = fma(vec4<f32>(QTq[dd * 17u + lane]), KTq[dd * 9u + cg], s);
-      dp = fma(vec4<f32>(OTq[dd * 17u + lane]), VTq[dd * 9u + cg], dp);
-    }
-    let keys = vec4<u32>(k0 + 4u * cg) + vec4<u32>(0u, 1u, 2u, 3u);
-    Sq[lane * 8u + cg] = tile_weights(bh, qi, keys, s, dp, ld)[1];
-    workgroupBarrier();
-    for (var g = 0u; g < 8u; g = g + 1u) {
-      let ds = Sq[r * 8u + g];
+      //! unroll i in 0..4
       //! unroll j in 0..4
-      dqa[$j] = dqa[$j] + dot(ds, KTq[(8u * $j + dl) * 9u + g]);
-      dqb[$j] = dqb[$j] + dot(ds, KTq[(8u * $j + 32u + dl) * 9u + g]);
+      kv$i$j = tile_kv(kb, vb, k0 + BC + 4u * kg + $i, 4u * dg + $j);
       //! end
+      //! end
+    }
+    // S and dP' for keys 2 lane + c, as vec4s over the rows.
+    //! unroll c in 0..2
+    var s$c = vec4<f32>(0.0);
+    var dp$c = vec4<f32>(0.0);
+    //! end
+    for (var d4 = 0u; d4 < 16u; d4 = d4 + 1u) {
+      //! unroll j in 0..4
+      let qa$j = QTq[(4u * d4 + $j) * 8u + rg];
+      let ga$j = GTq[(4u * d4 + $j) * 8u + rg];
+      //! end
+      //! unroll c in 0..2
+      let kk$c = Kq[kv_at(2u * lane + $c, d4)];
+      let vv$c = VSq[kv_at(2u * lane + $c, d4)];
+      s$c = fma(qa0u, vec4<f32>(kk$c.x), s$c);
+      s$c = fma(qa1u, vec4<f32>(kk$c.y), s$c);
+      s$c = fma(qa2u, vec4<f32>(kk$c.z), s$c);
+      s$c = fma(qa3u, vec4<f32>(kk$c.w), s$c);
+      dp$c = fma(ga0u, vec4<f32>(vv$c.x), dp$c);
+      dp$c = fma(ga1u, vec4<f32>(vv$c.y), dp$c);
+      dp$c = fma(ga2u, vec4<f32>(vv$c.z), dp$c);
+      dp$c = fma(ga3u, vec4<f32>(vv$c.w), dp$c);
+      //! end
+    }
+    // dS = P (dP' keep - delta), 0 where masked (as `masked`) or past the rows.
+    //! unroll c in 0..2
+    let key$c = k0 + 2u * lane + $c;
+    let ok$c = live & vec4<bool>(key$c < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key$c + p.sq) > rows + vec4<u32>(p.skv)));
+    let keep$c = vec4<f32>(attn_keep(row0, key$c), attn_keep(row0 + 1u, key$c), attn_keep(row0 + 2u, key$c), attn_keep(row0 + 3u, key$c));
+    let ds$c = select(vec4<f32>(0.0), exp(s$c * p.scale - lse4) * (dp$c * keep$c - del4), ok$c);
+    //! end
+    // Every thread is past its reads of V: dS replaces it.
+    workgroupBarrier();
+    //! unroll c in 0..2
+    VSq[(2u * lane + $c) * 8u + rg] = ds$c;
+    //! end
+    workgroupBarrier();
+    for (var c = 0u; c < BC; c = c + 1u) {
+      let ds = VSq[c * 8u + rg];
+      let kk = Kq[kv_at(c, lane)];
+      dq0u = fma(vec4<f32>(ds.x), kk, dq0u);
+      dq1u = fma(vec4<f32>(ds.y), kk, dq1u);
+      dq2u = fma(vec4<f32>(ds.z), kk, dq2u);
+      dq3u = fma(vec4<f32>(ds.w), kk, dq3u);
     }
   }
-  if (row < p.sq) {
+  //! unroll r in 0..4
+  if (live[$r]) {
     if (p.last != 0u) {
-      let dqo = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh) + row * p.dq_ss;
+      let dqo = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh) + rows[$r] * p.dq_ss;
       for (var j = 0u; j < 4u; j = j + 1u) {
-        if (8u * j + dl < p.d) { st_dq(dqo + 8u * j + dl, dqa[j] * p.scale); }
-        if (8u * j + 32u + dl < p.d) { st_dq(dqo + 8u * j + 32u + dl, dqb[j] * p.scale); }
+        if (4u * lane + j < p.d) { st_dq(dqo + 4u * lane + j, dq$r[j] * p.scale); }
       }
     } else {
-      let sb = (bh * p.sq + row) * DMAX + dl;
-      for (var j = 0u; j < 4u; j = j + 1u) {
-        st_state(sb + 8u * j, dqa[j]);
-        st_state(sb + 8u * j + 32u, dqb[j]);
-      }
+      let sb = (bh * p.sq + rows[$r]) * DMAX + 4u * lane;
+      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + j, dq$r[j]); }
     }
   }
+  //! end
 }

@@ -495,8 +495,8 @@ const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 140 * 32;
 /// (dK, dV) and exits; the K and V loads (16) come once.
 const KV_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 16;
 
-/// Keys one `bwd_q_tile` invocation covers: per block of 32 keys, 64 (scores) + 8 (dQ) and
-/// exits; the Q and dO loads (8) come once.
+/// Keys one `bwd_q_tile` invocation covers: per block of 32 keys, 16 (S and dP) + 32 (dQ)
+/// and exits; the Q and dO loads (16) come once. (Sized with room to spare: 90 a block.)
 const Q_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 32;
 
 /// The saved tensors and gradients of one attention backward pass.
@@ -597,10 +597,10 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         return chunked(
             dev,
             "bwd_q_tile",
-            &consts,
+            &[("BR", 32), ("BC", 32), ("DMAX", 64)],
             p,
             &q,
-            [a.sq.div_ceil(16) as u32, a.bh as u32, 1],
+            [a.sq.div_ceil(32) as u32, a.bh as u32, 1],
             a.skv,
             Q_TILE_CHUNK,
             a.bh * a.sq * 64,
