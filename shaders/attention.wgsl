@@ -152,6 +152,13 @@ fn tile_weights(bh: u32, qi: u32, keys: vec4<u32>, s: vec4<f32>, dp: vec4<f32>, 
   return array<vec4<f32>, 2>(pr * keep, pr * (dp * keep - ld.y));
 }
 
+// Where the vec4 of dimensions 4 d4 .. 4 d4 + 3 of row `r` of a block sits when the register-
+// tile backward kernels stage rows as vec4s (a query in bwd_kv_tile, a key in bwd_q_tile):
+// rotated by r / 2, so that neighbouring rows' reads of one d4 fall on different banks.
+fn row_at(r: u32, d4: u32) -> u32 {
+  return r * 16u + ((d4 + r / 2u) & 15u);
+}
+
 //! entry fwd(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
 //! check WG=128 BR=32 BC=32 DMAX=32
 //! check WG=128 BR=32 BC=32 DMAX=64
@@ -272,6 +279,16 @@ var<workgroup> Qt: array<vec4<f32>, 1024>;
 var<workgroup> KPt: array<vec4<f32>, 512>;
 var<workgroup> Vt: array<vec4<f32>, 512>;
 
+// Element (key, dd) of K or V, zero past the keys or the head dimension.
+fn tile_k(kb: u32, key: u32, dd: u32) -> f32 {
+  if (key >= p.skv || dd >= p.d) { return 0.0; }
+  return ld_k(kb + key * p.k_ss + dd);
+}
+fn tile_v(vb: u32, key: u32, dd: u32) -> f32 {
+  if (key >= p.skv || dd >= p.d) { return 0.0; }
+  return ld_v(vb + key * p.v_ss + dd);
+}
+
 // The maximum and the sum over the eight lanes of a row group.
 fn group_max(x: vec4<f32>) -> vec4<f32> {
   var r = max(x, subgroupShuffleXor(x, 1u));
@@ -294,12 +311,16 @@ fn main(ids: Ids) {
   let qb = base_q(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  for (var e = t; e < BR * DMAX; e = e + WG) {
-    let rr = e / DMAX;
-    let dd = e % DMAX;
-    var v = 0.0;
-    if (q0 + rr < p.sq && dd < p.d) { v = ld_q(qb + (q0 + rr) * p.q_ss + dd) * p.scale; }
-    Qt[dd * 16u + rr / 4u][rr % 4u] = v;
+  // Q as whole vec4s, neighbouring threads on neighbouring row groups (distinct banks).
+  for (var e = t; e < BR * DMAX / 4u; e = e + WG) {
+    let g = e % (BR / 4u);
+    let dd = e / (BR / 4u);
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i = i + 1u) {
+      let rr = q0 + 4u * g + i;
+      if (rr < p.sq && dd < p.d) { v[i] = ld_q(qb + rr * p.q_ss + dd) * p.scale; }
+    }
+    Qt[dd * (BR / 4u) + g] = v;
   }
   let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
   let ninf = vec4<f32>(p.ninf);
@@ -321,24 +342,41 @@ fn main(ids: Ids) {
     //! end
   }
   let kend = min(p.c1, key_end(q0));
-  // This thread's share of each K and V block: column dd_l of keys c_l + 2 e (WG = 2 DMAX),
-  // loaded into registers a block ahead, while the block before multiplies.
+  // This thread's share of each K and V block, loaded into registers a block ahead, while
+  // the block before multiplies: of K, keys 4 kq .. 4 kq + 3 and dimensions 4 dq .. 4 dq + 3,
+  // stored as four vec4s over the keys (neighbouring threads on neighbouring keys, so the
+  // stores fall on distinct banks: column by column, 32 threads stored to one bank); of V,
+  // column dd_l of keys c_l + 2 e (WG = 2 DMAX).
+  let kq = t % 8u;
+  let dq = t / 8u;
   let dd_l = t % DMAX;
   let c_l = t / DMAX;
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var kr$i$j = tile_k(kb, p.c0 + 4u * kq + $i, 4u * dq + $j);
+  //! end
+  //! end
   //! unroll e in 0..16
-  var kv$e = tile_kv(kb, vb, p.c0 + c_l + 2u * $e, dd_l);
+  var vr$e = tile_v(vb, p.c0 + c_l + 2u * $e, dd_l);
   //! end
   let row0 = bh * p.sq + rows.x;
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
+    //! unroll j in 0..4
+    KPt[(4u * dq + $j) * 8u + kq] = vec4<f32>(kr0u$j, kr1u$j, kr2u$j, kr3u$j);
+    //! end
     //! unroll e in 0..16
-    KPt[dd_l * 8u + (c_l + 2u * $e) / 4u][(c_l + 2u * $e) % 4u] = kv$e.x;
-    Vt[(c_l + 2u * $e) * 16u + dd_l / 4u][dd_l % 4u] = kv$e.y;
+    Vt[(c_l + 2u * $e) * 16u + dd_l / 4u][dd_l % 4u] = vr$e;
     //! end
     workgroupBarrier();
     if (k0 + BC < kend) {
+      //! unroll i in 0..4
+      //! unroll j in 0..4
+      kr$i$j = tile_k(kb, k0 + BC + 4u * kq + $i, 4u * dq + $j);
+      //! end
+      //! end
       //! unroll e in 0..16
-      kv$e = tile_kv(kb, vb, k0 + BC + c_l + 2u * $e, dd_l);
+      vr$e = tile_v(vb, k0 + BC + c_l + 2u * $e, dd_l);
       //! end
     }
     //! unroll c in 0..4
@@ -689,120 +727,157 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_kv_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dk: data mut, dv: data mut, state: f32 mut)
-//! check WG=128 BR=16 BC=32 DMAX=64
+//! check WG=128 BR=32 BC=16 DMAX=64
 // bwd_kv in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
-// products, chunks and state. The workgroup's 32 keys sit transposed in workgroup memory
-// (K^T, V^T: a row of 4-key vectors per dimension, rows padded to 9 vectors), each query
-// block's 16 rows of Q and dO transposed too (a row of 16 queries per dimension, padded to
-// 17). Thread t takes keys 4 cg .. 4 cg + 3 (cg = t / 16) and, with lane = t % 16, the scores
-// of query lane (S and dP as vec4s over its keys: two scalars and two vectors read per 8
-// multiply-adds), then the columns 4 lane .. 4 lane + 3 of dK and dV for its keys (vec4
-// registers; per query row two vectors and eight scalars read per 32 multiply-adds). P and
-// dS pass between the two through workgroup memory. Workgroup memory: about 31 KiB.
-var<workgroup> KTb: array<vec4<f32>, 576>;
-var<workgroup> VTb: array<vec4<f32>, 576>;
-var<workgroup> QTb: array<f32, 1088>;
-var<workgroup> OTb: array<f32, 1088>;
-var<workgroup> Pb: array<vec4<f32>, 128>;
-var<workgroup> Sb: array<vec4<f32>, 128>;
-var<workgroup> LDb: array<vec2<f32>, 16>;
+// products, chunks and state. A workgroup takes 16 keys, whose K and V sit in workgroup
+// memory transposed (a vec4 of 4 keys per dimension), and walks the queries in blocks of 32,
+// staging each block's Q and dO row-major in rotated vec4s (as bwd_q_tile's K and V). The
+// two halves of the workgroup split the work: thread t < 64 computes S and then accumulates
+// dK, thread t >= 64 computes dP' and accumulates dV, each for keys 4 kg .. 4 kg + 3 (kg =
+// t % 64 / 16) and, with x = t % 16, queries 2 x, 2 x + 1 (S, dP': vec4s over the keys; per
+// 4 dimensions six vec4s read for 32 multiply-adds) or columns 4 x .. 4 x + 3 (dK, dV: two
+// vec4s read per 16 multiply-adds). P goes from the first half to the second through
+// workgroup memory, which forms dS and the dropped weights z P. (The first version, 32 keys
+// and 16 queries a block with S and dP in the same thread, read a vec4 or a scalar every 2-3
+// multiply-adds.) Workgroup memory: 28.25 KiB.
+var<workgroup> KVT: array<vec4<f32>, 512>;
+var<workgroup> QGr: array<vec4<f32>, 1024>;
+var<workgroup> PD: array<vec4<f32>, 256>;
+var<workgroup> LDk: array<vec2<f32>, 32>;
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
   let k0 = ids.wid.x * BC;
   let t = ids.lid;
-  let cg = t / 16u;
-  let lane = t % 16u;
+  let role = t / 64u;
+  let kg = (t % 64u) / 16u;
+  let x = t % 16u;
   let qb = base_q(bh);
   let gb = base_g(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
-  let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);
-  for (var e = t; e < BC * DMAX; e = e + WG) {
-    let c = e / DMAX;
-    let dd = e % DMAX;
-    let kv = tile_kv(kb, vb, k0 + c, dd);
-    KTb[dd * 9u + c / 4u][c % 4u] = kv.x;
-    VTb[dd * 9u + c / 4u][c % 4u] = kv.y;
+  // K^T and V^T as whole vec4s, neighbouring threads on neighbouring key groups.
+  for (var e = t; e < BC * DMAX / 4u; e = e + WG) {
+    let g = e % 4u;
+    let dd = e / 4u;
+    var kt = vec4<f32>(0.0);
+    var vt = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i = i + 1u) {
+      let kv = tile_kv(kb, vb, k0 + 4u * g + i, dd);
+      kt[i] = kv.x;
+      vt[i] = kv.y;
+    }
+    KVT[dd * 4u + g] = kt;
+    KVT[256u + dd * 4u + g] = vt;
   }
-  let keys = vec4<u32>(k0 + 4u * cg) + vec4<u32>(0u, 1u, 2u, 3u);
+  let keys = vec4<u32>(k0 + 4u * kg) + vec4<u32>(0u, 1u, 2u, 3u);
+  // dK (role 0) or dV (role 1) of keys 4 kg + c, columns 4 x .. 4 x + 3.
   //! unroll c in 0..4
-  var dk$c = vec4<f32>(0.0);
-  var dv$c = vec4<f32>(0.0);
+  var acc$c = vec4<f32>(0.0);
   if (p.first == 0u && keys[$c] < p.skv) {
-    let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + 4u * lane;
-    dk$c = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
-    dv$c = vec4<f32>(ld_state(sb + DMAX), ld_state(sb + DMAX + 1u), ld_state(sb + DMAX + 2u), ld_state(sb + DMAX + 3u));
+    let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + role * DMAX + 4u * x;
+    acc$c = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
   }
   //! end
   // The first query that can see key k0 is k0 - (SKV - SQ).
   var qstart = p.c0;
   if (p.causal != 0u && k0 + p.sq > p.skv) { qstart = max(qstart, ((k0 + p.sq - p.skv) / BR) * BR); }
   let qend = min(p.c1, p.sq);
-  // This thread's share of each query block: column dd_l of rows r_l + 2 e (WG = 2 DMAX),
-  // loaded into registers a block ahead.
-  let dd_l = t % DMAX;
-  let r_l = t / DMAX;
-  //! unroll e in 0..8
-  var qo$e = tile_qo(qb, gb, qstart + r_l + 2u * $e, dd_l);
+  // This thread's share of each query block: queries 4 qg .. 4 qg + 3, dimensions 4 dg ..
+  // 4 dg + 3 of Q and dO, loaded into registers a block ahead.
+  let qg = t / 16u;
+  let dg = t % 16u;
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var qo$i$j = tile_qo(qb, gb, qstart + 4u * qg + $i, 4u * dg + $j);
   //! end
+  //! end
+  let kvo = role * 256u;
+  let qgo = role * 512u;
   for (var q0 = qstart; q0 < qend; q0 = q0 + BR) {
     workgroupBarrier();
-    //! unroll e in 0..8
-    QTb[dd_l * 17u + r_l + 2u * $e] = qo$e.x;
-    OTb[dd_l * 17u + r_l + 2u * $e] = qo$e.y;
+    //! unroll i in 0..4
+    QGr[row_at(4u * qg + $i, dg)] = vec4<f32>(qo$i0u.x, qo$i1u.x, qo$i2u.x, qo$i3u.x);
+    QGr[512u + row_at(4u * qg + $i, dg)] = vec4<f32>(qo$i0u.y, qo$i1u.y, qo$i2u.y, qo$i3u.y);
     //! end
     if (t < BR) {
       var ld = vec2<f32>(0.0);
       if (q0 + t < p.sq) { ld = vec2<f32>(ld_lse(bh * p.sq + q0 + t), ld_delta(bh * p.sq + q0 + t)); }
-      LDb[t] = ld;
+      LDk[t] = ld;
     }
     workgroupBarrier();
     if (q0 + BR < qend) {
-      //! unroll e in 0..8
-      qo$e = tile_qo(qb, gb, q0 + BR + r_l + 2u * $e, dd_l);
+      //! unroll i in 0..4
+      //! unroll j in 0..4
+      qo$i$j = tile_qo(qb, gb, q0 + BR + 4u * qg + $i, 4u * dg + $j);
+      //! end
       //! end
     }
-    var s = vec4<f32>(0.0);
-    var dp = vec4<f32>(0.0);
-    for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
-      s = fma(vec4<f32>(QTb[dd * 17u + lane]), KTb[dd * 9u + cg], s);
-      dp = fma(vec4<f32>(OTb[dd * 17u + lane]), VTb[dd * 9u + cg], dp);
+    // S (role 0: K, Q) or dP' (role 1: V, dO) for queries 2 x + c, vec4s over the keys.
+    var a0u = vec4<f32>(0.0);
+    var a1u = vec4<f32>(0.0);
+    for (var d4 = 0u; d4 < 16u; d4 = d4 + 1u) {
+      //! unroll j in 0..4
+      let kt$j = KVT[kvo + (4u * d4 + $j) * 4u + kg];
+      //! end
+      let r0 = QGr[qgo + row_at(2u * x, d4)];
+      let r1 = QGr[qgo + row_at(2u * x + 1u, d4)];
+      a0u = fma(kt0u, vec4<f32>(r0.x), a0u);
+      a0u = fma(kt1u, vec4<f32>(r0.y), a0u);
+      a0u = fma(kt2u, vec4<f32>(r0.z), a0u);
+      a0u = fma(kt3u, vec4<f32>(r0.w), a0u);
+      a1u = fma(kt0u, vec4<f32>(r1.x), a1u);
+      a1u = fma(kt1u, vec4<f32>(r1.y), a1u);
+      a1u = fma(kt2u, vec4<f32>(r1.z), a1u);
+      a1u = fma(kt3u, vec4<f32>(r1.w), a1u);
     }
-    let w = tile_weights(bh, q0 + lane, keys, s, dp, LDb[lane]);
-    Pb[lane * 8u + cg] = w[0];
-    Sb[lane * 8u + cg] = w[1];
+    // Role 0: P for its queries (0 where masked, as `masked`, or past the queries).
+    //! unroll c in 0..2
+    let qi$c = q0 + 2u * x + $c;
+    let ok$c = vec4<bool>(qi$c < p.sq) & (keys < vec4<u32>(p.skv)) & !(vec4<bool>(p.causal != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi$c + p.skv)));
+    if (role == 0u) {
+      PD[(2u * x + $c) * 4u + kg] = select(vec4<f32>(0.0), exp(a$c * p.scale - LDk[2u * x + $c].x), ok$c);
+    }
+    //! end
     workgroupBarrier();
-    for (var r = 0u; r < BR; r = r + 1u) {
-      let pk = Pb[r * 8u + cg];
-      let sk = Sb[r * 8u + cg];
-      let d0 = 4u * lane * 17u + r;
-      let o4 = vec4<f32>(OTb[d0], OTb[d0 + 17u], OTb[d0 + 34u], OTb[d0 + 51u]);
-      let q4 = vec4<f32>(QTb[d0], QTb[d0 + 17u], QTb[d0 + 34u], QTb[d0 + 51u]);
-      //! unroll c in 0..4
-      dv$c = fma(vec4<f32>(pk[$c]), o4, dv$c);
-      dk$c = fma(vec4<f32>(sk[$c]), q4, dk$c);
+    // Role 1: dS = P (dP' z - delta) beside P, then z P in P's place (dV's weights).
+    if (role == 1u) {
+      //! unroll c in 0..2
+      let row$c = bh * p.sq + qi$c;
+      let z$c = vec4<f32>(attn_keep(row$c, keys.x), attn_keep(row$c, keys.y), attn_keep(row$c, keys.z), attn_keep(row$c, keys.w));
+      let pr$c = PD[(2u * x + $c) * 4u + kg];
+      PD[128u + (2u * x + $c) * 4u + kg] = pr$c * (a$c * z$c - LDk[2u * x + $c].y);
+      PD[(2u * x + $c) * 4u + kg] = pr$c * z$c;
       //! end
+    }
+    workgroupBarrier();
+    // dK += dS^T Q (role 0), dV += (z P)^T dO (role 1).
+    let pdo = (1u - role) * 128u;
+    for (var i = 0u; i < BR; i = i + 1u) {
+      let w = PD[pdo + i * 4u + kg];
+      let r = QGr[qgo + row_at(i, x)];
+      acc0u = fma(vec4<f32>(w.x), r, acc0u);
+      acc1u = fma(vec4<f32>(w.y), r, acc1u);
+      acc2u = fma(vec4<f32>(w.z), r, acc2u);
+      acc3u = fma(vec4<f32>(w.w), r, acc3u);
     }
   }
+  // dK is scaled at the end (S was unscaled).
+  let sc = select(1.0, p.scale, role == 0u);
+  let ob = select(head_base(bh, p.dv_off, p.dv_sb, p.dv_sh), head_base(bh, p.dk_off, p.dk_sb, p.dk_sh), role == 0u);
+  let oss = select(p.dv_ss, p.dk_ss, role == 0u);
   //! unroll c in 0..4
   if (keys[$c] < p.skv) {
     if (p.last != 0u) {
       for (var j = 0u; j < 4u; j = j + 1u) {
-        let dd = 4u * lane + j;
-        if (dd < p.d) {
-          st_dk(dkb + keys[$c] * p.dk_ss + dd, dk$c[j] * p.scale);
-          st_dv(dvb + keys[$c] * p.dv_ss + dd, dv$c[j]);
+        if (4u * x + j < p.d) {
+          if (role == 0u) { st_dk(ob + keys[$c] * oss + 4u * x + j, acc$c[j] * sc); } else { st_dv(ob + keys[$c] * oss + 4u * x + j, acc$c[j]); }
         }
       }
     } else {
-      let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + 4u * lane;
-      for (var j = 0u; j < 4u; j = j + 1u) {
-        st_state(sb + j, dk$c[j]);
-        st_state(sb + DMAX + j, dv$c[j]);
-      }
+      let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + role * DMAX + 4u * x;
+      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + j, acc$c[j]); }
     }
   }
   //! end
@@ -813,7 +888,7 @@ fn main(ids: Ids) {
 // bwd_q in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
 // products, chunks and state. A workgroup takes 32 query rows and walks the keys in blocks of
 // 32. Q and dO sit in workgroup memory transposed (a vec4 of 4 rows per dimension and row
-// group), each block of K and V row-major in vec4s along the dimension (`kv_at` rotates each
+// group), each block of K and V row-major in vec4s along the dimension (`row_at` rotates each
 // key's vec4s so that neighbouring keys' reads fall on different banks). Thread t (row group
 // rg = t / 16, lane = t % 16) takes S and dP for rows 4 rg .. 4 rg + 3 and keys 2 lane,
 // 2 lane + 1 (vec4s over the rows: per 4 dimensions, twelve vec4s read for 64 multiply-adds),
@@ -826,11 +901,6 @@ var<workgroup> GTq: array<vec4<f32>, 512>;
 var<workgroup> Kq: array<vec4<f32>, 512>;
 var<workgroup> VSq: array<vec4<f32>, 512>;
 
-// Where the vec4 of dimensions 4 d4 .. 4 d4 + 3 of block key `key` sits in Kq or VSq.
-fn kv_at(key: u32, d4: u32) -> u32 {
-  return key * 16u + ((d4 + key / 2u) & 15u);
-}
-
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -842,12 +912,19 @@ fn main(ids: Ids) {
   let gb = base_g(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  for (var e = t; e < BR * DMAX; e = e + WG) {
-    let rr = e / DMAX;
-    let dd = e % DMAX;
-    let qo = tile_qo(qb, gb, q0 + rr, dd);
-    QTq[dd * 8u + rr / 4u][rr % 4u] = qo.x;
-    GTq[dd * 8u + rr / 4u][rr % 4u] = qo.y;
+  // Q^T and dO^T as whole vec4s, neighbouring threads on neighbouring row groups.
+  for (var e = t; e < BR * DMAX / 4u; e = e + WG) {
+    let g = e % 8u;
+    let dd = e / 8u;
+    var qt = vec4<f32>(0.0);
+    var gt = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i = i + 1u) {
+      let qo = tile_qo(qb, gb, q0 + 4u * g + i, dd);
+      qt[i] = qo.x;
+      gt[i] = qo.y;
+    }
+    QTq[dd * 8u + g] = qt;
+    GTq[dd * 8u + g] = gt;
   }
   let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
   let live = rows < vec4<u32>(p.sq);
@@ -878,8 +955,8 @@ fn main(ids: Ids) {
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
     //! unroll i in 0..4
-    Kq[kv_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
-    VSq[kv_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
+    Kq[row_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
+    VSq[row_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
     //! end
     workgroupBarrier();
     if (k0 + BC < kend) {
@@ -900,8 +977,8 @@ fn main(ids: Ids) {
       let ga$j = GTq[(4u * d4 + $j) * 8u + rg];
       //! end
       //! unroll c in 0..2
-      let kk$c = Kq[kv_at(2u * lane + $c, d4)];
-      let vv$c = VSq[kv_at(2u * lane + $c, d4)];
+      let kk$c = Kq[row_at(2u * lane + $c, d4)];
+      let vv$c = VSq[row_at(2u * lane + $c, d4)];
       s$c = fma(qa0u, vec4<f32>(kk$c.x), s$c);
       s$c = fma(qa1u, vec4<f32>(kk$c.y), s$c);
       s$c = fma(qa2u, vec4<f32>(kk$c.z), s$c);
@@ -927,7 +1004,7 @@ fn main(ids: Ids) {
     workgroupBarrier();
     for (var c = 0u; c < BC; c = c + 1u) {
       let ds = VSq[c * 8u + rg];
-      let kk = Kq[kv_at(c, lane)];
+      let kk = Kq[row_at(c, lane)];
       dq0u = fma(vec4<f32>(ds.x), kk, dq0u);
       dq1u = fma(vec4<f32>(ds.y), kk, dq1u);
       dq2u = fma(vec4<f32>(ds.z), kk, dq2u);

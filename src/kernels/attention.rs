@@ -491,9 +491,10 @@ fn fwd_tile_ok(dev: &Device, d: usize) -> bool {
 /// loop (32) comes once. (Sized with room to spare: 140 a block.)
 const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 140 * 32;
 
-/// Queries one `bwd_kv_tile` invocation covers: per block of 16 queries, 64 (scores) + 16
-/// (dK, dV) and exits; the K and V loads (16) come once.
-const KV_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 16;
+/// Queries one `bwd_kv_tile` invocation covers: per block of 32 queries, 16 (S or dP) + 32
+/// (dK or dV) and exits; the K and V loads (8) come once. (Sized with room to spare: 90 a
+/// block.)
+const KV_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 32;
 
 /// Keys one `bwd_q_tile` invocation covers: per block of 32 keys, 16 (S and dP) + 32 (dQ)
 /// and exits; the Q and dO loads (16) come once. (Sized with room to spare: 90 a block.)
@@ -580,14 +581,13 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     kv.push(arg(g.dk, dtype));
     kv.push(arg(g.dv, dtype));
     if fwd_tiled(dev, a.d) {
-        let consts = [("BR", 16), ("BC", 32), ("DMAX", 64)];
         chunked(
             dev,
             "bwd_kv_tile",
-            &consts,
+            &[("BR", 32), ("BC", 16), ("DMAX", 64)],
             p,
             &kv,
-            [a.skv.div_ceil(32) as u32, a.bh as u32, 1],
+            [a.skv.div_ceil(16) as u32, a.bh as u32, 1],
             a.sq,
             KV_TILE_CHUNK,
             a.bh * a.skv * 2 * 64,
