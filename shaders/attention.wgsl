@@ -727,22 +727,25 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_kv_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dk: data mut, dv: data mut, state: f32 mut)
-//! check WG=128 BR=32 BC=16 DMAX=64
+//! check WG=128 BR=32 BC=16 DMAX=64 QPT=4
+//! check WG=256 BR=32 BC=32 DMAX=64 QPT=2
 // bwd_kv in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
-// products, chunks and state. A workgroup takes 16 keys, whose K and V sit in workgroup
-// memory transposed (a vec4 of 4 keys per dimension), and walks the queries in blocks of 32,
-// staging each block's Q and dO row-major in rotated vec4s (as bwd_q_tile's K and V). The
-// two halves of the workgroup split the work: thread t < 64 computes S and then accumulates
-// dK, thread t >= 64 computes dP' and accumulates dV, each for keys 4 kg .. 4 kg + 3 (kg =
-// t % 64 / 16) and, with x = t % 16, queries 2 x, 2 x + 1 (S, dP': vec4s over the keys; per
-// 4 dimensions six vec4s read for 32 multiply-adds) or columns 4 x .. 4 x + 3 (dK, dV: two
+// products, chunks and state. A workgroup takes BC keys (16 with WG = 128 threads, 32 with
+// 256 where workgroup memory allows), whose K and V sit in workgroup memory transposed (a vec4
+// of 4 keys per dimension), and walks the queries in blocks of 32, staging each block's Q and
+// dO row-major in rotated vec4s (as bwd_q_tile's K and V; QPT queries a thread). The two
+// halves of the workgroup split the work: a thread of the first half computes S and then
+// accumulates dK, one of the second dP' and dV, each for keys 4 kg .. 4 kg + 3 (kg = t % (WG /
+// 2) / 16) and, with x = t % 16, queries 2 x, 2 x + 1 (S, dP': vec4s over the keys; per 4
+// dimensions six vec4s read for 32 multiply-adds) or columns 4 x .. 4 x + 3 (dK, dV: two
 // vec4s read per 16 multiply-adds). P goes from the first half to the second through
 // workgroup memory, which forms dS and the dropped weights z P. (The first version, 32 keys
 // and 16 queries a block with S and dP in the same thread, read a vec4 or a scalar every 2-3
-// multiply-adds.) Workgroup memory: 28.25 KiB.
-var<workgroup> KVT: array<vec4<f32>, 512>;
+// multiply-adds.) Workgroup memory: 28.25 KiB with BC = 16, 40.25 KiB with 32.
+const KG: u32 = BC / 4u;
+var<workgroup> KVT: array<vec4<f32>, 2u * DMAX * KG>;
 var<workgroup> QGr: array<vec4<f32>, 1024>;
-var<workgroup> PD: array<vec4<f32>, 256>;
+var<workgroup> PD: array<vec4<f32>, 2u * BR * KG>;
 var<workgroup> LDk: array<vec2<f32>, 32>;
 
 @compute @workgroup_size(WG)
@@ -750,8 +753,8 @@ fn main(ids: Ids) {
   let bh = ids.wid.y;
   let k0 = ids.wid.x * BC;
   let t = ids.lid;
-  let role = t / 64u;
-  let kg = (t % 64u) / 16u;
+  let role = t / (WG / 2u);
+  let kg = (t % (WG / 2u)) / 16u;
   let x = t % 16u;
   let qb = base_q(bh);
   let gb = base_g(bh);
@@ -759,8 +762,8 @@ fn main(ids: Ids) {
   let vb = base_v(bh);
   // K^T and V^T as whole vec4s, neighbouring threads on neighbouring key groups.
   for (var e = t; e < BC * DMAX / 4u; e = e + WG) {
-    let g = e % 4u;
-    let dd = e / 4u;
+    let g = e % KG;
+    let dd = e / KG;
     var kt = vec4<f32>(0.0);
     var vt = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i = i + 1u) {
@@ -768,8 +771,8 @@ fn main(ids: Ids) {
       kt[i] = kv.x;
       vt[i] = kv.y;
     }
-    KVT[dd * 4u + g] = kt;
-    KVT[256u + dd * 4u + g] = vt;
+    KVT[dd * KG + g] = kt;
+    KVT[DMAX * KG + dd * KG + g] = vt;
   }
   let keys = vec4<u32>(k0 + 4u * kg) + vec4<u32>(0u, 1u, 2u, 3u);
   // dK (role 0) or dV (role 1) of keys 4 kg + c, columns 4 x .. 4 x + 3.
@@ -784,22 +787,22 @@ fn main(ids: Ids) {
   var qstart = p.c0;
   if (p.causal != 0u && k0 + p.sq > p.skv) { qstart = max(qstart, ((k0 + p.sq - p.skv) / BR) * BR); }
   let qend = min(p.c1, p.sq);
-  // This thread's share of each query block: queries 4 qg .. 4 qg + 3, dimensions 4 dg ..
-  // 4 dg + 3 of Q and dO, loaded into registers a block ahead.
+  // This thread's share of each query block: queries QPT qg .. QPT qg + QPT - 1, dimensions
+  // 4 dg .. 4 dg + 3 of Q and dO, loaded into registers a block ahead.
   let qg = t / 16u;
   let dg = t % 16u;
-  //! unroll i in 0..4
+  //! unroll i in 0..QPT
   //! unroll j in 0..4
-  var qo$i$j = tile_qo(qb, gb, qstart + 4u * qg + $i, 4u * dg + $j);
+  var qo$i$j = tile_qo(qb, gb, qstart + QPT * qg + $i, 4u * dg + $j);
   //! end
   //! end
-  let kvo = role * 256u;
+  let kvo = role * DMAX * KG;
   let qgo = role * 512u;
   for (var q0 = qstart; q0 < qend; q0 = q0 + BR) {
     workgroupBarrier();
-    //! unroll i in 0..4
-    QGr[row_at(4u * qg + $i, dg)] = vec4<f32>(qo$i0u.x, qo$i1u.x, qo$i2u.x, qo$i3u.x);
-    QGr[512u + row_at(4u * qg + $i, dg)] = vec4<f32>(qo$i0u.y, qo$i1u.y, qo$i2u.y, qo$i3u.y);
+    //! unroll i in 0..QPT
+    QGr[row_at(QPT * qg + $i, dg)] = vec4<f32>(qo$i0u.x, qo$i1u.x, qo$i2u.x, qo$i3u.x);
+    QGr[512u + row_at(QPT * qg + $i, dg)] = vec4<f32>(qo$i0u.y, qo$i1u.y, qo$i2u.y, qo$i3u.y);
     //! end
     if (t < BR) {
       var ld = vec2<f32>(0.0);
@@ -808,9 +811,9 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     if (q0 + BR < qend) {
-      //! unroll i in 0..4
+      //! unroll i in 0..QPT
       //! unroll j in 0..4
-      qo$i$j = tile_qo(qb, gb, q0 + BR + 4u * qg + $i, 4u * dg + $j);
+      qo$i$j = tile_qo(qb, gb, q0 + BR + QPT * qg + $i, 4u * dg + $j);
       //! end
       //! end
     }
@@ -819,7 +822,7 @@ fn main(ids: Ids) {
     var a1u = vec4<f32>(0.0);
     for (var d4 = 0u; d4 < 16u; d4 = d4 + 1u) {
       //! unroll j in 0..4
-      let kt$j = KVT[kvo + (4u * d4 + $j) * 4u + kg];
+      let kt$j = KVT[kvo + (4u * d4 + $j) * KG + kg];
       //! end
       let r0 = QGr[qgo + row_at(2u * x, d4)];
       let r1 = QGr[qgo + row_at(2u * x + 1u, d4)];
@@ -837,7 +840,7 @@ fn main(ids: Ids) {
     let qi$c = q0 + 2u * x + $c;
     let ok$c = vec4<bool>(qi$c < p.sq) & (keys < vec4<u32>(p.skv)) & !(vec4<bool>(p.causal != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi$c + p.skv)));
     if (role == 0u) {
-      PD[(2u * x + $c) * 4u + kg] = select(vec4<f32>(0.0), exp(a$c * p.scale - LDk[2u * x + $c].x), ok$c);
+      PD[(2u * x + $c) * KG + kg] = select(vec4<f32>(0.0), exp(a$c * p.scale - LDk[2u * x + $c].x), ok$c);
     }
     //! end
     workgroupBarrier();
@@ -846,16 +849,16 @@ fn main(ids: Ids) {
       //! unroll c in 0..2
       let row$c = bh * p.sq + qi$c;
       let z$c = vec4<f32>(attn_keep(row$c, keys.x), attn_keep(row$c, keys.y), attn_keep(row$c, keys.z), attn_keep(row$c, keys.w));
-      let pr$c = PD[(2u * x + $c) * 4u + kg];
-      PD[128u + (2u * x + $c) * 4u + kg] = pr$c * (a$c * z$c - LDk[2u * x + $c].y);
-      PD[(2u * x + $c) * 4u + kg] = pr$c * z$c;
+      let pr$c = PD[(2u * x + $c) * KG + kg];
+      PD[BR * KG + (2u * x + $c) * KG + kg] = pr$c * (a$c * z$c - LDk[2u * x + $c].y);
+      PD[(2u * x + $c) * KG + kg] = pr$c * z$c;
       //! end
     }
     workgroupBarrier();
     // dK += dS^T Q (role 0), dV += (z P)^T dO (role 1).
-    let pdo = (1u - role) * 128u;
+    let pdo = (1u - role) * BR * KG;
     for (var i = 0u; i < BR; i = i + 1u) {
-      let w = PD[pdo + i * 4u + kg];
+      let w = PD[pdo + i * KG + kg];
       let r = QGr[qgo + row_at(i, x)];
       acc0u = fma(vec4<f32>(w.x), r, acc0u);
       acc1u = fma(vec4<f32>(w.y), r, acc1u);

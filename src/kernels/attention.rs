@@ -362,6 +362,7 @@ pub fn backward_uses_tensor_cores(
 fn chunked(
     dev: &Device,
     entry: &'static str,
+    wg: u32,
     consts: &[(&'static str, u32)],
     p: AttnParams,
     args: &[Arg<'_>],
@@ -387,7 +388,7 @@ fn chunked(
             &Launch {
                 kernel: Kernel::Attention,
                 entry,
-                wg: WG,
+                wg,
                 consts,
                 params: AttnParams {
                     first: (i == 0) as u32,
@@ -449,6 +450,7 @@ pub(crate) fn forward(
         return chunked(
             dev,
             "fwd_tile",
+            WG,
             &[("BR", 64), ("BC", 32), ("DMAX", 64)],
             p,
             &args,
@@ -462,6 +464,7 @@ pub(crate) fn forward(
     chunked(
         dev,
         "fwd",
+        WG,
         &[("BR", t.fbr), ("BC", t.fbc), ("DMAX", t.dmax)],
         p,
         &args,
@@ -581,13 +584,21 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     kv.push(arg(g.dk, dtype));
     kv.push(arg(g.dv, dtype));
     if fwd_tiled(dev, a.d) {
+        // 32 keys and 256 threads a workgroup where 40.25 KiB of workgroup memory allow it
+        // (half the barriers and staging loads per key), else 16 keys and 128 threads.
+        let (bc, wg, qpt) = if dev.caps().workgroup_storage >= 41_216 {
+            (32, 256, 2)
+        } else {
+            (16, 128, 4)
+        };
         chunked(
             dev,
             "bwd_kv_tile",
-            &[("BR", 32), ("BC", 16), ("DMAX", 64)],
+            wg,
+            &[("BR", 32), ("BC", bc), ("DMAX", 64), ("QPT", qpt)],
             p,
             &kv,
-            [a.skv.div_ceil(16) as u32, a.bh as u32, 1],
+            [a.skv.div_ceil(bc as usize) as u32, a.bh as u32, 1],
             a.sq,
             KV_TILE_CHUNK,
             a.bh * a.skv * 2 * 64,
@@ -597,6 +608,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         return chunked(
             dev,
             "bwd_q_tile",
+            WG,
             &[("BR", 32), ("BC", 32), ("DMAX", 64)],
             p,
             &q,
@@ -609,6 +621,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     chunked(
         dev,
         "bwd_kv",
+        WG,
         &consts,
         p,
         &kv,
@@ -622,6 +635,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     chunked(
         dev,
         "bwd_q",
+        WG,
         &consts,
         p,
         &q,
