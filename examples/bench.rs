@@ -124,6 +124,25 @@ fn parse() -> Plan {
 }
 
 /// Median milliseconds of one call of `f`, timed in loops of about `target_ms`.
+/// A row for a product of (m, n, k): its rate in GFLOP/s.
+fn gemm_row(
+    name: impl Into<String>,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+    ms: f64,
+    check: String,
+) -> Row {
+    Row {
+        name: name.into(),
+        shape: format!("{m}x{n}x{k}"),
+        dtype,
+        ms,
+        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
+        unit: "GFLOP/s",
+        check,
+    }
+}
+
 fn time(dev: &Device, target_ms: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     dev.sync()?;
@@ -364,24 +383,20 @@ fn main() -> Result<()> {
                 // workgroup memory, `direct` loads fragments from the buffers) on each layout.
                 let plain = plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false));
                 let tc = matches!(plain, Config::CoopTiled | Config::CoopDirect);
-                let side = |rows: &mut Vec<Row>, name: &str, config: Config, f: &dyn Fn() -> Result<()>| -> Result<()> {
+                let side = |rows: &mut Vec<Row>,
+                            name: &str,
+                            config: Config,
+                            f: &dyn Fn() -> Result<()>|
+                 -> Result<()> {
                     let ms = forced(config, || time(&dev, a.ms, f))??;
-                    emit(
-                        rows,
-                        Row {
-                            name: name.into(),
-                            shape: format!("{m}x{n}x{k}"),
-                            dtype: dt,
-                            ms,
-                            rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
-                            unit: "GFLOP/s",
-                            check: "-".into(),
-                        },
-                    );
+                    emit(rows, gemm_row(name, (m, n, k), dt, ms, "-".into()));
                     Ok(())
                 };
                 if tc {
-                    for (name, config) in [("matmul (forced main)", Config::CoopTiled), ("matmul (forced direct)", Config::CoopDirect)] {
+                    for (name, config) in [
+                        ("matmul (forced main)", Config::CoopTiled),
+                        ("matmul (forced direct)", Config::CoopDirect),
+                    ] {
                         side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
                     }
                 }
@@ -390,34 +405,21 @@ fn main() -> Result<()> {
                     let ms = forced(old, || time(&dev, a.ms, || ta.matmul(&tb).map(drop)))??;
                     emit(
                         rows,
-                        Row {
-                            name: "matmul (tiled 64x64, as before reg)".into(),
-                            shape: format!("{m}x{n}x{k}"),
-                            dtype: dt,
+                        gemm_row(
+                            "matmul (tiled 64x64, as before reg)",
+                            (m, n, k),
+                            dt,
                             ms,
-                            rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
-                            unit: "GFLOP/s",
-                            check: "-".into(),
-                        },
+                            "-".into(),
+                        ),
                     );
                 }
-                emit(
-                    rows,
-                    Row {
-                        name: cfg,
-                        shape: format!("{m}x{n}x{k}"),
-                        dtype: dt,
-                        ms,
-                        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
-                        unit: "GFLOP/s",
-                        check,
-                    },
-                );
+                emit(rows, gemm_row(cfg, (m, n, k), dt, ms, check));
 
                 let w = Tensor::from_f32(&dev, &data(n * k, 6), &[n, k], dt)?;
                 let x = Tensor::from_f32(&dev, &data(m * k, 7), &[m, k], dt)?;
                 let bias = Tensor::zeros(&dev, &[n], dt)?;
-                let ms = time(&dev, a.ms, || {
+                let lin = || {
                     x.matmul_with(
                         &w,
                         MatmulOpts {
@@ -428,38 +430,19 @@ fn main() -> Result<()> {
                         },
                     )
                     .map(drop)
-                })?;
+                };
+                let ms = time(&dev, a.ms, lin)?;
                 if tc {
-                    let lin = || {
-                        x.matmul_with(
-                            &w,
-                            MatmulOpts {
-                                trans_b: true,
-                                bias: Some(&bias),
-                                act: Some(wgrad::Activation::Relu),
-                                ..Default::default()
-                            },
-                        )
-                        .map(drop)
-                    };
                     side(rows, "linear (forced main)", Config::CoopTiled, &lin)?;
                     side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
                 }
                 emit(
                     rows,
-                    Row {
-                        name: "linear+bias+relu".into(),
-                        shape: format!("{m}x{n}x{k}"),
-                        dtype: dt,
-                        ms,
-                        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
-                        unit: "GFLOP/s",
-                        check: "-".into(),
-                    },
+                    gemm_row("linear+bias+relu", (m, n, k), dt, ms, "-".into()),
                 );
                 // A weight gradient's shape: op(A) = A^T (A stored K x M).
                 let at = Tensor::from_f32(&dev, &data(k * m, 8), &[k, m], dt)?;
-                let ms = time(&dev, a.ms, || {
+                let atb = || {
                     at.matmul_with(
                         &tb,
                         MatmulOpts {
@@ -468,32 +451,20 @@ fn main() -> Result<()> {
                         },
                     )
                     .map(drop)
-                })?;
+                };
+                let ms = time(&dev, a.ms, atb)?;
                 if tc {
-                    let atb = || {
-                        at.matmul_with(
-                            &tb,
-                            MatmulOpts {
-                                trans_a: true,
-                                ..Default::default()
-                            },
-                        )
-                        .map(drop)
-                    };
                     side(rows, "matmul A^T B (forced main)", Config::CoopTiled, &atb)?;
-                    side(rows, "matmul A^T B (forced direct)", Config::CoopDirect, &atb)?;
+                    side(
+                        rows,
+                        "matmul A^T B (forced direct)",
+                        Config::CoopDirect,
+                        &atb,
+                    )?;
                 }
                 emit(
                     rows,
-                    Row {
-                        name: "matmul A^T B".into(),
-                        shape: format!("{m}x{n}x{k}"),
-                        dtype: dt,
-                        ms,
-                        rate: 2.0 * (m * n * k) as f64 / ms / 1e6,
-                        unit: "GFLOP/s",
-                        check: "-".into(),
-                    },
+                    gemm_row("matmul A^T B", (m, n, k), dt, ms, "-".into()),
                 );
                 Ok(())
             });

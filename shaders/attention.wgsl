@@ -764,15 +764,9 @@ fn main(ids: Ids) {
   for (var e = t; e < BC * DMAX / 4u; e = e + WG) {
     let g = e % KG;
     let dd = e / KG;
-    var kt = vec4<f32>(0.0);
-    var vt = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-      let kv = tile_kv(kb, vb, k0 + 4u * g + i, dd);
-      kt[i] = kv.x;
-      vt[i] = kv.y;
-    }
-    KVT[dd * KG + g] = kt;
-    KVT[DMAX * KG + dd * KG + g] = vt;
+    let kv = tile_column4(true, kb, vb, k0 + 4u * g, dd);
+    KVT[dd * KG + g] = kv[0];
+    KVT[DMAX * KG + dd * KG + g] = kv[1];
   }
   let keys = vec4<u32>(k0 + 4u * kg) + vec4<u32>(0u, 1u, 2u, 3u);
   // dK (role 0) or dV (role 1) of keys 4 kg + c, columns 4 x .. 4 x + 3.
@@ -919,15 +913,9 @@ fn main(ids: Ids) {
   for (var e = t; e < BR * DMAX / 4u; e = e + WG) {
     let g = e % 8u;
     let dd = e / 8u;
-    var qt = vec4<f32>(0.0);
-    var gt = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-      let qo = tile_qo(qb, gb, q0 + 4u * g + i, dd);
-      qt[i] = qo.x;
-      gt[i] = qo.y;
-    }
-    QTq[dd * 8u + g] = qt;
-    GTq[dd * 8u + g] = gt;
+    let qo = tile_column4(false, qb, gb, q0 + 4u * g, dd);
+    QTq[dd * 8u + g] = qo[0];
+    GTq[dd * 8u + g] = qo[1];
   }
   let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
   let live = rows < vec4<u32>(p.sq);

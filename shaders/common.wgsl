@@ -112,6 +112,22 @@ fn tile_qo(qb: u32, gb: u32, row: u32, dd: u32) -> vec2<f32> {
   return vec2<f32>(ld_q(qb + row * p.q_ss + dd), ld_dout(gb + row * p.g_ss + dd));
 }
 
+//! fn tile_column4
+// Column dd of rows r0 .. r0 + 3 of K and V (`kv`) or of Q and dO, as two vec4s over the
+// rows (zero past the rows or the head dimension): how attention.wgsl's register-tile backward
+// kernels stage their transposed operands as whole vec4s.
+fn tile_column4(kv: bool, b0: u32, b1: u32, r0: u32, dd: u32) -> array<vec4<f32>, 2> {
+  var x = vec4<f32>(0.0);
+  var y = vec4<f32>(0.0);
+  for (var i = 0u; i < 4u; i = i + 1u) {
+    var e: vec2<f32>;
+    if (kv) { e = tile_kv(b0, b1, r0 + i, dd); } else { e = tile_qo(b0, b1, r0 + i, dd); }
+    x[i] = e.x;
+    y[i] = e.y;
+  }
+  return array<vec4<f32>, 2>(x, y);
+}
+
 //! fn attn_keep
 // Dropout on attention weights: the factor for the weight of key `key` in query row `row`
 // (numbered across heads: bh SQ + i): 0 when dropped, 1 / (1 - p) when kept, 1 without

@@ -316,11 +316,7 @@ thread_local! {
 pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
     if !matches!(
         config,
-        Config::Tiled(..)
-            | Config::Reg
-            | Config::Simt(..)
-            | Config::CoopTiled
-            | Config::CoopDirect
+        Config::Tiled(..) | Config::Reg | Config::Simt(..) | Config::CoopTiled | Config::CoopDirect
     ) {
         return Err(Error::invalid(
             "matmul::forced",
@@ -371,11 +367,9 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     // `direct`'s loads need 16-byte aligned rows and whole 16 x 16 tiles; `main` takes runs
     // of 4 and 48 KiB of workgroup memory.
     let tiled_ok = coop_ok && dev.caps().workgroup_storage >= 49152 && runs_of_4;
-    let direct_ok = tiled_ok
-        && runs.iter().all(|v| v % 8 == 0)
-        && [m, n, k].iter().all(|v| v % 16 == 0);
-    if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok)
-    {
+    let direct_ok =
+        tiled_ok && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0);
+    if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok) {
         config = Config::Coop;
     }
     if config == Config::Coop && tiled_ok {
