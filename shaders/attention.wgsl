@@ -881,10 +881,12 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_q_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dq: data mut, state: f32 mut)
-//! check WG=128 BR=32 BC=32 DMAX=64
+//! check WG=128 BR=32 BC=32 DMAX=64 KPT=4
+//! check WG=256 BR=64 BC=32 DMAX=64 KPT=2
 // bwd_q in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
-// products, chunks and state. A workgroup takes 32 query rows and walks the keys in blocks of
-// 32. Q and dO sit in workgroup memory transposed (a vec4 of 4 rows per dimension and row
+// products, chunks and state. A workgroup of WG = 4 BR threads takes BR query rows (32, or
+// 64 where 48 KiB of workgroup memory allow: half the barriers and K/V staging per row) and
+// walks the keys in blocks of 32 (KPT keys of each staged by a thread). Q and dO sit in workgroup memory transposed (a vec4 of 4 rows per dimension and row
 // group), each block of K and V row-major in vec4s along the dimension (`row_at` rotates each
 // key's vec4s so that neighbouring keys' reads fall on different banks). Thread t (row group
 // rg = t / 16, lane = t % 16) takes S and dP for rows 4 rg .. 4 rg + 3 and keys 2 lane,
@@ -892,9 +894,11 @@ fn main(ids: Ids) {
 // turns them into dS, which replaces V in workgroup memory (a vec4 of 4 rows per key and row
 // group), then adds dS K to dQ's rows 4 rg .. 4 rg + 3, columns 4 lane .. 4 lane + 3 (two
 // vec4s read per 16 multiply-adds). (The first version, 16 rows with one query and 4 keys a
-// thread, read a vec4 or a scalar every 2-4 multiply-adds.) Workgroup memory: 32 KiB.
-var<workgroup> QTq: array<vec4<f32>, 512>;
-var<workgroup> GTq: array<vec4<f32>, 512>;
+// thread, read a vec4 or a scalar every 2-4 multiply-adds.) Workgroup memory: 32 KiB with
+// BR = 32, 48 KiB with 64.
+const RG: u32 = BR / 4u;
+var<workgroup> QTq: array<vec4<f32>, DMAX * RG>;
+var<workgroup> GTq: array<vec4<f32>, DMAX * RG>;
 var<workgroup> Kq: array<vec4<f32>, 512>;
 var<workgroup> VSq: array<vec4<f32>, 512>;
 
@@ -911,11 +915,11 @@ fn main(ids: Ids) {
   let vb = base_v(bh);
   // Q^T and dO^T as whole vec4s, neighbouring threads on neighbouring row groups.
   for (var e = t; e < BR * DMAX / 4u; e = e + WG) {
-    let g = e % 8u;
-    let dd = e / 8u;
+    let g = e % RG;
+    let dd = e / RG;
     let qo = tile_column4(false, qb, gb, q0 + 4u * g, dd);
-    QTq[dd * 8u + g] = qo[0];
-    GTq[dd * 8u + g] = qo[1];
+    QTq[dd * RG + g] = qo[0];
+    GTq[dd * RG + g] = qo[1];
   }
   let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
   let live = rows < vec4<u32>(p.sq);
@@ -933,27 +937,27 @@ fn main(ids: Ids) {
   }
   //! end
   let kend = min(p.c1, key_end(q0));
-  // This thread's share of each K and V block: keys 4 kg .. 4 kg + 3, dimensions 4 dg ..
-  // 4 dg + 3, loaded into registers a block ahead.
+  // This thread's share of each K and V block: keys KPT kg .. KPT kg + KPT - 1, dimensions
+  // 4 dg .. 4 dg + 3, loaded into registers a block ahead.
   let kg = t / 16u;
   let dg = t % 16u;
-  //! unroll i in 0..4
+  //! unroll i in 0..KPT
   //! unroll j in 0..4
-  var kv$i$j = tile_kv(kb, vb, p.c0 + 4u * kg + $i, 4u * dg + $j);
+  var kv$i$j = tile_kv(kb, vb, p.c0 + KPT * kg + $i, 4u * dg + $j);
   //! end
   //! end
   let row0 = bh * p.sq + rows.x;
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
-    //! unroll i in 0..4
-    Kq[row_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
-    VSq[row_at(4u * kg + $i, dg)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
+    //! unroll i in 0..KPT
+    Kq[row_at(KPT * kg + $i, dg)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
+    VSq[row_at(KPT * kg + $i, dg)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
     //! end
     workgroupBarrier();
     if (k0 + BC < kend) {
-      //! unroll i in 0..4
+      //! unroll i in 0..KPT
       //! unroll j in 0..4
-      kv$i$j = tile_kv(kb, vb, k0 + BC + 4u * kg + $i, 4u * dg + $j);
+      kv$i$j = tile_kv(kb, vb, k0 + BC + KPT * kg + $i, 4u * dg + $j);
       //! end
       //! end
     }
@@ -964,8 +968,8 @@ fn main(ids: Ids) {
     //! end
     for (var d4 = 0u; d4 < 16u; d4 = d4 + 1u) {
       //! unroll j in 0..4
-      let qa$j = QTq[(4u * d4 + $j) * 8u + rg];
-      let ga$j = GTq[(4u * d4 + $j) * 8u + rg];
+      let qa$j = QTq[(4u * d4 + $j) * RG + rg];
+      let ga$j = GTq[(4u * d4 + $j) * RG + rg];
       //! end
       //! unroll c in 0..2
       let kk$c = Kq[row_at(2u * lane + $c, d4)];
@@ -990,11 +994,11 @@ fn main(ids: Ids) {
     // Every thread is past its reads of V: dS replaces it.
     workgroupBarrier();
     //! unroll c in 0..2
-    VSq[(2u * lane + $c) * 8u + rg] = ds$c;
+    VSq[(2u * lane + $c) * RG + rg] = ds$c;
     //! end
     workgroupBarrier();
     for (var c = 0u; c < BC; c = c + 1u) {
-      let ds = VSq[c * 8u + rg];
+      let ds = VSq[c * RG + rg];
       let kk = Kq[row_at(c, lane)];
       dq0u = fma(vec4<f32>(ds.x), kk, dq0u);
       dq1u = fma(vec4<f32>(ds.y), kk, dq1u);

@@ -605,14 +605,20 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         )?;
         let mut q = common.to_vec();
         q.push(arg(g.dq, dtype));
+        // 64 rows and 256 threads a workgroup where 48 KiB of workgroup memory allow it.
+        let (br, wg, kpt) = if dev.caps().workgroup_storage >= 49_152 {
+            (64, 256, 2)
+        } else {
+            (32, 128, 4)
+        };
         return chunked(
             dev,
             "bwd_q_tile",
-            WG,
-            &[("BR", 32), ("BC", 32), ("DMAX", 64)],
+            wg,
+            &[("BR", br), ("BC", 32), ("DMAX", 64), ("KPT", kpt)],
             p,
             &q,
-            [a.sq.div_ceil(32) as u32, a.bh as u32, 1],
+            [a.sq.div_ceil(br as usize) as u32, a.bh as u32, 1],
             a.skv,
             Q_TILE_CHUNK,
             a.bh * a.sq * 64,
