@@ -139,19 +139,6 @@ fn key_end(q0: u32) -> u32 {
   return min(p.skv, q0 + BR + p.skv - p.sq);
 }
 
-// The backward weights of query qi against four keys, from its scores s = Q K^T and
-// dP' = dO V^T (unscaled) and its (lse, delta): [0] P with dropout's factor (dV's weights),
-// [1] dS = P (dP' keep - delta); both 0 for keys masked or past the end and for rows past
-// SQ. (bwd_kv_tile and bwd_q_tile.)
-fn tile_weights(bh: u32, qi: u32, keys: vec4<u32>, s: vec4<f32>, dp: vec4<f32>, ld: vec2<f32>) -> array<vec4<f32>, 2> {
-  let ok = vec4<bool>(qi < p.sq) & (keys < vec4<u32>(p.skv))
-    & !(vec4<bool>(p.causal != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi + p.skv)));
-  let row = bh * p.sq + qi;
-  let keep = vec4<f32>(attn_keep(row, keys.x), attn_keep(row, keys.y), attn_keep(row, keys.z), attn_keep(row, keys.w));
-  let pr = select(vec4<f32>(0.0), exp(s * p.scale - ld.x), ok);
-  return array<vec4<f32>, 2>(pr * keep, pr * (dp * keep - ld.y));
-}
-
 // Where the vec4 of dimensions 4 d4 .. 4 d4 + 3 of row `r` of a block sits when the register-
 // tile backward kernels stage rows as vec4s (a query in bwd_kv_tile, a key in bwd_q_tile):
 // rotated by r / 2, so that neighbouring rows' reads of one d4 fall on different banks.
