@@ -266,16 +266,6 @@ var<workgroup> Qt: array<vec4<f32>, 1024>;
 var<workgroup> KPt: array<vec4<f32>, 512>;
 var<workgroup> Vt: array<vec4<f32>, 512>;
 
-// Element (key, dd) of K or V, zero past the keys or the head dimension.
-fn tile_k(kb: u32, key: u32, dd: u32) -> f32 {
-  if (key >= p.skv || dd >= p.d) { return 0.0; }
-  return ld_k(kb + key * p.k_ss + dd);
-}
-fn tile_v(vb: u32, key: u32, dd: u32) -> f32 {
-  if (key >= p.skv || dd >= p.d) { return 0.0; }
-  return ld_v(vb + key * p.v_ss + dd);
-}
-
 // The maximum and the sum over the eight lanes of a row group.
 fn group_max(x: vec4<f32>) -> vec4<f32> {
   var r = max(x, subgroupShuffleXor(x, 1u));

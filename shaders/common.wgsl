@@ -97,12 +97,25 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
   return off + t.x * sb + t.y * sh;
 }
 
-//! fn tile_kv
-// Element (key, dd) of attention's K and V, zero past the keys or the head dimension
+//! fn tile_k
+// Element (key, dd) of attention's K, zero past the keys or the head dimension
 // (attention.wgsl's register-tile kernels).
+fn tile_k(kb: u32, key: u32, dd: u32) -> f32 {
+  if (key >= p.skv || dd >= p.d) { return 0.0; }
+  return ld_k(kb + key * p.k_ss + dd);
+}
+
+//! fn tile_v
+// Element (key, dd) of attention's V, zero past the keys or the head dimension.
+fn tile_v(vb: u32, key: u32, dd: u32) -> f32 {
+  if (key >= p.skv || dd >= p.d) { return 0.0; }
+  return ld_v(vb + key * p.v_ss + dd);
+}
+
+//! fn tile_kv
+// Element (key, dd) of attention's K and V together.
 fn tile_kv(kb: u32, vb: u32, key: u32, dd: u32) -> vec2<f32> {
-  if (key >= p.skv || dd >= p.d) { return vec2<f32>(0.0); }
-  return vec2<f32>(ld_k(kb + key * p.k_ss + dd), ld_v(vb + key * p.v_ss + dd));
+  return vec2<f32>(tile_k(kb, key, dd), tile_v(vb, key, dd));
 }
 
 //! fn tile_qo
