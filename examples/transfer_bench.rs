@@ -52,6 +52,28 @@ fn main() -> Result<()> {
         d0.info().name,
         a.mib
     );
+    // Where a read-back's time goes: the device's copy and the map alone, then the copy out
+    // of the mapping into memory the host keeps, then fresh memory on the host alone.
+    let mapped = rate(&mut || x.to_vec_async::<f32>()?.wait_with(|_| ()))?;
+    let mut keep = vec![0f32; n];
+    let kept = rate(&mut || {
+        x.to_vec_async::<f32>()?
+            .wait_with(|s| keep.copy_from_slice(s))
+    })?;
+    let fresh_host = rate(&mut || {
+        let v = host.clone();
+        std::hint::black_box(&v);
+        Ok(())
+    })?;
+    let kept_host = rate(&mut || {
+        keep.copy_from_slice(&host);
+        std::hint::black_box(&keep);
+        Ok(())
+    })?;
+    println!(
+        "read-back parts: copy and map {mapped:.2} GB/s, into kept memory {kept:.2} GB/s; \
+         host copies: into fresh memory {fresh_host:.2} GB/s, into kept memory {kept_host:.2} GB/s"
+    );
     if let Some(d1) = devs.get(1) {
         let mv = rate(&mut || {
             let y = x.to_device(d1)?;

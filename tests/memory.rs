@@ -159,6 +159,25 @@ fn round_trips() {
         let fut = t.to_vec_async::<f16>().unwrap();
         let back = futures::executor::block_on(fut).unwrap();
         assert_eq!(back.len(), n);
+        // Read in place from the mapping: the same elements, twice (the staging buffer went
+        // back to the pool unmapped after the first).
+        let t = Tensor::from_slice(&dev, &x, &[n]).unwrap();
+        let mut kept = vec![f32::NAN; n];
+        let len = t
+            .to_vec_async::<f32>()
+            .unwrap()
+            .wait_with(|s| {
+                kept.copy_from_slice(s);
+                s.len()
+            })
+            .unwrap();
+        assert_eq!((len, &kept), (n, &x), "wait_with of {n}");
+        let sum: f64 = t
+            .to_vec_async::<f32>()
+            .unwrap()
+            .wait_with(|s| s.iter().map(|&v| v as f64).sum())
+            .unwrap();
+        assert_eq!(sum, x.iter().map(|&v| v as f64).sum::<f64>());
     }
 }
 

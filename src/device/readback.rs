@@ -48,7 +48,15 @@ impl<T: bytemuck::Pod> Readback<T> {
     }
 
     /// Blocks until the data is here.
-    pub fn wait(mut self) -> Result<Vec<T>> {
+    pub fn wait(self) -> Result<Vec<T>> {
+        self.wait_with(<[T]>::to_vec)
+    }
+
+    /// Blocks until the data is here, then hands it to `f` straight from the mapped staging
+    /// memory, and returns what `f` returns. No vector is allocated: a caller that sums or
+    /// converts the elements into buffers it keeps skips a copy, and the page faults of
+    /// fresh memory, which on some hosts cost more than the transfer (BENCHMARKS.md).
+    pub fn wait_with<R>(mut self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         if lock(&self.state).done.is_none() {
             match self.idx.clone() {
                 Some(idx) => self.dev.wait(idx)?,
@@ -67,30 +75,30 @@ impl<T: bytemuck::Pod> Readback<T> {
             self.dev.poll_now()?;
             std::thread::yield_now();
         }
-        self.take()
+        self.take_with(f)
     }
 
-    fn take(&mut self) -> Result<Vec<T>> {
+    fn take_with<R>(&mut self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         let ok = lock(&self.state).done;
         let Some(staging) = self.staging.take() else {
-            return Ok(Vec::new());
+            return Ok(f(&[]));
         };
         if ok != Some(true) {
             return Err(Error::DeviceLost(
                 "mapping a read-back buffer failed".into(),
             ));
         }
-        // One copy, straight from the mapping into the result's elements.
-        let n = self.len as usize / std::mem::size_of::<T>();
-        let mut out = vec![T::zeroed(); n];
-        if self.padded > 0 {
+        let out = {
             let view = staging
                 .get_mapped_range(0..self.padded)
                 .map_err(|e| Error::Gpu(format!("read-back map: {e}")))?;
-            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&view[..self.len as usize]);
-            drop(view);
-            staging.unmap();
-        }
+            // Mapped ranges are aligned to wgpu::MAP_ALIGNMENT (8 bytes), enough for every
+            // element type.
+            let elems = bytemuck::try_cast_slice::<u8, T>(&view[..self.len as usize])
+                .map_err(|e| Error::Internal(format!("read-back of misaligned memory: {e}")))?;
+            f(elems)
+        };
+        staging.unmap();
         lock(&self.dev.inner.downloads).put(staging);
         self.dev.check()?;
         Ok(out)
@@ -107,7 +115,7 @@ impl<T: bytemuck::Pod> Future for Readback<T> {
             }
         }
         if lock(&self.state).done.is_some() {
-            return Poll::Ready(self.take());
+            return Poll::Ready(self.take_with(<[T]>::to_vec));
         }
         // Native wgpu runs map callbacks only inside `poll`; a helper thread waits for this
         // submission, then keeps polling until the callback has run (another thread's poll

@@ -28,11 +28,14 @@ impl Transfer {
 
     /// [`Transfer::wait`], also returning how long the host waited for the read-back.
     pub fn wait_timed(self) -> Result<(Tensor, Duration)> {
-        let t0 = Instant::now();
-        let bytes = self.bytes.wait()?;
-        let waited = t0.elapsed();
         let out = Tensor::uninit(&self.dst, self.src.shape(), self.src.dtype())?;
-        out.write_bytes(&bytes)?;
+        let t0 = Instant::now();
+        let mut waited = Duration::ZERO;
+        // Uploaded straight from the source's mapped staging memory: no vector between.
+        self.bytes.wait_with(|bytes| {
+            waited = t0.elapsed();
+            out.write_bytes(bytes)
+        })??;
         let rec = record_fn("to_device", &self.src, |x, g| g.to_device(x.device()));
         Ok((out.with_node(rec), waited))
     }
