@@ -158,8 +158,8 @@ struct Args {
     /// what the exchange costs in --bench.
     #[arg(long)]
     no_sync: bool,
-    /// Gradient bucket size of the data-parallel exchange, in MiB.
-    #[arg(long, default_value_t = 4)]
+    /// Gradient bucket size of the data-parallel exchange, in MiB (of f32 gradients).
+    #[arg(long, default_value_t = 16)]
     bucket_mib: u64,
     /// List the adapters --devices can name, and exit.
     #[arg(long)]
@@ -526,7 +526,7 @@ fn train_step(
     range: (usize, usize),
     lr: f32,
     data: &mut u64,
-) -> Result<(Vec<Tensor>, [std::time::Duration; 3])> {
+) -> Result<(Vec<Tensor>, [std::time::Duration; 6])> {
     // Each replica's loss scale, as a view of its scaler's state on the device.
     let scales = t
         .scalers
@@ -565,7 +565,15 @@ fn train_step(
             dev.begin_scope("backward");
             let wait = group.backward(&loss, &g.params());
             dev.end_scope();
-            [wait?, Default::default(), Default::default()]
+            let w = wait?;
+            [
+                w,
+                Default::default(),
+                Default::default(),
+                Default::default(),
+                w,
+                Default::default(),
+            ]
         }
         None => {
             // One batch per replica, drawn in order from the one data stream.
@@ -584,6 +592,9 @@ fn train_step(
                 report.exchange_wait,
                 report.exchange_sum,
                 report.exchange_upload,
+                report.queued,
+                report.total,
+                Default::default(),
             ]
         }
     };
@@ -608,6 +619,7 @@ fn train_step(
         Ok(())
     };
     let jobs = t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas());
+    let t_update = std::time::Instant::now();
     std::thread::scope(|sc| -> Result<()> {
         let hs: Vec<_> = jobs
             .map(|((opt, scaler), (dev, _))| sc.spawn(move || update(opt, scaler, dev)))
@@ -627,6 +639,10 @@ fn train_step(
                 .ok_or_else(|| Error::Internal("a replica computed no loss".into()))
         })
         .collect::<Result<Vec<_>>>()?;
+    // The host's phases: read-back waits, sums, uploads, queueing, the data-parallel step,
+    // the updates.
+    let mut wait = wait;
+    wait[5] = t_update.elapsed();
     Ok((losses, wait))
 }
 
@@ -926,7 +942,7 @@ fn run() -> Result<()> {
         sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
-        let mut exchange = [0.0f64; 3];
+        let mut exchange = [0.0f64; 6];
         for _ in 0..c.bench {
             let t = train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?.1;
             for (e, d) in exchange.iter_mut().zip(t) {
@@ -941,10 +957,16 @@ fn run() -> Result<()> {
         if replicas * ranks > 1 {
             let per = |x: f64| x * 1e3 / c.bench as f64;
             say!(
-                "exchange  the host waited {:.2} ms a step for gradient read-backs, summed for {:.2} ms, uploaded for {:.2} ms",
+                "exchange  the host waited {:.2} ms a step for gradient read-backs, queued the sums for {:.2} ms, uploaded for {:.2} ms",
                 per(exchange[0]),
                 per(exchange[1]),
                 per(exchange[2])
+            );
+            say!(
+                "host      replicas queued forward and backward in {:.2} ms, the exchange ended at {:.2} ms, updates queued in {:.2} ms",
+                per(exchange[3]),
+                per(exchange[4]),
+                per(exchange[5])
             );
         }
         if c.profile {

@@ -72,33 +72,45 @@ pub(crate) fn bucket_dtype(params: &[(String, Tensor)], idx: &[usize]) -> DType 
     }
 }
 
-/// Read-back bytes of a bucket in `dtype` as f32 values.
-pub(crate) fn widen(bytes: &[u8], dtype: DType) -> Vec<f32> {
+#[cfg(feature = "mpi")]
+/// Read-back bytes of a bucket in `dtype`, as f32 values in `out` (its memory reused: fresh
+/// memory costs page faults on every step).
+pub(crate) fn widen_into(bytes: &[u8], dtype: DType, out: &mut Vec<f32>) {
+    use half::slice::HalfFloatSliceExt;
+    let n = bytes.len() / dtype.size();
+    out.clear();
+    out.resize(n, 0.0);
     match dtype {
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        // Read-back mappings are 8-byte aligned, so the casts succeed; the fallback covers
+        // any other slice.
+        DType::F16 => match bytemuck::try_cast_slice::<u8, half::f16>(&bytes[..2 * n]) {
+            Ok(h) => h.convert_to_f32_slice(out),
+            Err(_) => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+        },
+        DType::BF16 => match bytemuck::try_cast_slice::<u8, half::bf16>(&bytes[..2 * n]) {
+            Ok(h) => h.convert_to_f32_slice(out),
+            Err(_) => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+        },
+        _ => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
     }
 }
 
-/// Sets the gradients of `idx` from `values` (their gradients end to end, f32, as `flatten`
-/// lays them out): one upload to `dev`, then each parameter's slice in its dtype.
-pub(crate) fn set_grads(
-    params: &[(String, Tensor)],
-    idx: &[usize],
-    values: &[f32],
-    dev: &crate::device::Device,
-) -> Result<()> {
-    let flat = Tensor::from_slice(dev, values, &[values.len()])?;
+/// Sets the gradients of `idx` from `flat` (their gradients end to end, as `flatten` lays
+/// them out, in any dtype): each parameter's gradient is its slice, in its dtype (a view
+/// where the dtypes match).
+pub(crate) fn set_grads(params: &[(String, Tensor)], idx: &[usize], flat: &Tensor) -> Result<()> {
     let mut at = 0;
     for &i in idx {
         let p = &params[i].1;

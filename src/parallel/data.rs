@@ -3,25 +3,29 @@
 //! backward pass.
 //!
 //! Gradients travel in buckets of parameters (about [`DataParallel::DEFAULT_BUCKET_BYTES`]
-//! each, filled from the last parameter backwards, the order the backward pass finishes
-//! them). A replica queues the read-back of a bucket the moment the last of its gradients is
-//! complete ([`Tensor::backward_hooked`]) and goes on queueing the rest of its backward pass,
-//! so the device copies the early buckets out while it computes the late gradients. The
-//! calling thread waits for the buckets once every replica has queued its whole backward pass
-//! (waiting earlier, on a device another thread is still submitting to, measured the same on
-//! two H200s and would tie the queueing to polling), then waits for each bucket's copies on
-//! one thread per replica. Each bucket's mean goes back in one upload per replica. Buckets of
-//! f16 (bf16) parameters travel as f16 (bf16), half the bytes of f32.
+//! each, counted in f32, filled from the last parameter backwards, the order the backward
+//! pass finishes them). A replica queues the read-back of a bucket the moment the last of its
+//! gradients is complete ([`Tensor::backward_hooked`]) and goes on queueing the rest of its
+//! backward pass, so the device copies the early buckets out while it computes the late
+//! gradients. The calling thread waits for the buckets once every replica has queued its
+//! whole backward pass (waiting earlier, on a device another thread is still submitting to,
+//! measured the same on two H200s, twice), then, on one thread per replica, uploads each
+//! replica's bucket to every other device straight from its mapped read-back memory. Each
+//! device then averages the replicas' buckets itself. Buckets of f16 (bf16) parameters travel
+//! as f16 (bf16), half the bytes of f32.
 //!
-//! The sum is in f32 on the host, in replica order, and every replica receives the same bytes,
-//! so replicas on identical adapters keep bit-identical parameters.
+//! The host does no arithmetic: each device sums the buckets in replica order, in f32, and
+//! scales by 1/n, so replicas on identical adapters compute bit-identical means and keep
+//! bit-identical parameters.
 //!
-//! Measured on two H200s (BENCHMARKS.md): the replicas alone scale 1.90x; the exchange through
-//! host memory (read-back waits, the host's sum, the uploads; `StepReport` times each) is what
-//! keeps the whole step far from that.
+//! Measured on two H200s (BENCHMARKS.md): the replicas alone scale 2.0x; with the exchange,
+//! the GPT step of `train_gpt` ran 1.37x one GPU at batch 64 a GPU (f16) and 1.50x at batch
+//! 128. Every step drains the devices: the update needs every replica's gradients, and the
+//! host is the only path between the devices (wgpu has no peer-to-peer copies).
 
-use super::bucket::{Tracker, bucket_dtype, buckets, flatten, set_grads, widen};
+use super::bucket::{Tracker, buckets, flatten, set_grads};
 use crate::device::{Device, Readback};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::tensor::Tensor;
@@ -37,12 +41,16 @@ pub struct StepReport {
     pub losses: Vec<Tensor>,
     /// Wall time of the step (forward, backward, exchange).
     pub total: Duration,
+    /// Wall time until every replica had queued its forward and backward passes (the host's
+    /// own work; the devices run behind it).
+    pub queued: Duration,
     /// Time the host spent blocked waiting for gradient read-backs: the part of the exchange
     /// the computation did not hide.
     pub exchange_wait: Duration,
-    /// Time the host spent widening and summing the buckets.
+    /// Time the host spent queueing the devices' sums of the buckets and setting the
+    /// gradients.
     pub exchange_sum: Duration,
-    /// Time spent uploading the means and setting the gradients.
+    /// Time the host spent copying each replica's buckets to the other devices.
     pub exchange_upload: Duration,
     /// Buckets exchanged.
     pub buckets: usize,
@@ -59,14 +67,22 @@ pub struct DataParallel<M: Module> {
     buckets: Vec<Vec<usize>>,
 }
 
+/// A replica's flattened bucket on its device, and its read-back in flight.
+struct Sent {
+    flat: Tensor,
+    bytes: Readback<u8>,
+}
+
 enum Msg {
-    Bucket(usize, usize, Readback<u8>),
+    Bucket(usize, usize, Sent),
     Done(usize, Result<Tensor>),
 }
 
 impl<M: Module> DataParallel<M> {
-    /// Gradient bytes per bucket by default.
-    pub const DEFAULT_BUCKET_BYTES: u64 = 4 << 20;
+    /// Gradient bytes per bucket by default (counted in f32). On two H200s, the GPT step of
+    /// `train_gpt` (43 MB of f32 gradients) took 37.8-39.6 ms with 16 MiB buckets, 42.1-42.7
+    /// with 4 MiB and 47.4-49.5 with 1 MiB: each bucket costs a read-back and uploads.
+    pub const DEFAULT_BUCKET_BYTES: u64 = 16 << 20;
 
     /// Builds a replica on each device with `build`, then copies the first replica's parameters
     /// into the others, so every replica starts from the same weights.
@@ -191,9 +207,11 @@ impl<M: Module> DataParallel<M> {
                 }
                 Ok(out)
             })?;
+            let total = t0.elapsed();
             return Ok(StepReport {
                 losses,
-                total: t0.elapsed(),
+                total,
+                queued: total,
                 exchange_wait: Duration::ZERO,
                 exchange_sum: Duration::ZERO,
                 exchange_upload: Duration::ZERO,
@@ -205,6 +223,7 @@ impl<M: Module> DataParallel<M> {
         let loss = &loss;
         let mut losses: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
         let mut times = [Duration::ZERO; 3];
+        let mut queued = Duration::ZERO;
         let mut bytes = 0u64;
         let outcome = std::thread::scope(|scope| -> Result<()> {
             for (r, ((_, model), input)) in self.replicas.iter().zip(inputs).enumerate() {
@@ -219,7 +238,7 @@ impl<M: Module> DataParallel<M> {
             }
             drop(tx);
             // Collect the buckets' read-backs as replicas queue them.
-            let mut arrived: HashMap<usize, Vec<Option<Readback<u8>>>> = HashMap::new();
+            let mut arrived: HashMap<usize, Vec<Option<Sent>>> = HashMap::new();
             let mut first_err: Option<Error> = None;
             let mut done = 0;
             while done < n {
@@ -246,6 +265,7 @@ impl<M: Module> DataParallel<M> {
                     }
                 }
             }
+            queued = t0.elapsed();
             // Every replica has queued its backward pass: reduce, in bucket order.
             if first_err.is_none() {
                 for b in 0..self.buckets.len() {
@@ -271,6 +291,7 @@ impl<M: Module> DataParallel<M> {
         Ok(StepReport {
             losses: losses.into_iter().flatten().collect(),
             total: t0.elapsed(),
+            queued,
             exchange_wait: times[0],
             exchange_sum: times[1],
             exchange_upload: times[2],
@@ -311,9 +332,10 @@ impl<M: Module> DataParallel<M> {
         let mut tracker = Tracker::new(params, buckets);
         let mut sent = vec![false; buckets.len()];
         let send = |b: usize, sent: &mut Vec<bool>| -> Result<()> {
-            let rb = flatten(params, &buckets[b])?.read_bytes_async()?;
+            let flat = flatten(params, &buckets[b])?;
+            let bytes = flat.read_bytes_async()?;
             sent[b] = true;
-            tx.send(Msg::Bucket(r, b, rb))
+            tx.send(Msg::Bucket(r, b, Sent { flat, bytes }))
                 .map_err(|_| Error::Internal("the step's collector has gone".into()))
         };
         let dev = &self.replicas[r].0;
@@ -339,30 +361,57 @@ impl<M: Module> DataParallel<M> {
         Ok(l.detach())
     }
 
-    /// Waits for bucket `b` from every replica, averages it and writes the mean into every
-    /// replica's gradients. Returns the bytes one replica sent.
+    /// Waits for bucket `b` from every replica and makes every replica's gradients the mean.
+    /// Each replica's bytes are uploaded to every other device straight from the mapped
+    /// read-back memory (no host arithmetic: on two H200s widening and summing on the host
+    /// cost 18-39 ms a step, more than the step's computation); each device then sums the
+    /// replicas' buckets in replica order, in f32, and scales by 1/n, so replicas on
+    /// identical adapters compute identical means. Returns the bytes one replica sent.
     /// Adds the time spent waiting, summing and uploading to `times`.
-    fn reduce(
-        &self,
-        b: usize,
-        reads: Vec<Option<Readback<u8>>>,
-        times: &mut [Duration; 3],
-    ) -> Result<u64> {
-        let n = reads.len();
-        let dtype = bucket_dtype(&self.params[0], &self.buckets[b]);
-        // Each replica's copy waited for and widened on its own thread: the read-backs of
-        // the devices then overlap, and so do the copies out of their mapped memory.
+    fn reduce(&self, b: usize, sent: Vec<Option<Sent>>, times: &mut [Duration; 3]) -> Result<u64> {
+        let n = sent.len();
+        let sent: Vec<Sent> = sent.into_iter().flatten().collect();
+        if sent.len() != n {
+            return Err(Error::Internal(format!(
+                "gradient bucket {b} did not arrive from every replica"
+            )));
+        }
+        let (len, dtype) = (sent[0].flat.numel(), sent[0].flat.dtype());
+        let devs: Vec<&Device> = self.replicas.iter().map(|(d, _)| d).collect();
+        // One thread per source replica: wait for its bytes, upload them to every other
+        // device. received[s][d] is replica s's bucket on device d.
         let t = Instant::now();
-        let parts: Vec<Result<(Vec<f32>, Duration)>> = std::thread::scope(|sc| {
+        let mut flats = Vec::with_capacity(n);
+        let mut reads = Vec::with_capacity(n);
+        for x in sent {
+            flats.push(x.flat);
+            reads.push(x.bytes);
+        }
+        type Moved = Result<(Vec<Option<Tensor>>, Duration)>;
+        let moved: Vec<Moved> = std::thread::scope(|sc| {
             let hs: Vec<_> = reads
                 .into_iter()
-                .flatten()
-                .map(|rb| {
-                    sc.spawn(move || {
+                .enumerate()
+                .map(|(s, rb)| {
+                    let devs = &devs;
+                    sc.spawn(move || -> Moved {
                         let t0 = Instant::now();
-                        let bytes = rb.wait()?;
-                        let waited = t0.elapsed();
-                        Ok((widen(&bytes, dtype), waited))
+                        let mut waited = Duration::ZERO;
+                        let copies = rb.wait_with(|bytes| {
+                            waited = t0.elapsed();
+                            devs.iter()
+                                .enumerate()
+                                .map(|(d, dev)| {
+                                    if d == s {
+                                        return Ok(None);
+                                    }
+                                    let t = Tensor::uninit(dev, &[len], dtype)?;
+                                    t.write_bytes(bytes)?;
+                                    Ok(Some(t))
+                                })
+                                .collect::<Result<Vec<_>>>()
+                        })??;
+                        Ok((copies, waited))
                     })
                 })
                 .collect();
@@ -374,30 +423,39 @@ impl<M: Module> DataParallel<M> {
                 })
                 .collect()
         });
-        let threads = t.elapsed();
-        let t = Instant::now();
-        let mut sum: Vec<f32> = Vec::new();
-        let mut sent = 0u64;
+        let moving = t.elapsed();
+        let mut received = Vec::with_capacity(n);
         let mut waited = Duration::ZERO;
-        for v in parts {
-            let (v, w) = v?;
+        for m in moved {
+            let (copies, w) = m?;
             waited = waited.max(w);
-            sent = (v.len() * dtype.size()) as u64;
-            if sum.is_empty() {
-                sum = v;
-            } else {
-                sum.iter_mut().zip(&v).for_each(|(s, x)| *s += x);
-            }
+            received.push(copies);
         }
-        let inv = 1.0 / n as f32;
-        sum.iter_mut().for_each(|s| *s *= inv);
         times[0] += waited;
-        times[1] += threads.saturating_sub(waited) + t.elapsed();
+        times[2] += moving.saturating_sub(waited);
+        // On each device: the mean, in replica order, then the parameters' gradients.
         let t = Instant::now();
-        for (r, (dev, _)) in self.replicas.iter().enumerate() {
-            set_grads(&self.params[r], &self.buckets[b], &sum, dev)?;
+        let inv = 1.0 / n as f32;
+        for d in 0..n {
+            let mean = crate::autograd::no_grad(|| -> Result<Tensor> {
+                let mut acc: Option<Tensor> = None;
+                for (s, copies) in received.iter().enumerate() {
+                    let part = match &copies[d] {
+                        Some(t) => t,
+                        None => &flats[s],
+                    };
+                    let part = part.to_dtype(DType::F32)?;
+                    acc = Some(match acc {
+                        None => part,
+                        Some(a) => a.add(&part)?,
+                    });
+                }
+                let acc = acc.ok_or_else(|| Error::Internal("no replicas to reduce".into()))?;
+                acc.mul_scalar(inv)?.to_dtype(dtype)
+            })?;
+            set_grads(&self.params[d], &self.buckets[b], &mean)?;
         }
-        times[2] += t.elapsed();
-        Ok(sent)
+        times[1] += t.elapsed();
+        Ok(dtype.bytes(len))
     }
 }

@@ -6,7 +6,7 @@
 //! then summed across processes with `MPI_Allreduce` in f32 and averaged. MPI does the
 //! networking; wgrad adds none of its own.
 
-use super::bucket::{Tracker, bucket_dtype, buckets, flatten, set_grads, widen};
+use super::bucket::{Tracker, bucket_dtype, buckets, flatten, set_grads, widen_into};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use mpi::collective::SystemOperation;
@@ -95,6 +95,8 @@ impl MpiGroup {
         })?;
         let t0 = Instant::now();
         let inv = 1.0 / self.size() as f32;
+        // Buffers kept across the buckets: fresh memory per bucket costs page faults.
+        let (mut local, mut sum) = (Vec::new(), Vec::new());
         for (b, ps) in bks.iter().enumerate() {
             let rb = match reads[b].take() {
                 Some(rb) => rb,
@@ -109,13 +111,15 @@ impl MpiGroup {
                     flatten(params, ps)?.read_bytes_async()?
                 }
             };
-            let local = widen(&rb.wait()?, bucket_dtype(params, ps));
-            let mut sum = vec![0.0f32; local.len()];
+            let dtype = bucket_dtype(params, ps);
+            rb.wait_with(|bytes| widen_into(bytes, dtype, &mut local))?;
+            sum.clear();
+            sum.resize(local.len(), 0.0);
             self.world
                 .all_reduce_into(&local[..], &mut sum[..], SystemOperation::sum());
             sum.iter_mut().for_each(|s| *s *= inv);
             let dev = params[ps[0]].1.device();
-            set_grads(params, ps, &sum, dev)?;
+            set_grads(params, ps, &Tensor::from_slice(dev, &sum, &[sum.len()])?)?;
         }
         Ok(t0.elapsed())
     }
