@@ -608,6 +608,9 @@ fn train_step(
         opt.zero_grad();
         dev.end_scope();
         r?;
+        // Submitted now, the update runs while the next forward pass is queued (the exchange
+        // left the device idle; see DataParallel::step).
+        dev.flush()?;
         // Without loss scaling a non-finite gradient is an error (found one step late; the
         // device skipped that update).
         if f32_run && scaler.skipped() > 0 {
