@@ -13,7 +13,7 @@
 //! buffer-to-buffer copy of the same device: the memory-bandwidth ceiling for the GB/s rows.
 
 use std::time::Instant;
-use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+use wgrad::kernels::matmul::{Config, Operands, chosen, forced, plan};
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
 use wgrad::{DType, Device, Result, Tensor};
 
@@ -368,7 +368,9 @@ fn main() -> Result<()> {
                         (0..k).map(|p| ra[i * k + p] * rb[p * n + j]).sum(),
                     )
                 }));
-                let cfg = match plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false)) {
+                // The kernel that ran: the size rules' choice, or the tuner's where it measured.
+                let cfg = match chosen(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false))
+                {
                     Config::CoopTiled => "matmul (tensor cores, tiled)".to_string(),
                     Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
                     Config::Coop => "matmul (tensor cores, any shape)".to_string(),
@@ -651,5 +653,13 @@ fn main() -> Result<()> {
         }
         println!("\n{}", dev.memory_report());
     }
+    // Time spent choosing kernels (measuring new shapes, or reading the cache file).
+    let tune = wgrad::kernels::autotune_stats(&dev)?;
+    eprintln!(
+        "autotune: {} product shapes measured, {} choices reused, {:.1} ms spent choosing",
+        tune.measured,
+        tune.hits,
+        tune.spent.as_secs_f64() * 1e3
+    );
     Ok(())
 }

@@ -957,6 +957,13 @@ fn run() -> Result<()> {
         let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
         let tps = (ranks * replicas * c.batch * c.context) as f64 / ms * 1e3;
         say!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
+        let tune = wgrad::kernels::autotune_stats(&dev)?;
+        say!(
+            "autotune  {} product shapes measured, {} choices from the cache file or earlier, {:.1} ms spent choosing",
+            tune.measured,
+            tune.hits,
+            tune.spent.as_secs_f64() * 1e3
+        );
         if replicas * ranks > 1 {
             let per = |x: f64| x * 1e3 / c.bench as f64;
             say!(

@@ -6,7 +6,7 @@
 //! split writes f32 partial products and `splitk` sums them and applies the epilogue. Long
 //! contractions (a weight gradient over many rows) also gain parallelism this way.
 
-use super::{Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
+use super::{Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -439,22 +439,114 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
             g.a_strides, g.b_strides
         )));
     }
+    let operands = Operands {
+        a_strides: g.a_strides,
+        b_strides: g.b_strides,
+        offsets: (g.offsets.0, g.offsets.1),
+        batch_strides: (g.a_bs, g.b_bs),
+    };
+    let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
+    let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
+    if FORCED.with(|c| c.get()).is_some() || !autotune::wanted(dev, flops) {
+        return run(dev, g, planned);
+    }
+    let variants = variants(dev, g.dtype, (g.m, g.n, g.k), &operands, planned);
+    if variants.len() < 2 {
+        return run(dev, g, planned);
+    }
+    let key = tune_key(
+        g.dtype,
+        (g.m, g.n, g.k, g.batch),
+        (g.a_strides.1 != 1, g.b_strides.1 != 1),
+        g.bias.is_some(),
+        g.act,
+    );
+    let named: Vec<(Config, String)> = variants.iter().map(|&c| (c, format!("{c:?}"))).collect();
+    let tuner = &super::state(dev)?.tuner;
+    let (config, ran) = autotune::choose(dev, tuner, &key, &named, &mut |c| run(dev, g, c))?;
+    if ran { Ok(()) } else { run(dev, g, config) }
+}
+
+/// The shape class a measured choice is kept under.
+fn tune_key(
+    dtype: DType,
+    (m, n, k, batch): (usize, usize, usize, usize),
+    (ta, tb): (bool, bool),
+    bias: bool,
+    act: Act,
+) -> String {
+    format!(
+        "matmul {dtype:?} {m}x{n}x{k} batch {batch} t{}{} bias {} act {}",
+        ta as u8, tb as u8, bias as u8, act as u32
+    )
+}
+
+/// The kernel a single product (no bias, no activation) of these operands runs with on
+/// `dev`: [`plan`]'s choice, or the one measured for this shape if the tuner has measured it
+/// (or read it from its cache file) already.
+pub fn chosen(
+    dev: &Device,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    o: &Operands,
+) -> Config {
+    let planned = plan(dev, dtype, (m, n, k), o);
+    let Ok(state) = super::state(dev) else {
+        return planned;
+    };
+    let key = tune_key(
+        dtype,
+        (m, n, k, 1),
+        (o.a_strides.1 != 1, o.b_strides.1 != 1),
+        false,
+        Act::None,
+    );
+    let Some(name) = autotune::lookup(&state.tuner, &key) else {
+        return planned;
+    };
+    variants(dev, dtype, (m, n, k), o, planned)
+        .into_iter()
+        .find(|c| format!("{c:?}") == name)
+        .unwrap_or(planned)
+}
+
+/// The kernels that take this product's operands as well as `planned` (the size rules'
+/// choice, listed first): the two tensor-core kernels, or the f32 register-tile and 64 x 64
+/// tiled kernels (and on CPU adapters, which only `WGRAD_AUTOTUNE=all` measures, those two
+/// beside the CPU kernel).
+fn variants(
+    dev: &Device,
+    dtype: DType,
+    mnk: (usize, usize, usize),
+    o: &Operands,
+    planned: Config,
+) -> Vec<Config> {
+    let tiled = Config::Tiled(64, 64, 16, 4, 4);
+    let family: &[Config] = match planned {
+        Config::CoopTiled | Config::CoopDirect => &[Config::CoopTiled, Config::CoopDirect],
+        Config::Reg => &[Config::Reg, tiled],
+        c if c == tiled => &[Config::Reg, tiled],
+        Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => &[Config::Reg, tiled],
+        _ => &[],
+    };
+    let mut out = vec![planned];
+    for &c in family {
+        // What `plan` makes of this kernel for these operands: itself when they suit it.
+        let got = forced(c, || plan(dev, dtype, mnk, o)).unwrap_or(planned);
+        if got == c && !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Runs the product with `config`.
+fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
     let (sam, sak) = g.a_strides;
     let (sbk, sbn) = g.b_strides;
     let (ta, tb) = (sak != 1, sbn != 1);
     let lda = if ta { sak } else { sam };
     let ldb = if tb { sbn } else { sbk };
-    let config = plan(
-        dev,
-        g.dtype,
-        (g.m, g.n, g.k),
-        &Operands {
-            a_strides: g.a_strides,
-            b_strides: g.b_strides,
-            offsets: (g.offsets.0, g.offsets.1),
-            batch_strides: (g.a_bs, g.b_bs),
-        },
-    );
     let kchunk = occupancy_kchunk(dev, config, g, config.kchunk());
     let splits = g.k.div_ceil(kchunk).max(1);
     let max_z = dev.caps().max_groups_per_dim as usize;

@@ -29,6 +29,7 @@
 //! cap. Each host file states its kernels' count, and `tests/limits.rs` runs each kernel past
 //! the sizes where an unbounded loop would cross the cap.
 
+pub mod autotune;
 pub mod compose;
 pub mod decl;
 pub(crate) mod pipeline;
@@ -58,6 +59,24 @@ use decl::{Codes, Field, KernelParams};
 use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::OnceLock;
+
+/// The kernels layer's per-device state (kept in `Device::kernel_state`): compiled pipelines
+/// and measured kernel choices.
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) pipelines: pipeline::Cache,
+    pub(crate) tuner: autotune::Tuner,
+}
+
+pub(crate) fn state(dev: &Device) -> Result<&State> {
+    dev.kernel_state::<State>()
+        .ok_or_else(|| Error::Internal("the device's kernel state has another type".into()))
+}
+
+/// What the kernel tuner of `dev` did so far ([`autotune`]).
+pub fn autotune_stats(dev: &Device) -> Result<autotune::AutotuneStats> {
+    Ok(autotune::stats(&state(dev)?.tuner))
+}
 
 /// Loop iterations one invocation may run (see the module docs).
 pub const LOOP_BUDGET: usize = 16384;

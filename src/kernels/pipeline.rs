@@ -56,15 +56,14 @@ impl Key {
     }
 }
 
-/// The per-device pipeline cache (kept in `Device::kernel_state`).
+/// The per-device pipeline cache (in the kernels layer's device state).
 #[derive(Default)]
 pub(crate) struct Cache {
     map: Mutex<HashMap<Key, Arc<Pipeline>>>,
 }
 
 fn cache(dev: &Device) -> Result<&Cache> {
-    dev.kernel_state::<Cache>()
-        .ok_or_else(|| Error::Internal("the device's kernel state has another type".into()))
+    super::state(dev).map(|s| &s.pipelines)
 }
 
 /// Number of pipelines built so far on `dev`.
