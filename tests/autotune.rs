@@ -52,16 +52,20 @@ fn choices_are_measured_once_and_cached_on_disk() {
         product(&dev, &mut rng, s);
         product(&dev, &mut rng, s);
     }
+    // 64 x 64 x 64 has two variants everywhere (f32 `reg` and 64 x 64 tiles); the odd shape
+    // has two on CPU adapters (the CPU kernel and the tiles) and one on GPUs.
     let first = autotune_stats(&dev).unwrap();
-    assert_eq!(first.measured, 2, "{first:?}");
-    assert_eq!(first.hits, 2, "the second product of each shape: {first:?}");
+    assert!((1..=2).contains(&first.measured), "{first:?}");
+    assert_eq!(
+        first.hits, first.measured,
+        "the second product of each shape: {first:?}"
+    );
     let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
     assert_eq!(files.len(), 1, "one cache file for the adapter");
     let text = std::fs::read_to_string(files[0].path()).unwrap();
-    assert!(
-        text.contains("64x64x64") && text.contains("67x35x129"),
-        "{text}"
-    );
+    assert!(text.contains("64x64x64"), "{text}");
+    let lines = text.lines().filter(|l| !l.starts_with('#')).count() as u64;
+    assert_eq!(lines, first.measured, "{text}");
 
     // A new device reads the file and measures nothing.
     let dev2 = device();
@@ -71,7 +75,7 @@ fn choices_are_measured_once_and_cached_on_disk() {
     let second = autotune_stats(&dev2).unwrap();
     assert_eq!(
         (second.loaded, second.hits, second.measured),
-        (2, 2, 0),
+        (first.measured, first.measured, 0),
         "{second:?}"
     );
     eprintln!(
