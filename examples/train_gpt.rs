@@ -526,7 +526,7 @@ fn train_step(
     range: (usize, usize),
     lr: f32,
     data: &mut u64,
-) -> Result<(Vec<Tensor>, [std::time::Duration; 6])> {
+) -> Result<(Vec<Tensor>, [std::time::Duration; 7])> {
     // Each replica's loss scale, as a view of its scaler's state on the device.
     let scales = t
         .scalers
@@ -594,7 +594,7 @@ fn train_step(
                 report.exchange_upload,
                 report.queued,
                 report.total,
-                Default::default(),
+                report.last_bucket,
             ]
         }
     };
@@ -645,8 +645,13 @@ fn train_step(
     // The host's phases: read-back waits, sums, uploads, queueing, the data-parallel step,
     // the updates.
     let mut wait = wait;
+    // The last bucket's arrival goes in slot 6.
+    let last = wait[5];
     wait[5] = t_update.elapsed();
-    Ok((losses, wait))
+    Ok((
+        losses,
+        [wait[0], wait[1], wait[2], wait[3], wait[4], wait[5], last],
+    ))
 }
 
 /// The mean of the replicas' losses (of every process under mpirun).
@@ -945,7 +950,7 @@ fn run() -> Result<()> {
         sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
-        let mut exchange = [0.0f64; 6];
+        let mut exchange = [0.0f64; 7];
         for _ in 0..c.bench {
             let t = train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?.1;
             for (e, d) in exchange.iter_mut().zip(t) {
@@ -957,6 +962,16 @@ fn run() -> Result<()> {
         let peak = dev.memory_stats().peak_allocated as f64 / (1 << 20) as f64;
         let tps = (ranks * replicas * c.batch * c.context) as f64 / ms * 1e3;
         say!("step      {ms:.2} ms, {tps:.0} tokens/s, peak {peak:.0} MiB allocated");
+        for (d, _) in tr.dp.replicas() {
+            let m = d.memory_stats();
+            say!(
+                "staging   {} upload buffers ({} MiB), {} read-back buffers ({} MiB)",
+                m.upload_buffers,
+                m.upload_bytes >> 20,
+                m.download_buffers,
+                m.download_bytes >> 20
+            );
+        }
         let tune = wgrad::kernels::autotune_stats(&dev)?;
         say!(
             "autotune  {} product shapes measured, {} choices from the cache file or earlier, {:.1} ms spent choosing",
@@ -973,8 +988,9 @@ fn run() -> Result<()> {
                 per(exchange[2])
             );
             say!(
-                "host      replicas queued forward and backward in {:.2} ms, the exchange ended at {:.2} ms, updates queued in {:.2} ms",
+                "host      replicas queued forward and backward in {:.2} ms, the last bucket was back at {:.2} ms, the exchange ended at {:.2} ms, updates queued in {:.2} ms",
                 per(exchange[3]),
+                per(exchange[6]),
                 per(exchange[4]),
                 per(exchange[5])
             );

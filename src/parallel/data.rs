@@ -44,6 +44,9 @@ pub struct StepReport {
     /// Wall time until every replica had queued its forward and backward passes (the host's
     /// own work; the devices run behind it).
     pub queued: Duration,
+    /// Wall time until the last gradient bucket of every replica was back on the host: about
+    /// when the devices finished the backward pass.
+    pub last_bucket: Duration,
     /// Time the host spent blocked waiting for gradient read-backs: the part of the exchange
     /// the computation did not hide.
     pub exchange_wait: Duration,
@@ -213,6 +216,7 @@ impl<M: Module> DataParallel<M> {
                 losses,
                 total,
                 queued: total,
+                last_bucket: Duration::ZERO,
                 exchange_wait: Duration::ZERO,
                 exchange_sum: Duration::ZERO,
                 exchange_upload: Duration::ZERO,
@@ -225,6 +229,7 @@ impl<M: Module> DataParallel<M> {
         let mut losses: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
         let mut times = [Duration::ZERO; 3];
         let mut queued = Duration::ZERO;
+        let mut last_bucket = Duration::ZERO;
         let mut bytes = 0u64;
         let outcome = std::thread::scope(|scope| -> Result<()> {
             for (r, ((_, model), input)) in self.replicas.iter().zip(inputs).enumerate() {
@@ -280,7 +285,9 @@ impl<M: Module> DataParallel<M> {
                             "gradient bucket {b} did not arrive from every replica"
                         )));
                     }
-                    bytes += self.reduce(b, reads, &mut times)?;
+                    let (sent, arrived) = self.reduce(b, reads, &mut times)?;
+                    bytes += sent;
+                    last_bucket = arrived.duration_since(t0);
                 }
             }
             match first_err {
@@ -293,6 +300,7 @@ impl<M: Module> DataParallel<M> {
             losses: losses.into_iter().flatten().collect(),
             total: t0.elapsed(),
             queued,
+            last_bucket,
             exchange_wait: times[0],
             exchange_sum: times[1],
             exchange_upload: times[2],
@@ -374,7 +382,13 @@ impl<M: Module> DataParallel<M> {
     /// replicas' buckets in replica order, in f32, and scales by 1/n, so replicas on
     /// identical adapters compute identical means. Returns the bytes one replica sent.
     /// Adds the time spent waiting, summing and uploading to `times`.
-    fn reduce(&self, b: usize, sent: Vec<Option<Sent>>, times: &mut [Duration; 3]) -> Result<u64> {
+    /// Also returns when the last replica's bytes were here.
+    fn reduce(
+        &self,
+        b: usize,
+        sent: Vec<Option<Sent>>,
+        times: &mut [Duration; 3],
+    ) -> Result<(u64, Instant)> {
         let n = sent.len();
         let sent: Vec<Sent> = sent.into_iter().flatten().collect();
         if sent.len() != n {
@@ -393,7 +407,7 @@ impl<M: Module> DataParallel<M> {
             flats.push(x.flat);
             reads.push(x.bytes);
         }
-        type Moved = Result<(Vec<Option<Tensor>>, Duration)>;
+        type Moved = Result<(Vec<Option<Tensor>>, Duration, Instant)>;
         let moved: Vec<Moved> = std::thread::scope(|sc| {
             let hs: Vec<_> = reads
                 .into_iter()
@@ -403,8 +417,10 @@ impl<M: Module> DataParallel<M> {
                     sc.spawn(move || -> Moved {
                         let t0 = Instant::now();
                         let mut waited = Duration::ZERO;
+                        let mut here = t0;
                         let copies = rb.wait_with(|bytes| {
-                            waited = t0.elapsed();
+                            here = Instant::now();
+                            waited = here - t0;
                             devs.iter()
                                 .enumerate()
                                 .map(|(d, dev)| {
@@ -417,7 +433,7 @@ impl<M: Module> DataParallel<M> {
                                 })
                                 .collect::<Result<Vec<_>>>()
                         })??;
-                        Ok((copies, waited))
+                        Ok((copies, waited, here))
                     })
                 })
                 .collect();
@@ -432,9 +448,11 @@ impl<M: Module> DataParallel<M> {
         let moving = t.elapsed();
         let mut received = Vec::with_capacity(n);
         let mut waited = Duration::ZERO;
+        let mut arrived = t;
         for m in moved {
-            let (copies, w) = m?;
+            let (copies, w, here) = m?;
             waited = waited.max(w);
+            arrived = arrived.max(here);
             received.push(copies);
         }
         times[0] += waited;
@@ -462,6 +480,6 @@ impl<M: Module> DataParallel<M> {
             set_grads(&self.params[d], &self.buckets[b], &mean)?;
         }
         times[1] += t.elapsed();
-        Ok(dtype.bytes(len))
+        Ok((dtype.bytes(len), arrived))
     }
 }
