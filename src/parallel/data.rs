@@ -19,7 +19,7 @@
 //! bit-identical parameters.
 //!
 //! Measured on two H200s (BENCHMARKS.md): the replicas alone scale 2.0x; with the exchange,
-//! the GPT step of `train_gpt` ran 1.81-1.82x one GPU at batch 256 a GPU (f16; 1.90x at 512),
+//! the GPT step of `train_gpt` ran 1.78-1.82x one GPU at batch 256 a GPU (f16; 1.90x at 512),
 //! 1.65x at 128 and 1.42-1.44x at 64: the exchange costs about 10 ms a step. Every step drains the devices: the update needs every replica's gradients, and the
 //! host is the only path between the devices (wgpu has no peer-to-peer copies).
 
