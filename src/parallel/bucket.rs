@@ -108,8 +108,8 @@ pub(crate) fn widen_into(bytes: &[u8], dtype: DType, out: &mut Vec<f32>) {
 }
 
 /// Sets the gradients of `idx` from `flat` (their gradients end to end, as `flatten` lays
-/// them out, in any dtype): each parameter's gradient is its slice, in its dtype (a view
-/// where the dtypes match).
+/// them out, in any dtype): each parameter's gradient is its slice, in its dtype, as dense
+/// storage (the optimizers need it: a copy for every slice but the first).
 pub(crate) fn set_grads(params: &[(String, Tensor)], idx: &[usize], flat: &Tensor) -> Result<()> {
     let mut at = 0;
     for &i in idx {
