@@ -654,12 +654,6 @@ fn main() -> Result<()> {
         println!("\n{}", dev.memory_report());
     }
     // Time spent choosing kernels (measuring new shapes, or reading the cache file).
-    let tune = wgrad::kernels::autotune_stats(&dev)?;
-    eprintln!(
-        "autotune: {} product shapes measured, {} choices reused, {:.1} ms spent choosing",
-        tune.measured,
-        tune.hits,
-        tune.spent.as_secs_f64() * 1e3
-    );
+    eprintln!("autotune: {}", wgrad::kernels::autotune_stats(&dev)?);
     Ok(())
 }

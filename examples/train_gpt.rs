@@ -526,7 +526,7 @@ fn train_step(
     range: (usize, usize),
     lr: f32,
     data: &mut u64,
-) -> Result<(Vec<Tensor>, [std::time::Duration; 7])> {
+) -> Result<(Vec<Tensor>, HostTimes)> {
     // Each replica's loss scale, as a view of its scaler's state on the device.
     let scales = t
         .scalers
@@ -545,7 +545,7 @@ fn train_step(
         }
         loss.mul(&scales[r])
     };
-    let wait = match &t.mpi {
+    let mut host = match &t.mpi {
         Some(group) => {
             // Every process draws the same batches from the one data stream (so resuming is
             // exact) and trains on the one of its rank.
@@ -566,14 +566,11 @@ fn train_step(
             let wait = group.backward(&loss, &g.params());
             dev.end_scope();
             let w = wait?;
-            [
-                w,
-                Default::default(),
-                Default::default(),
-                Default::default(),
-                w,
-                Default::default(),
-            ]
+            HostTimes {
+                wait: w,
+                exchange_end: w,
+                ..Default::default()
+            }
         }
         None => {
             // One batch per replica, drawn in order from the one data stream.
@@ -588,14 +585,15 @@ fn train_step(
             } else {
                 t.dp.step(&batches, f)?
             };
-            [
-                report.exchange_wait,
-                report.exchange_sum,
-                report.exchange_upload,
-                report.queued,
-                report.total,
-                report.last_bucket,
-            ]
+            HostTimes {
+                wait: report.exchange_wait,
+                sum: report.exchange_sum,
+                upload: report.exchange_upload,
+                queued: report.queued,
+                exchange_end: report.total,
+                last_bucket: report.last_bucket,
+                update: Default::default(),
+            }
         }
     };
     // Each replica's update on its own thread (collecting the last step's decision may wait
@@ -642,16 +640,39 @@ fn train_step(
                 .ok_or_else(|| Error::Internal("a replica computed no loss".into()))
         })
         .collect::<Result<Vec<_>>>()?;
-    // The host's phases: read-back waits, sums, uploads, queueing, the data-parallel step,
-    // the updates.
-    let mut wait = wait;
-    // The last bucket's arrival goes in slot 6.
-    let last = wait[5];
-    wait[5] = t_update.elapsed();
-    Ok((
-        losses,
-        [wait[0], wait[1], wait[2], wait[3], wait[4], wait[5], last],
-    ))
+    host.update = t_update.elapsed();
+    Ok((losses, host))
+}
+
+/// Where the host's time went in a training step (summed over the steps of --bench).
+#[derive(Clone, Copy, Default)]
+struct HostTimes {
+    /// Blocked on gradient read-backs (under mpirun: the whole exchange).
+    wait: std::time::Duration,
+    /// Queueing the devices' sums of the buckets.
+    sum: std::time::Duration,
+    /// Copying the buckets to the other devices.
+    upload: std::time::Duration,
+    /// Until every replica had queued its forward and backward passes.
+    queued: std::time::Duration,
+    /// Until the last bucket's read-back was complete.
+    last_bucket: std::time::Duration,
+    /// Until the exchange ended.
+    exchange_end: std::time::Duration,
+    /// Queueing the updates.
+    update: std::time::Duration,
+}
+
+impl std::ops::AddAssign for HostTimes {
+    fn add_assign(&mut self, o: HostTimes) {
+        self.wait += o.wait;
+        self.sum += o.sum;
+        self.upload += o.upload;
+        self.queued += o.queued;
+        self.last_bucket += o.last_bucket;
+        self.exchange_end += o.exchange_end;
+        self.update += o.update;
+    }
 }
 
 /// The mean of the replicas' losses (of every process under mpirun).
@@ -950,12 +971,9 @@ fn run() -> Result<()> {
         sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
-        let mut exchange = [0.0f64; 7];
+        let mut host = HostTimes::default();
         for _ in 0..c.bench {
-            let t = train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?.1;
-            for (e, d) in exchange.iter_mut().zip(t) {
-                *e += d.as_secs_f64();
-            }
+            host += train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?.1;
         }
         sync_all(&tr)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3 / c.bench as f64;
@@ -972,27 +990,21 @@ fn run() -> Result<()> {
                 m.download_bytes >> 20
             );
         }
-        let tune = wgrad::kernels::autotune_stats(&dev)?;
-        say!(
-            "autotune  {} product shapes measured, {} choices from the cache file or earlier, {:.1} ms spent choosing",
-            tune.measured,
-            tune.hits,
-            tune.spent.as_secs_f64() * 1e3
-        );
+        say!("autotune  {}", wgrad::kernels::autotune_stats(&dev)?);
         if replicas * ranks > 1 {
-            let per = |x: f64| x * 1e3 / c.bench as f64;
+            let per = |x: std::time::Duration| x.as_secs_f64() * 1e3 / c.bench as f64;
             say!(
                 "exchange  the host waited {:.2} ms a step for gradient read-backs, queued the sums for {:.2} ms, uploaded for {:.2} ms",
-                per(exchange[0]),
-                per(exchange[1]),
-                per(exchange[2])
+                per(host.wait),
+                per(host.sum),
+                per(host.upload)
             );
             say!(
                 "host      replicas queued forward and backward in {:.2} ms, the last bucket was back at {:.2} ms, the exchange ended at {:.2} ms, updates queued in {:.2} ms",
-                per(exchange[3]),
-                per(exchange[6]),
-                per(exchange[4]),
-                per(exchange[5])
+                per(host.queued),
+                per(host.last_bucket),
+                per(host.exchange_end),
+                per(host.update)
             );
         }
         if c.profile {

@@ -67,6 +67,18 @@ pub struct AutotuneStats {
     pub spent: Duration,
 }
 
+impl std::fmt::Display for AutotuneStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} product shapes measured, {} choices reused (from the cache file or earlier), {:.1} ms spent choosing",
+            self.measured,
+            self.hits,
+            self.spent.as_secs_f64() * 1e3
+        )
+    }
+}
+
 /// The per-device tuner (kept in the kernels layer's device state).
 #[derive(Default)]
 pub(crate) struct Tuner {
