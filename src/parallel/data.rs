@@ -401,13 +401,10 @@ impl<M: Module> DataParallel<M> {
         // One thread per source replica: wait for its bytes, upload them to every other
         // device. received[s][d] is replica s's bucket on device d.
         let t = Instant::now();
-        let mut flats = Vec::with_capacity(n);
-        let mut reads = Vec::with_capacity(n);
-        for x in sent {
-            flats.push(x.flat);
-            reads.push(x.bytes);
-        }
-        type Moved = Result<(Vec<Option<Tensor>>, Duration, Instant)>;
+        let (flats, reads): (Vec<Tensor>, Vec<Readback<u8>>) =
+            sent.into_iter().map(|x| (x.flat, x.bytes)).unzip();
+        // Each thread returns its copies and when its bytes were here.
+        type Moved = Result<(Vec<Option<Tensor>>, Instant)>;
         let moved: Vec<Moved> = std::thread::scope(|sc| {
             let hs: Vec<_> = reads
                 .into_iter()
@@ -415,12 +412,9 @@ impl<M: Module> DataParallel<M> {
                 .map(|(s, rb)| {
                     let devs = &devs;
                     sc.spawn(move || -> Moved {
-                        let t0 = Instant::now();
-                        let mut waited = Duration::ZERO;
-                        let mut here = t0;
+                        let mut here = t;
                         let copies = rb.wait_with(|bytes| {
                             here = Instant::now();
-                            waited = here - t0;
                             devs.iter()
                                 .enumerate()
                                 .map(|(d, dev)| {
@@ -433,7 +427,7 @@ impl<M: Module> DataParallel<M> {
                                 })
                                 .collect::<Result<Vec<_>>>()
                         })??;
-                        Ok((copies, waited, here))
+                        Ok((copies, here))
                     })
                 })
                 .collect();
@@ -447,14 +441,13 @@ impl<M: Module> DataParallel<M> {
         });
         let moving = t.elapsed();
         let mut received = Vec::with_capacity(n);
-        let mut waited = Duration::ZERO;
         let mut arrived = t;
         for m in moved {
-            let (copies, w, here) = m?;
-            waited = waited.max(w);
+            let (copies, here) = m?;
             arrived = arrived.max(here);
             received.push(copies);
         }
+        let waited = arrived.duration_since(t);
         times[0] += waited;
         times[2] += moving.saturating_sub(waited);
         // On each device: the mean, in replica order, then the parameters' gradients.
