@@ -20,12 +20,22 @@
 // of a fused QKV projection are read in place; o and the gradients dq, dk, dv are written at
 // their own strides (the gradient of a fused QKV projection in place).
 //
-// Two passes instead of the online rescaling of attention.wgsl, because a cooperative matrix
-// cannot be scaled row by row: pass 1 computes each row's max and sum of exp (scores go
-// through workgroup memory, where the subgroup's lanes read them, two lanes per row, combining
-// halves with a subgroup shuffle); pass 2 recomputes the scores, writes P = exp(s - max) as f16
-// to workgroup memory and accumulates P V on cooperative matrices. The extra Q K^T costs half
-// again the minimum arithmetic and removes every rescale of the output.
+// The forward takes one pass over the keys with the online softmax of attention.wgsl, made
+// lazy because a cooperative matrix cannot be scaled row by row: scores go through workgroup
+// memory, where the subgroup's lanes read them (two lanes per row, halves combined with a
+// subgroup shuffle), write P = exp(s - m) as f16 and keep each row's sum; P V accumulates on
+// cooperative matrices. A row's maximum m moves only when a block's maximum exceeds it by more
+// than TAU, so the weights stay below e^TAU; only then is the output accumulated so far scaled
+// (stored to workgroup memory, scaled by rows, loaded back), for the whole workgroup when any
+// of its rows moved (the barriers that needs must be uniform). With scores of ordinary size
+// that happens at most once or twice a row. The two-pass form it replaces (row maxima and sums
+// first, then P V) computed Q K^T twice.
+//
+// Alignment: every workgroup variable here is a multiple of 16 bytes long, so each starts on
+// a 16-byte boundary whatever order the driver lays them out in; the cooperative loads from
+// KVs and Ps need that. A lone 4-byte flag declared before them gave wrong results on every
+// shape on an H100 (the fragments of K and V read 4 bytes off); tests/shaders.rs checks the
+// sizes of every tensor-core kernel's workgroup variables.
 //
 // Masks combine with `|` and `&`, not `||` and `&&`: the short-circuit forms are branches,
 // which would make the control flow around the cooperative-matrix ops non-uniform.
@@ -40,9 +50,10 @@
 // (the causal mask and dropout on or off, see `keep`). Loops over them are unrolled
 // (`//! unroll`), with one named variable per tile: an array of cooperative matrices indexed
 // in a loop may live in memory instead of registers.
-// Loops (per invocation): two passes over the key blocks, each about 3 (4 / KT + 1) + 70
-// counted iterations per block of 64 keys; the host uses this kernel only up to 4096 keys (the loop
-// budget), longer sequences take attention.wgsl's chunked path.
+// Loops (per invocation): one pass over the key blocks, about 3 (4 / KT + 1) + 70 counted
+// iterations per block of 64 keys, 8 ND more when the maximum moves; the host uses this
+// kernel only up to 4096 keys (the loop budget), longer sequences take attention.wgsl's
+// chunked path.
 
 // The layout of attention.wgsl's Params (one host twin); the chunk fields are unused here.
 struct Params {
@@ -107,8 +118,17 @@ const BC: u32 = 64u;
 // (rows are 64 words apart), which cost more than all the products.
 var<workgroup> Ss: array<f32, 4u * 1024u>;
 var<workgroup> Ps: array<f16, 4u * 1024u>;
-var<workgroup> Ms: array<f32, 64u>;
 var<workgroup> Ls: array<f32, 64u>;
+// fwd: each row's factor for the output accumulated so far (by invocation: both lanes of a
+// row hold it), and whether any row of the workgroup moved its maximum this block (element
+// 0; see "Alignment" in the header for the other three).
+var<workgroup> Alpha: array<f32, 128u>;
+var<workgroup> Moved: array<atomic<u32>, 4u>;
+
+// How far (in units of the scaled scores) a block's maximum may exceed the running one before
+// fwd moves it: weights up to e^8 = 2981 stay exact to f16's precision (and dropout's factor is
+// applied after the sum, so they never grow past it).
+const TAU: f32 = 8.0;
 
 // One past the last key a causal row in [r0, r0 + rows) sees (key j is visible to row i when
 // j + SQ <= i + SKV), or SKV without the mask.
@@ -218,9 +238,15 @@ fn main(ids: Ids) {
   let qi = r0 + row;
   let sbase = sg * 1024u + row * 64u + half * 32u;
 
-  // Pass 1: row max and sum of exp.
+  // One pass over the key blocks with a lazily moved row maximum (see the header): m is the
+  // maximum the weights are taken against, l their sum, O their product with V.
   var m = p.ninf;
   var l = 0.0;
+  //! unroll dd in 0..ND
+  var ot$dd = coop_mat16x16<f32, C>();
+  //! end
+  // Workgroup memory starts undefined (its zeroing is off); the first barrier orders this.
+  atomicStore(&Moved[0], 0u);
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     stage(false, kb, KS, k0, ids.lid);
     workgroupBarrier();
@@ -239,6 +265,8 @@ fn main(ids: Ids) {
       //! end
     }
     workgroupBarrier();
+    // Every subgroup is past its score products: V replaces K while the lanes work on rows.
+    stage(true, vb, VS, k0, ids.lid);
     var bm = p.ninf;
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
@@ -247,60 +275,45 @@ fn main(ids: Ids) {
       bm = max(bm, select(Ss[sbase + cc] * p.scale, p.ninf, masked));
     }
     bm = max(bm, subgroupShuffleXor(bm, 1u));
-    let mn = max(m, bm);
-    // Selects, not branches: control flow must stay uniform for the cooperative-matrix ops
-    // later in the loop. A row with no visible key yet keeps m = -inf and l = 0.
+    // Selects, not branches: control flow must stay uniform for the cooperative-matrix ops.
+    // The maximum moves only when the block's exceeds it by more than TAU (always on the
+    // first visible key, when m is -inf); a row with no visible key yet keeps m = -inf.
+    let grow = bm > m + TAU;
+    let mn = select(m, bm, grow);
+    let alpha = select(1.0, exp(m - mn), grow);
     let live = mn != p.ninf;
     var s = 0.0;
     for (var c = 0u; c < 32u; c = c + 1u) {
       let cc = (c + lane) & 31u;
       let key = k0 + half * 32u + cc;
       let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv)) | !live;
-      s = s + select(exp(Ss[sbase + cc] * p.scale - mn), 0.0, masked);
+      let w = select(exp(Ss[sbase + cc] * p.scale - mn), 0.0, masked);
+      s = s + w;
+      Ps[sbase + cc] = f16(select(w, 0.0, keep(bh * p.sq + qi, key) == 0.0));
     }
     s = s + subgroupShuffleXor(s, 1u);
-    l = select(l, l * exp(m - mn) + s, live);
-    m = select(m, mn, live);
-    workgroupBarrier();
-  }
-  if (half == 0u) {
-    Ms[sg * 16u + row] = m;
-    Ls[sg * 16u + row] = l;
-    if (qi < p.sq) { st_lse(bh * p.sq + qi, m + log(l)); }
-  }
-
-  // Pass 2: O = sum over keys of exp(s - max) V, divided by the sum at the end.
-  //! unroll dd in 0..ND
-  var ot$dd = coop_mat16x16<f32, C>();
-  //! end
-  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
-    stage(false, kb, KS, k0, ids.lid);
-    workgroupBarrier();
-    for (var kg = 0u; kg < 4u; kg = kg + KT) {
-      //! unroll kc in 0..KT
+    l = l * alpha + s;
+    // O holds a sum against the old maximum only where that was finite.
+    let rescale = grow & (m != p.ninf);
+    m = mn;
+    Alpha[ids.lid] = alpha;
+    atomicOr(&Moved[0], u32(rescale));
+    // The barrier inside makes Ps, V and Alpha visible too.
+    if (workgroupUniformLoad(&Moved[0]) != 0u) {
+      atomicStore(&Moved[0], 0u);
+      // Each output tile through the subgroup's score region, its rows scaled by alpha (the
+      // first barrier keeps the tile before's load ahead of this store).
       //! unroll dd in 0..ND
-      let kt$kc$dd = coopLoad<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
-      //! end
-      //! end
-      //! unroll kc in 0..KT
-      var acc$kc = coop_mat16x16<f32, C>();
-      //! unroll dd in 0..ND
-      acc$kc = coopMultiplyAdd(qt$dd, kt$kc$dd, acc$kc);
-      //! end
-      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      workgroupBarrier();
+      coopStoreT(ot$dd, &Ss[sg * 1024u], 16u);
+      workgroupBarrier();
+      for (var e = lane; e < 256u; e = e + 32u) {
+        Ss[sg * 1024u + e] = Ss[sg * 1024u + e] * Alpha[sg * 32u + (e / 16u) * 2u];
+      }
+      workgroupBarrier();
+      ot$dd = coopLoadT<coop_mat16x16<f32, C>>(&Ss[sg * 1024u], 16u);
       //! end
     }
-    workgroupBarrier();
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let key = k0 + half * 32u + cc;
-      let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv)) | (m == p.ninf);
-      let w = exp(Ss[sbase + cc] * p.scale - m) * keep(bh * p.sq + qi, key);
-      Ps[sbase + cc] = f16(select(w, 0.0, masked));
-    }
-    // Every subgroup is past its score products (the barrier above): V replaces K.
-    stage(true, vb, VS, k0, ids.lid);
-    workgroupBarrier();
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
@@ -316,6 +329,12 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
   }
+  if (half == 0u) {
+    Ls[sg * 16u + row] = l;
+    if (qi < p.sq) { st_lse(bh * p.sq + qi, m + log(l)); }
+  }
+  // Dropout's 1 / (1 - p) for the kept weights, applied once here (P holds 0 or the weight).
+  let kept = select(1.0, p.drop_scale, (DROP != 0u) & (p.drop_thr != 0u));
 
   // Out: each 16 x 16 output tile through the subgroup's score region, divided by the row sum.
   //! unroll dd in 0..ND
@@ -325,7 +344,7 @@ fn main(ids: Ids) {
     let rr = e / 16u;
     let qo = r0 + rr;
     if (qo < p.sq) {
-      st_o(ob + qo * p.o_ss + $dd * 16u + e % 16u, Ss[sg * 1024u + e] / Ls[sg * 16u + rr]);
+      st_o(ob + qo * p.o_ss + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * kept / Ls[sg * 16u + rr]);
     }
   }
   workgroupBarrier();

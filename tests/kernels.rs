@@ -791,6 +791,67 @@ fn attention_vs_reference_and_composition() {
     }
 }
 
+/// Scores that climb along the keys, by about 2 per key for some rows and fall for others,
+/// so a row's maximum grows past the running one by far more than the tensor-core forward's
+/// lazy threshold from one block of 64 keys to the next (that kernel then scales the output
+/// accumulated so far) while other rows of the same workgroup do not move: forward and
+/// gradients against the f64 reference.
+#[test]
+fn attention_with_growing_scores() {
+    let dev = poisoned();
+    let mut rng = Rng::new(29);
+    for dt in DTYPES {
+        for (b, h, s, d) in [(1, 2, 208, 64), (1, 1, 144, 128), (1, 1, 65, 64)] {
+            for causal in [false, true] {
+                let n = b * h * s * d;
+                let (mut q, mut k, v, g) = (rng.vec(n), rng.vec(n), rng.vec(n), rng.vec(n));
+                // Every coordinate of q near +-1 (the sign per row), of key j near j / 16: the
+                // score of key j is about +-j d / (16 sqrt d) = +-j / 2 at d = 64.
+                for r in 0..b * h * s {
+                    let sign = if r % 3 == 0 { -1.0 } else { 1.0 };
+                    for c in 0..d {
+                        q[r * d + c] = sign * (1.0 + 0.1 * q[r * d + c]);
+                        let j = (r % s) as f32;
+                        k[r * d + c] = j / 16.0 * (1.0 + 0.1 * k[r * d + c]) * 64.0 / d as f32;
+                    }
+                }
+                let shape = [b, h, s, d];
+                let tq = tensor(&dev, &q, &shape, dt).variable();
+                let tk = tensor(&dev, &k, &shape, dt).variable();
+                let tv = tensor(&dev, &v, &shape, dt).variable();
+                let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
+                let scale = 1.0 / (d as f64).sqrt();
+                let (rq, rk, rv) = (rounded(&q, dt), rounded(&k, dt), rounded(&v, dt));
+                let want = cpu::attention(&rq, &rk, &rv, b * h, s, s, d, causal, scale);
+                let what = format!("attention growing {:?} causal={causal} {dt}", shape);
+                assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
+                out.backward_with(&tensor(&dev, &g, &shape, dt)).unwrap();
+                let (dq, dk, dv) = cpu::attention_backward(
+                    &rq,
+                    &rk,
+                    &rv,
+                    &rounded(&g, dt),
+                    b * h,
+                    s,
+                    s,
+                    d,
+                    causal,
+                    scale,
+                );
+                for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
+                    let got = t.grad().unwrap().to_f32_vec().unwrap();
+                    assert_close_tol(
+                        &got,
+                        &want,
+                        grad_tol(&want, dt),
+                        &format!("{name} of {what}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Tolerance of an attention gradient against its f64 reference: f16 and bf16 storage of
 /// inputs and gradients gives errors of a few parts in a thousand of the largest gradient.
 fn grad_tol(want: &[f64], dt: DType) -> (f64, f64) {

@@ -135,6 +135,7 @@ fn every_entry_point_validates() {
                         let (module, info) = parse_validate(&src, t, extra(k), &what);
                         if coop {
                             spirv(&module, &info, &what);
+                            workgroup_sizes_aligned(&module, &what);
                         }
                         count += 1;
                     }
@@ -143,6 +144,27 @@ fn every_entry_point_validates() {
         }
     }
     assert!(count > 300, "only {count} compositions checked");
+}
+
+/// Every workgroup variable of a tensor-core kernel is a multiple of 16 bytes long, so that
+/// each starts on a 16-byte boundary in whatever order a driver packs them: cooperative loads
+/// from workgroup memory need aligned rows (a lone 4-byte flag before the staged tiles gave
+/// wrong results on an H100; see attention_coop.wgsl, "Alignment").
+fn workgroup_sizes_aligned(module: &naga::Module, what: &str) {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .unwrap_or_else(|e| panic!("{what}: layout: {e}"));
+    for (_, var) in module.global_variables.iter() {
+        if var.space == naga::AddressSpace::WorkGroup {
+            let size = layouter[var.ty].size;
+            assert!(
+                size % 16 == 0,
+                "{what}: workgroup variable {:?} is {size} bytes, not a multiple of 16",
+                var.name
+            );
+        }
+    }
 }
 
 fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {

@@ -332,9 +332,9 @@ pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: u
         && c.subgroup_min == 32
         && c.subgroup_max == 32
         && (d == 64 || d == 128)
-        // The forward's workgroup memory at d = 128 (scores, weights, row statistics, the
-        // staged K or V block): 42,496 bytes.
-        && c.workgroup_storage >= 42_496
+        // The forward's workgroup memory at d = 128 (scores, weights, row sums and factors,
+        // a flag, the staged K or V block): 42,768 bytes.
+        && c.workgroup_storage >= 42_768
         && sq.is_multiple_of(16)
         && skv.is_multiple_of(16)
         && sq >= 16
