@@ -32,9 +32,10 @@
 // first, then P V) computed Q K^T twice.
 //
 // Alignment: every workgroup variable here is a multiple of 16 bytes long, so each starts on
-// a 16-byte boundary whatever order the driver lays them out in; the cooperative loads from
-// KVs and Ps need that. A lone 4-byte flag declared before them gave wrong results on every
-// shape on an H100 (the fragments of K and V read 4 bytes off); tests/shaders.rs checks the
+// a 16-byte boundary whatever order the driver lays them out in (it knows only the types'
+// own alignment: 2 bytes for Ps, 8 for KVs); the cooperative loads from KVs and Ps need
+// that. With a 4-byte flag among them the forward gave wrong results on every shape on an
+// H100, and right ones once the flag was padded to 16 bytes. tests/shaders.rs checks the
 // sizes of every tensor-core kernel's workgroup variables.
 //
 // Masks combine with `|` and `&`, not `||` and `&&`: the short-circuit forms are branches,
