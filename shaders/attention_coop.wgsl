@@ -154,6 +154,17 @@ fn keep(row: u32, key: u32) -> f32 {
   return attn_keep(row, key);
 }
 
+// Which of four keys row `qi` does not see: past SKV, or causally masked.
+fn hidden(keys: vec4<u32>, qi: u32) -> vec4<bool> {
+  return (keys >= vec4<u32>(p.skv)) | (vec4<bool>(CAUSAL != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi + p.skv)));
+}
+
+// Which of four keys dropout removes from row `row`.
+fn dropped4(row: u32, keys: vec4<u32>) -> vec4<bool> {
+  if (DROP == 0u) { return vec4<bool>(false); }
+  return vec4<bool>(attn_keep(row, keys.x) == 0.0, attn_keep(row, keys.y) == 0.0, attn_keep(row, keys.z) == 0.0, attn_keep(row, keys.w) == 0.0);
+}
+
 
 
 // ----- Backward (FlashAttention-2's split: one kernel for dK and dV, one for dQ) -----
@@ -214,6 +225,12 @@ fn stage(of_v: bool, base: u32, pitch: u32, k0: u32, lid: u32) {
 //! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
 //! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
+// The forward's scores and weights in runs of 4 (Ss and Ps of the backward kernels, laid out
+// the same): a lane reads 4 scores and writes 4 weights at once, and fragments load through a
+// pointer to a run's first element. A lane's run j of its half-row is visited at step
+// (j - lane) mod 8, so the 8 lanes of each quarter-subgroup read distinct banks.
+var<workgroup> Sf: array<array<f32, 4>, 1024u>;
+var<workgroup> Pf: array<array<f16, 4>, 1024u>;
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -237,7 +254,8 @@ fn main(ids: Ids) {
   let row = lane / 2u;
   let half = lane % 2u;
   let qi = r0 + row;
-  let sbase = sg * 1024u + row * 64u + half * 32u;
+  // This lane's half-row of the subgroup's 16 x 64 scores, in runs of 4.
+  let sbase = (sg * 1024u + row * 64u + half * 32u) / 4u;
 
   // One pass over the key blocks with a lazily moved row maximum (see the header): m is the
   // maximum the weights are taken against, l their sum, O their product with V.
@@ -262,18 +280,19 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$kc = coopMultiplyAdd(qt$dd, kt$kc$dd, acc$kc);
       //! end
-      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      coopStoreT(acc$kc, &Sf[(sg * 1024u + (kg + $kc) * 16u) / 4u][0], 64u);
       //! end
     }
     workgroupBarrier();
     // Every subgroup is past its score products: V replaces K while the lanes work on rows.
     stage(true, vb, VS, k0, ids.lid);
     var bm = p.ninf;
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let key = k0 + half * 32u + cc;
-      let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
-      bm = max(bm, select(Ss[sbase + cc] * p.scale, p.ninf, masked));
+    for (var c = 0u; c < 8u; c = c + 1u) {
+      let j = (c + lane) & 7u;
+      let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
+      let r = Sf[sbase + j];
+      let x = select(vec4<f32>(r[0], r[1], r[2], r[3]) * p.scale, vec4<f32>(p.ninf), hidden(keys, qi));
+      bm = max(bm, max(max(x.x, x.y), max(x.z, x.w)));
     }
     bm = max(bm, subgroupShuffleXor(bm, 1u));
     // Selects, not branches: control flow must stay uniform for the cooperative-matrix ops.
@@ -284,13 +303,15 @@ fn main(ids: Ids) {
     let alpha = select(1.0, exp(m - mn), grow);
     let live = mn != p.ninf;
     var s = 0.0;
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let key = k0 + half * 32u + cc;
-      let masked = (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv)) | !live;
-      let w = select(exp(Ss[sbase + cc] * p.scale - mn), 0.0, masked);
-      s = s + w;
-      Ps[sbase + cc] = f16(select(w, 0.0, keep(bh * p.sq + qi, key) == 0.0));
+    for (var c = 0u; c < 8u; c = c + 1u) {
+      let j = (c + lane) & 7u;
+      let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
+      let r = Sf[sbase + j];
+      let x = vec4<f32>(r[0], r[1], r[2], r[3]) * p.scale - mn;
+      let w = select(exp(x), vec4<f32>(0.0), hidden(keys, qi) | vec4<bool>(!live));
+      s = s + (w.x + w.y) + (w.z + w.w);
+      let kw = select(w, vec4<f32>(0.0), dropped4(bh * p.sq + qi, keys));
+      Pf[sbase + j] = array<f16, 4>(f16(kw.x), f16(kw.y), f16(kw.z), f16(kw.w));
     }
     s = s + subgroupShuffleXor(s, 1u);
     l = l * alpha + s;
@@ -306,18 +327,20 @@ fn main(ids: Ids) {
       // first barrier keeps the tile before's load ahead of this store).
       //! unroll dd in 0..ND
       workgroupBarrier();
-      coopStoreT(ot$dd, &Ss[sg * 1024u], 16u);
+      coopStoreT(ot$dd, &Sf[sg * 256u][0], 16u);
       workgroupBarrier();
-      for (var e = lane; e < 256u; e = e + 32u) {
-        Ss[sg * 1024u + e] = Ss[sg * 1024u + e] * Alpha[sg * 32u + (e / 16u) * 2u];
+      for (var e = lane; e < 64u; e = e + 32u) {
+        let a = Alpha[sg * 32u + (e / 4u) * 2u];
+        let r = Sf[sg * 256u + e];
+        Sf[sg * 256u + e] = array<f32, 4>(r[0] * a, r[1] * a, r[2] * a, r[3] * a);
       }
       workgroupBarrier();
-      ot$dd = coopLoadT<coop_mat16x16<f32, C>>(&Ss[sg * 1024u], 16u);
+      ot$dd = coopLoadT<coop_mat16x16<f32, C>>(&Sf[sg * 256u][0], 16u);
       //! end
     }
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
+      let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Pf[(sg * 1024u + (kg + $kc) * 16u) / 4u][0], 64u);
       //! unroll dd in 0..ND
       let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
@@ -339,13 +362,13 @@ fn main(ids: Ids) {
 
   // Out: each 16 x 16 output tile through the subgroup's score region, divided by the row sum.
   //! unroll dd in 0..ND
-  coopStoreT(ot$dd, &Ss[sg * 1024u], 16u);
+  coopStoreT(ot$dd, &Sf[sg * 256u][0], 16u);
   workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let rr = e / 16u;
     let qo = r0 + rr;
     if (qo < p.sq) {
-      st_o(ob + qo * p.o_ss + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * kept / Ls[sg * 16u + rr]);
+      st_o(ob + qo * p.o_ss + $dd * 16u + e % 16u, Sf[sg * 256u + e / 4u][e % 4u] * kept / Ls[sg * 16u + rr]);
     }
   }
   workgroupBarrier();
