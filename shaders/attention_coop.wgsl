@@ -116,9 +116,32 @@ const BC: u32 = 64u;
 // and the sum of exp. Two lanes share a row of a tile (32 columns each); lane l visits its
 // columns starting at column l (mod 32), so the 32 lanes of an access touch 32 different
 // banks: visiting them in order from column 0 made every access a 32-way bank conflict
-// (rows are 64 words apart), which cost more than all the products.
+// (rows are 64 words apart), which cost more than all the products. (bwd_q; fwd and bwd_kv
+// use Sf and Pf below.)
 var<workgroup> Ss: array<f32, 4u * 1024u>;
 var<workgroup> Ps: array<f16, 4u * 1024u>;
+
+// The same tiles in runs of 4 (fwd, bwd_kv): a lane reads and writes 4 scores or weights at
+// once, and fragments load through a pointer to a run's first element. A lane visits the runs
+// of its half-row in an order rotated by its row, so the 8 lanes of each quarter-subgroup touch
+// distinct banks. Measured on an H100 against one element at a time: the forward 12-16% faster.
+var<workgroup> Sf: array<array<f32, 4>, 1024u>;
+var<workgroup> Pf: array<array<f16, 4>, 1024u>;
+
+fn sf4(i: u32) -> vec4<f32> {
+  let r = Sf[i];
+  return vec4<f32>(r[0], r[1], r[2], r[3]);
+}
+fn put_sf4(i: u32, x: vec4<f32>) {
+  Sf[i] = array<f32, 4>(x.x, x.y, x.z, x.w);
+}
+fn pf4(i: u32) -> vec4<f32> {
+  let r = Pf[i];
+  return vec4<f32>(f32(r[0]), f32(r[1]), f32(r[2]), f32(r[3]));
+}
+fn put_pf4(i: u32, x: vec4<f32>) {
+  Pf[i] = array<f16, 4>(f16(x.x), f16(x.y), f16(x.z), f16(x.w));
+}
 var<workgroup> Ls: array<f32, 64u>;
 // fwd: each row's factor for the output accumulated so far (by invocation: both lanes of a
 // row hold it), and whether any row of the workgroup moved its maximum this block (element
@@ -157,6 +180,19 @@ fn keep(row: u32, key: u32) -> f32 {
 // Which of four keys row `qi` does not see: past SKV, or causally masked.
 fn hidden(keys: vec4<u32>, qi: u32) -> vec4<bool> {
   return (keys >= vec4<u32>(p.skv)) | (vec4<bool>(CAUSAL != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi + p.skv)));
+}
+
+// Which of the four queries qi .. qi + 3 do not see key kj (past SQ or SKV, or causally
+// masked).
+fn unseen(qi: u32, kj: u32) -> vec4<bool> {
+  let qs = vec4<u32>(qi) + vec4<u32>(0u, 1u, 2u, 3u);
+  return (qs >= vec4<u32>(p.sq)) | vec4<bool>(kj >= p.skv) | (vec4<bool>(CAUSAL != 0u) & (vec4<u32>(kj + p.sq) > qs + vec4<u32>(p.skv)));
+}
+
+// keep for rows row .. row + 3 (numbered as attn_keep's) and key kj.
+fn keep4(row: u32, kj: u32) -> vec4<f32> {
+  if (DROP == 0u) { return vec4<f32>(1.0); }
+  return vec4<f32>(attn_keep(row, kj), attn_keep(row + 1u, kj), attn_keep(row + 2u, kj), attn_keep(row + 3u, kj));
 }
 
 // Which of four keys dropout removes from row `row`.
@@ -225,12 +261,6 @@ fn stage(of_v: bool, base: u32, pitch: u32, k0: u32, lid: u32) {
 //! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
 //! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
-// The forward's scores and weights in runs of 4 (Ss and Ps of the backward kernels, laid out
-// the same): a lane reads 4 scores and writes 4 weights at once, and fragments load through a
-// pointer to a run's first element. A lane's run j of its half-row is visited at step
-// (j - lane) mod 8, so the 8 lanes of each quarter-subgroup read distinct banks.
-var<workgroup> Sf: array<array<f32, 4>, 1024u>;
-var<workgroup> Pf: array<array<f16, 4>, 1024u>;
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -290,8 +320,7 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 8u; c = c + 1u) {
       let j = (c + lane) & 7u;
       let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
-      let r = Sf[sbase + j];
-      let x = select(vec4<f32>(r[0], r[1], r[2], r[3]) * p.scale, vec4<f32>(p.ninf), hidden(keys, qi));
+      let x = select(sf4(sbase + j) * p.scale, vec4<f32>(p.ninf), hidden(keys, qi));
       bm = max(bm, max(max(x.x, x.y), max(x.z, x.w)));
     }
     bm = max(bm, subgroupShuffleXor(bm, 1u));
@@ -306,12 +335,11 @@ fn main(ids: Ids) {
     for (var c = 0u; c < 8u; c = c + 1u) {
       let j = (c + lane) & 7u;
       let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
-      let r = Sf[sbase + j];
-      let x = vec4<f32>(r[0], r[1], r[2], r[3]) * p.scale - mn;
+      let x = sf4(sbase + j) * p.scale - mn;
       let w = select(exp(x), vec4<f32>(0.0), hidden(keys, qi) | vec4<bool>(!live));
       s = s + (w.x + w.y) + (w.z + w.w);
       let kw = select(w, vec4<f32>(0.0), dropped4(bh * p.sq + qi, keys));
-      Pf[sbase + j] = array<f16, 4>(f16(kw.x), f16(kw.y), f16(kw.z), f16(kw.w));
+      put_pf4(sbase + j, kw);
     }
     s = s + subgroupShuffleXor(s, 1u);
     l = l * alpha + s;
@@ -331,8 +359,7 @@ fn main(ids: Ids) {
       workgroupBarrier();
       for (var e = lane; e < 64u; e = e + 32u) {
         let a = Alpha[sg * 32u + (e / 4u) * 2u];
-        let r = Sf[sg * 256u + e];
-        Sf[sg * 256u + e] = array<f32, 4>(r[0] * a, r[1] * a, r[2] * a, r[3] * a);
+        put_sf4(sg * 256u + e, sf4(sg * 256u + e) * a);
       }
       workgroupBarrier();
       ot$dd = coopLoadT<coop_mat16x16<f32, C>>(&Sf[sg * 256u][0], 16u);
@@ -447,13 +474,14 @@ fn main(ids: Ids) {
   let vf$dd = coopLoad<coop_mat16x16<f16, B>>(&v[(vb + kr * VS + $dd * 16u) / 4u], VS / 4u);
   //! end
   let qstart = causal_start(k0, BQ);
-  // Two lanes a key row of the subgroup's 16 x BQ tiles in Ss and Ps (BQ / 2 columns each);
-  // lanes start at different columns (`rot`) so that each access touches 32 banks.
+  // Two lanes a key row of the subgroup's 16 x BQ tiles in Sf and Pf (BQ / 8 runs of 4
+  // each); lanes start at different runs (`rot`) so that each quarter-subgroup touches 32
+  // banks (rows are BQ words apart).
   let row = lane / 2u;
   let half = lane % 2u;
   let rot = select(row, lane, BQ == 64u);
   let kj = k0 + sg * 16u + row;
-  let sbase = sg * 1024u + row * BQ + half * (BQ / 2u);
+  let sbase = (sg * 1024u + row * BQ + half * (BQ / 2u)) / 4u;
   for (var q0 = qstart; q0 < p.sq; q0 = q0 + BQ) {
     stage_q(qb, gb, q0, ids.lid);
     // The block's log-sum-exp and delta, read once.
@@ -475,16 +503,16 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$qc = coopMultiplyAdd(qa$qc$dd, kf$dd, acc$qc);
       //! end
-      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], BQ);
+      coopStore(acc$qc, &Sf[(sg * 1024u + (qg + $qc) * 16u) / 4u][0], BQ);
       //! end
     }
     workgroupBarrier();
-    for (var c = 0u; c < BQ / 2u; c = c + 1u) {
-      let cc = (c + rot) & (BQ / 2u - 1u);
-      let col = half * (BQ / 2u) + cc;
-      let qi = q0 + col;
-      let masked = (qi >= p.sq) | (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
-      Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - Lq[col]), 0.0, masked));
+    for (var c = 0u; c < BQ / 8u; c = c + 1u) {
+      let jr = (c + rot) & (BQ / 8u - 1u);
+      let col = half * (BQ / 2u) + 4u * jr;
+      let lq = vec4<f32>(Lq[col], Lq[col + 1u], Lq[col + 2u], Lq[col + 3u]);
+      let w = exp(sf4(sbase + jr) * p.scale - lq);
+      put_pf4(sbase + jr, select(w, vec4<f32>(0.0), unseen(q0 + col, kj)));
     }
     workgroupBarrier();
     // dP = dO V^T for (16 queries, 16 keys) tiles, stored column-major: dP^T in Ss.
@@ -499,27 +527,27 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$qc = coopMultiplyAdd(ga$qc$dd, vf$dd, acc$qc);
       //! end
-      coopStore(acc$qc, &Ss[sg * 1024u + (qg + $qc) * 16u], BQ);
+      coopStore(acc$qc, &Sf[(sg * 1024u + (qg + $qc) * 16u) / 4u][0], BQ);
       //! end
     }
     workgroupBarrier();
-    for (var c = 0u; c < BQ / 2u; c = c + 1u) {
-      let cc = (c + rot) & (BQ / 2u - 1u);
-      let col = half * (BQ / 2u) + cc;
+    for (var c = 0u; c < BQ / 8u; c = c + 1u) {
+      let jr = (c + rot) & (BQ / 8u - 1u);
+      let col = half * (BQ / 2u) + 4u * jr;
       let qi = q0 + col;
-      let masked = (qi >= p.sq) | (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
       // With dropout (mask factor z): dS = P (z dP' - delta) for dP' = dO V^T, and
-      // dV takes the dropped weights z P, which replace P in Ps.
-      let keep = keep(bh * p.sq + qi, kj);
-      let pv = f32(Ps[sbase + cc]);
-      Ss[sbase + cc] = select(pv * (Ss[sbase + cc] * keep - Dq[col]), 0.0, masked);
-      if (DROP != 0u) { Ps[sbase + cc] = f16(pv * keep); }
+      // dV takes the dropped weights z P, which replace P in Pf.
+      let z = keep4(bh * p.sq + qi, kj);
+      let dq = vec4<f32>(Dq[col], Dq[col + 1u], Dq[col + 2u], Dq[col + 3u]);
+      let pv = pf4(sbase + jr);
+      put_sf4(sbase + jr, select(pv * (sf4(sbase + jr) * z - dq), vec4<f32>(0.0), unseen(qi, kj)));
+      if (DROP != 0u) { put_pf4(sbase + jr, pv * z); }
     }
     workgroupBarrier();
     // dV += P^T dO.
     for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
-      let pt$qc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (qg + $qc) * 16u], BQ);
+      let pt$qc = coopLoadT<coop_mat16x16<f16, A>>(&Pf[(sg * 1024u + (qg + $qc) * 16u) / 4u][0], BQ);
       //! unroll dd in 0..ND
       let go$qc$dd = g_b((qg + $qc) * 16u, $dd);
       //! end
@@ -531,16 +559,16 @@ fn main(ids: Ids) {
       //! end
     }
     workgroupBarrier();
-    // dS replaces the weights in Ps.
-    for (var c = 0u; c < BQ / 2u; c = c + 1u) {
-      let cc = (c + rot) & (BQ / 2u - 1u);
-      Ps[sbase + cc] = f16(Ss[sbase + cc]);
+    // dS replaces the weights in Pf.
+    for (var c = 0u; c < BQ / 8u; c = c + 1u) {
+      let jr = (c + rot) & (BQ / 8u - 1u);
+      put_pf4(sbase + jr, sf4(sbase + jr));
     }
     workgroupBarrier();
     // dK += dS^T Q.
     for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
-      let st$qc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (qg + $qc) * 16u], BQ);
+      let st$qc = coopLoadT<coop_mat16x16<f16, A>>(&Pf[(sg * 1024u + (qg + $qc) * 16u) / 4u][0], BQ);
       //! unroll dd in 0..ND
       let qo$qc$dd = q_b((qg + $qc) * 16u, $dd);
       //! end
@@ -555,15 +583,15 @@ fn main(ids: Ids) {
   }
   // Out: each 16 x 16 tile through the subgroup's region of Ss.
   //! unroll dd in 0..ND
-  coopStoreT(dkt$dd, &Ss[sg * 1024u], 16u);
-  coopStoreT(dvt$dd, &Ss[sg * 1024u + 256u], 16u);
+  coopStoreT(dkt$dd, &Sf[sg * 256u][0], 16u);
+  coopStoreT(dvt$dd, &Sf[sg * 256u + 64u][0], 16u);
   workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let key = k0 + sg * 16u + e / 16u;
     if (key < p.skv) {
       let col = $dd * 16u + e % 16u;
-      st_dk(dkb + key * p.dk_ss + col, Ss[sg * 1024u + e] * p.scale);
-      st_dv(dvb + key * p.dv_ss + col, Ss[sg * 1024u + 256u + e]);
+      st_dk(dkb + key * p.dk_ss + col, Sf[sg * 256u + e / 4u][e % 4u] * p.scale);
+      st_dv(dvb + key * p.dv_ss + col, Sf[sg * 256u + 64u + e / 4u][e % 4u]);
     }
   }
   workgroupBarrier();
