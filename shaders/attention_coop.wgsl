@@ -33,7 +33,7 @@
 //
 // Alignment: every workgroup variable here is a multiple of 16 bytes long, so each starts on
 // a 16-byte boundary whatever order the driver lays them out in (it knows only the types'
-// own alignment: 2 bytes for Ps, 8 for KVs); the cooperative loads from KVs and Ps need
+// own alignment: 2 bytes for Pf, 8 for KVs); the cooperative loads from KVs and Pf need
 // that. With a 4-byte flag among them the forward gave wrong results on every shape on an
 // H100, and right ones once the flag was padded to 16 bytes. tests/shaders.rs checks the
 // sizes of every tensor-core kernel's workgroup variables.
@@ -112,19 +112,13 @@ struct Params {
 const BR: u32 = 64u;
 const BC: u32 = 64u;
 
-// Per subgroup: a 16 x 64 f32 score tile and a 16 x 64 f16 probability tile; per row the max
-// and the sum of exp. Two lanes share a row of a tile (32 columns each); lane l visits its
-// columns starting at column l (mod 32), so the 32 lanes of an access touch 32 different
-// banks: visiting them in order from column 0 made every access a 32-way bank conflict
-// (rows are 64 words apart), which cost more than all the products. (bwd_q; fwd and bwd_kv
-// use Sf and Pf below.)
-var<workgroup> Ss: array<f32, 4u * 1024u>;
-var<workgroup> Ps: array<f16, 4u * 1024u>;
-
-// The same tiles in runs of 4 (fwd, bwd_kv): a lane reads and writes 4 scores or weights at
-// once, and fragments load through a pointer to a run's first element. A lane visits the runs
-// of its half-row in an order rotated by its row, so the 8 lanes of each quarter-subgroup touch
-// distinct banks. Measured on an H100 against one element at a time: the forward 12-16% faster.
+// Per subgroup: a 16 x 64 f32 tile of scores (or dP, dS, an output tile) and a 16 x 64 f16
+// tile of weights, in runs of 4: a lane reads and writes 4 of them at once, and fragments load
+// through a pointer to a run's first element. Two lanes share a row of a tile (half a row, 8
+// runs, each); lane l visits its runs starting at run l (mod 8), so the 8 lanes of each
+// quarter-subgroup touch distinct banks: visiting them in order from 0 made every access a
+// many-way bank conflict (rows are 64 words apart), which cost more than all the products.
+// Measured on an H100 against one element at a time: the forward 12-16% faster, bwd_kv 19%.
 var<workgroup> Sf: array<array<f32, 4>, 1024u>;
 var<workgroup> Pf: array<array<f16, 4>, 1024u>;
 
@@ -169,13 +163,10 @@ fn causal_start(k0: u32, rows: u32) -> u32 {
   return (k0 + p.sq - p.skv) / rows * rows;
 }
 
-// attn_keep with dropout on or off fixed when the pipeline is built (DROP), as is the causal
-// mask (CAUSAL): tested per element from the parameters, such choices cost a quarter of a
-// small tensor-core matmul's time on an H100 (see common.wgsl `matmul_fused`).
-fn keep(row: u32, key: u32) -> f32 {
-  if (DROP == 0u) { return 1.0; }
-  return attn_keep(row, key);
-}
+// Masks and dropout factors for a run of 4, with dropout on or off fixed when the pipeline is
+// built (DROP), as is the causal mask (CAUSAL): tested per element from the parameters, such
+// choices cost a quarter of a small tensor-core matmul's time on an H100 (see common.wgsl
+// `matmul_fused`).
 
 // Which of four keys row `qi` does not see: past SKV, or causally masked.
 fn hidden(keys: vec4<u32>, qi: u32) -> vec4<bool> {
@@ -189,19 +180,17 @@ fn unseen(qi: u32, kj: u32) -> vec4<bool> {
   return (qs >= vec4<u32>(p.sq)) | vec4<bool>(kj >= p.skv) | (vec4<bool>(CAUSAL != 0u) & (vec4<u32>(kj + p.sq) > qs + vec4<u32>(p.skv)));
 }
 
-// keep for rows row .. row + 3 (numbered as attn_keep's) and key kj.
-fn keep4(row: u32, kj: u32) -> vec4<f32> {
+// attn_keep for rows row .. row + 3 (numbered across heads) and key kj.
+fn keep_rows(row: u32, kj: u32) -> vec4<f32> {
   if (DROP == 0u) { return vec4<f32>(1.0); }
   return vec4<f32>(attn_keep(row, kj), attn_keep(row + 1u, kj), attn_keep(row + 2u, kj), attn_keep(row + 3u, kj));
 }
 
-// Which of four keys dropout removes from row `row`.
-fn dropped4(row: u32, keys: vec4<u32>) -> vec4<bool> {
-  if (DROP == 0u) { return vec4<bool>(false); }
-  return vec4<bool>(attn_keep(row, keys.x) == 0.0, attn_keep(row, keys.y) == 0.0, attn_keep(row, keys.z) == 0.0, attn_keep(row, keys.w) == 0.0);
+// attn_keep for row `row` and four keys.
+fn keep_keys(row: u32, keys: vec4<u32>) -> vec4<f32> {
+  if (DROP == 0u) { return vec4<f32>(1.0); }
+  return vec4<f32>(attn_keep(row, keys.x), attn_keep(row, keys.y), attn_keep(row, keys.z), attn_keep(row, keys.w));
 }
-
-
 
 // ----- Backward (FlashAttention-2's split: one kernel for dK and dV, one for dQ) -----
 //
@@ -338,7 +327,7 @@ fn main(ids: Ids) {
       let x = sf4(sbase + j) * p.scale - mn;
       let w = select(exp(x), vec4<f32>(0.0), hidden(keys, qi) | vec4<bool>(!live));
       s = s + (w.x + w.y) + (w.z + w.w);
-      let kw = select(w, vec4<f32>(0.0), dropped4(bh * p.sq + qi, keys));
+      let kw = select(w, vec4<f32>(0.0), keep_keys(bh * p.sq + qi, keys) == vec4<f32>(0.0));
       put_pf4(sbase + j, kw);
     }
     s = s + subgroupShuffleXor(s, 1u);
@@ -348,7 +337,7 @@ fn main(ids: Ids) {
     m = mn;
     Alpha[ids.lid] = alpha;
     atomicOr(&Moved[0], u32(rescale));
-    // The barrier inside makes Ps, V and Alpha visible too.
+    // The barrier inside makes Pf, V and Alpha visible too.
     if (workgroupUniformLoad(&Moved[0]) != 0u) {
       atomicStore(&Moved[0], 0u);
       // Each output tile through the subgroup's score region, its rows scaled by alpha (the
@@ -408,9 +397,9 @@ fn main(ids: Ids) {
 // Each block of BQ queries (64 at DMAX = 64, 32 at 128) stages its Q and dO rows once in
 // workgroup memory for the four subgroups, which read every fragment of them twice (Q for
 // S^T and dK, dO for dP^T and dV): loaded straight from memory, each subgroup fetched them
-// itself. The budget (48 KiB on the GPUs that have cooperative matrices) holds Qs, Gs, Ss and
-// Ps but not a separate dS buffer, so dS waits in Ss as f32 while dV reads the weights from
-// Ps, then replaces them there as f16 for dK. Workgroup memory: 43,520 bytes at DMAX = 64,
+// itself. The budget (48 KiB on the GPUs that have cooperative matrices) holds Qs, Gs, Sf and
+// Pf but not a separate dS buffer, so dS waits in Sf as f32 while dV reads the weights from
+// Pf, then replaces them there as f16 for dK. Workgroup memory: 43,520 bytes at DMAX = 64,
 // 42,496 at 128.
 const BQ: u32 = 4096u / DMAX;
 var<workgroup> Qs: array<vec4<f16>, BQ * KP / 4u>;
@@ -491,7 +480,7 @@ fn main(ids: Ids) {
       Dq[ids.lid] = ld_delta(bh * p.sq + qs);
     }
     workgroupBarrier();
-    // S for (16 queries, this subgroup's 16 keys) tiles, stored column-major: S^T in Ss.
+    // S for (16 queries, this subgroup's 16 keys) tiles, stored column-major: S^T in Sf.
     for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
       //! unroll dd in 0..ND
@@ -515,7 +504,7 @@ fn main(ids: Ids) {
       put_pf4(sbase + jr, select(w, vec4<f32>(0.0), unseen(q0 + col, kj)));
     }
     workgroupBarrier();
-    // dP = dO V^T for (16 queries, 16 keys) tiles, stored column-major: dP^T in Ss.
+    // dP = dO V^T for (16 queries, 16 keys) tiles, stored column-major: dP^T in Sf.
     for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
       //! unroll dd in 0..ND
@@ -537,7 +526,7 @@ fn main(ids: Ids) {
       let qi = q0 + col;
       // With dropout (mask factor z): dS = P (z dP' - delta) for dP' = dO V^T, and
       // dV takes the dropped weights z P, which replace P in Pf.
-      let z = keep4(bh * p.sq + qi, kj);
+      let z = keep_rows(bh * p.sq + qi, kj);
       let dq = vec4<f32>(Dq[col], Dq[col + 1u], Dq[col + 2u], Dq[col + 3u]);
       let pv = pf4(sbase + jr);
       put_sf4(sbase + jr, select(pv * (sf4(sbase + jr) * z - dq), vec4<f32>(0.0), unseen(qi, kj)));
@@ -581,7 +570,7 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
   }
-  // Out: each 16 x 16 tile through the subgroup's region of Ss.
+  // Out: each 16 x 16 tile through the subgroup's region of Sf.
   //! unroll dd in 0..ND
   coopStoreT(dkt$dd, &Sf[sg * 256u][0], 16u);
   coopStoreT(dvt$dd, &Sf[sg * 256u + 64u][0], 16u);
@@ -602,8 +591,8 @@ fn main(ids: Ids) {
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
 // K and V come through KVs (`stage`), each block staged three times (K, V, K again) in one
-// buffer: two would not fit beside the scores at d = 128. dS overwrites P in Ps (bwd_q needs
-// P only to form dS).
+// buffer: two would not fit beside the scores at d = 128. dS overwrites P in Pf (bwd_q needs
+// P only to form dS). Scores, dP and weights in runs of 4 as in fwd.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -628,7 +617,7 @@ fn main(ids: Ids) {
   let qs = min(qi, p.sq - 1u);
   let lse_i = ld_lse(bh * p.sq + qs);
   let delta_i = ld_delta(bh * p.sq + qs);
-  let sbase = sg * 1024u + row * 64u + half * 32u;
+  let sbase = (sg * 1024u + row * 64u + half * 32u) / 4u;
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     // S = Q K^T.
     stage(false, kb, KS, k0, ids.lid);
@@ -644,15 +633,15 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$kc = coopMultiplyAdd(qt$dd, kt$kc$dd, acc$kc);
       //! end
-      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      coopStoreT(acc$kc, &Sf[(sg * 1024u + (kg + $kc) * 16u) / 4u][0], 64u);
       //! end
     }
     workgroupBarrier();
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let key = k0 + half * 32u + cc;
-      let masked = (qi >= p.sq) | (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
-      Ps[sbase + cc] = f16(select(exp(Ss[sbase + cc] * p.scale - lse_i), 0.0, masked));
+    for (var c = 0u; c < 8u; c = c + 1u) {
+      let j = (c + lane) & 7u;
+      let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
+      let masked = vec4<bool>(qi >= p.sq) | hidden(keys, qi);
+      put_pf4(sbase + j, select(exp(sf4(sbase + j) * p.scale - lse_i), vec4<f32>(0.0), masked));
     }
     // Every subgroup is past its score products (the barrier above): V replaces K.
     stage(true, vb, VS, k0, ids.lid);
@@ -669,16 +658,16 @@ fn main(ids: Ids) {
       //! unroll dd in 0..ND
       acc$kc = coopMultiplyAdd(gt$dd, vt$kc$dd, acc$kc);
       //! end
-      coopStoreT(acc$kc, &Ss[sg * 1024u + (kg + $kc) * 16u], 64u);
+      coopStoreT(acc$kc, &Sf[(sg * 1024u + (kg + $kc) * 16u) / 4u][0], 64u);
       //! end
     }
     workgroupBarrier();
-    for (var c = 0u; c < 32u; c = c + 1u) {
-      let cc = (c + lane) & 31u;
-      let key = k0 + half * 32u + cc;
-      let masked = (qi >= p.sq) | (key >= p.skv) | ((CAUSAL != 0u) & (key + p.sq > qi + p.skv));
-      let dp = Ss[sbase + cc] * keep(bh * p.sq + qi, key);
-      Ps[sbase + cc] = f16(select(f32(Ps[sbase + cc]) * (dp - delta_i), 0.0, masked));
+    for (var c = 0u; c < 8u; c = c + 1u) {
+      let j = (c + lane) & 7u;
+      let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
+      let masked = vec4<bool>(qi >= p.sq) | hidden(keys, qi);
+      let dp = sf4(sbase + j) * keep_keys(bh * p.sq + qi, keys);
+      put_pf4(sbase + j, select(pf4(sbase + j) * (dp - delta_i), vec4<f32>(0.0), masked));
     }
     // Every subgroup is past its dP products: K replaces V.
     stage(false, kb, KS, k0, ids.lid);
@@ -686,7 +675,7 @@ fn main(ids: Ids) {
     // dQ += dS K.
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
-      let st$kc = coopLoadT<coop_mat16x16<f16, A>>(&Ps[sg * 1024u + (kg + $kc) * 16u], 64u);
+      let st$kc = coopLoadT<coop_mat16x16<f16, A>>(&Pf[(sg * 1024u + (kg + $kc) * 16u) / 4u][0], 64u);
       //! unroll dd in 0..ND
       let kt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
       //! end
@@ -700,11 +689,11 @@ fn main(ids: Ids) {
     workgroupBarrier();
   }
   //! unroll dd in 0..ND
-  coopStoreT(dqt$dd, &Ss[sg * 1024u], 16u);
+  coopStoreT(dqt$dd, &Sf[sg * 256u][0], 16u);
   workgroupBarrier();
   for (var e = lane; e < 256u; e = e + 32u) {
     let qo = q0 + sg * 16u + e / 16u;
-    if (qo < p.sq) { st_dq(dqb + qo * p.dq_ss + $dd * 16u + e % 16u, Ss[sg * 1024u + e] * p.scale); }
+    if (qo < p.sq) { st_dq(dqb + qo * p.dq_ss + $dd * 16u + e % 16u, Sf[sg * 256u + e / 4u][e % 4u] * p.scale); }
   }
   workgroupBarrier();
   //! end
