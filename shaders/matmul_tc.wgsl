@@ -32,8 +32,11 @@
 // Epilogue. Each subgroup stores a strip of its accumulators (two in `main`, whose tiles
 // leave 8 KiB of the 48 KiB; one in `direct`) row-major to its own patch of workgroup
 // memory; its 32 lanes then add the bias, apply the activation and convert to C's dtype (or
-// store the raw f32 partial sum of a K split), consecutive lanes on consecutive outputs of a
-// row (`write_strip`). Which of these apply is the launch constant FUSE (common.wgsl
+// store the raw f32 partial sum of a K split), each lane 4 consecutive outputs of a row at a
+// time: one read of workgroup memory and one store of 4 (C is bound as vec4; the host takes
+// these kernels only where N and C's offset are multiples of 4, so a run is wholly inside or
+// outside C). Stored one output per lane and step, the epilogue took 30% of `main`'s time
+// on the GPT's forward products (16384 x 1152 x 384) on an H100. Which of these apply is the launch constant FUSE (common.wgsl
 // `matmul_fused`): read from the parameters per element, the same choices cost 10-25% of
 // the GPT's products on an H100; `main` flushing one accumulator at a time (32 barriers
 // instead of 16) took 10-30% longer on the GPT's forward products. All subgroups flush the
@@ -54,26 +57,33 @@ const PMN: u32 = 136u;
 const TILE: u32 = 5120u;
 
 // Writes the strip of `nt` accumulators (16 x 16 nt) that subgroup `sg` has just stored
-// row-major at Cst[sg * 256 nt] (row pitch 16 nt; each entry declares Cst for its strips). Its
-// top-left is row gm0; column tile t of it starts at min(qb + 16 t, qmax) (`direct` clamps
-// tiles past N back inside; `main` skips them). Lanes write consecutive outputs of a row.
+// row-major at Cst[sg * 64 nt] (runs of 4; row pitch 4 nt runs; each entry declares Cst for
+// its strips). Its top-left is row gm0; column tile t of it starts at min(qb + 16 t, qmax)
+// (`direct` clamps tiles past N back inside; `main` skips them). Lane l writes run l, l + 32,
+// ...: consecutive lanes on consecutive runs of a row.
 fn write_strip(nt: u32, sg: u32, lane: u32, c_base: u32, gm0: u32, qb: u32, qmax: u32, bb: u32) {
   workgroupBarrier();
-  let w = nt * 16u;
-  let at = sg * 16u * w;
-  for (var e = lane; e < 16u * w; e = e + 32u) {
-    let r = e / w;
-    let c = e % w;
+  let runs = nt * 4u;
+  for (var e = lane; e < 16u * runs; e = e + 32u) {
+    let r = e / runs;
+    let c = (e % runs) * 4u;
     let gm = gm0 + r;
     let gn = min(qb + c - c % 16u, qmax) + c % 16u;
     if (gm < p.m && gn < p.n) {
-      st_c(c_base + gm * p.n + gn, matmul_fused(Cst[at + e], gm, gn, bb));
+      let x = Cst[sg * 16u * runs + e];
+      let v = vec4<f32>(
+        matmul_fused(x[0], gm, gn, bb),
+        matmul_fused(x[1], gm, gn + 1u, bb),
+        matmul_fused(x[2], gm, gn + 2u, bb),
+        matmul_fused(x[3], gm, gn + 3u, bb),
+      );
+      st4_c((c_base + gm * p.n + gn) / 4u, v);
     }
   }
   workgroupBarrier();
 }
 
-//! entry main(a: f16 vec4, b: f16 vec4, bias: data, c: data mut)
+//! entry main(a: f16 vec4, b: f16 vec4, bias: data, c: data mut vec4)
 //! check WG=128 TA=0 TB=0 FUSE=0,5
 //! check WG=128 TA=0 TB=1 FUSE=0,5
 //! check WG=128 TA=1 TB=0 FUSE=0,5
@@ -81,7 +91,7 @@ fn write_strip(nt: u32, sg: u32, lane: u32, c_base: u32, gm0: u32, qb: u32, qmax
 // Runs of 4 halves, one store each; fragments load through a pointer to a run's first half.
 var<workgroup> As: array<array<f16, 4>, 2560>;
 var<workgroup> Bs: array<array<f16, 4>, 2560>;
-var<workgroup> Cst: array<f32, 2048>;
+var<workgroup> Cst: array<array<f32, 4>, 512>;
 
 // The v-th run of 4 halves of op(A)'s tile at (m0, k0) (a k-fast tile has 8 runs a row, an
 // m-fast one 32), or zeros outside the matrix.
@@ -209,23 +219,23 @@ fn main(ids: Ids) {
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
   // Strips of two accumulators: Cst takes the 8 KiB left of the 48 KiB after the tiles.
   //! unroll i in 0..4
-  coopStoreT(c$i0u, &Cst[sg * 512u], 32u);
-  coopStoreT(c$i1u, &Cst[sg * 512u + 16u], 32u);
+  coopStoreT(c$i0u, &Cst[sg * 128u][0], 32u);
+  coopStoreT(c$i1u, &Cst[sg * 128u + 4u][0], 32u);
   write_strip(2u, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc, 0xffffffffu, bb);
-  coopStoreT(c$i2u, &Cst[sg * 512u], 32u);
-  coopStoreT(c$i3u, &Cst[sg * 512u + 16u], 32u);
+  coopStoreT(c$i2u, &Cst[sg * 128u][0], 32u);
+  coopStoreT(c$i3u, &Cst[sg * 128u + 4u][0], 32u);
   write_strip(2u, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc + 32u, 0xffffffffu, bb);
   //! end
 }
 
-//! entry direct(a: f16, b: f16, bias: data, c: data mut)
+//! entry direct(a: f16, b: f16, bias: data, c: data mut vec4)
 //! check WG=128 SAG=64 SBG=128 TA=0 TB=0 FUSE=0,5
 //! check WG=128 SAG=256 SBG=64 TA=1 TB=1 FUSE=0,5
 // Fragments straight from the buffers (see the header).
 //
 // Epilogue one accumulator at a time: strips of four (8 barriers instead of 32) measured 4%
 // slower here on an H100, where `main` gained 10-30% from strips of two.
-var<workgroup> Cst: array<f32, 1024>;
+var<workgroup> Cst: array<array<f32, 4>, 256>;
 
 fn gload_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {
   if (TA == 0u) { return coopLoadT<coop_mat16x16<f16, A>>(&a[base + m * SAG + k], SAG); }
@@ -272,7 +282,7 @@ fn main(ids: Ids) {
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
   //! unroll i in 0..4
   //! unroll j in 0..4
-  coopStoreT(c$i$j, &Cst[sg * 256u], 16u);
+  coopStoreT(c$i$j, &Cst[sg * 64u][0], 16u);
   write_strip(1u, sg, lane, c_base, r$i, q$j, p.n - 16u, bb);
   //! end
   //! end
