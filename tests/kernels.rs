@@ -400,10 +400,13 @@ fn matmul_tensor_core_tiles() {
             matmul_case(&dev, &mut rng, dt, (196, 68, 44), false, true, true, act);
         }
         // Few output tiles and a long K: split into partial products on a GPU (to occupy
-        // it), summed with the bias and activation in the splitk pass.
+        // it), summed with the bias and activation in the splitk pass. The second pair is
+        // large enough for the tensor-core kernels (`main` for x W^T's layout, `direct` for
+        // g^T x's), whose split-K partials are f32 runs of 4.
         for (ta, tb) in [(false, true), (true, false)] {
             let act = Some(Activation::Relu);
             matmul_case(&dev, &mut rng, dt, (48, 40, 4160), ta, tb, true, act);
+            matmul_case(&dev, &mut rng, dt, (128, 192, 4096), ta, tb, true, act);
         }
     }
 }
