@@ -48,9 +48,9 @@
 //
 // Bindings: signature line. Params as attention.wgsl. Constants: DMAX and ND = DMAX / 16,
 // the 16-wide column tiles of a head; KT (above); QS, KS, VS, GS (above); CAUSAL and DROP
-// (the causal mask and dropout on or off, see `keep`). Loops over them are unrolled
-// (`//! unroll`), with one named variable per tile: an array of cooperative matrices indexed
-// in a loop may live in memory instead of registers.
+// (the causal mask and dropout on or off, see `hidden` and `keep_keys`). Loops over them are
+// unrolled (`//! unroll`), with one named variable per tile: an array of cooperative matrices
+// indexed in a loop may live in memory instead of registers.
 // Loops (per invocation): one pass over the key blocks, about 3 (4 / KT + 1) + 70 counted
 // iterations per block of 64 keys, 8 ND more when the maximum moves; the host uses this
 // kernel only up to 4096 keys (the loop budget), longer sequences take attention.wgsl's
