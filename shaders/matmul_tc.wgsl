@@ -33,9 +33,9 @@
 // leave 8 KiB of the 48 KiB; one in `direct`) row-major to its own patch of workgroup
 // memory; its 32 lanes then add the bias, apply the activation and convert to C's dtype (or
 // store the raw f32 partial sum of a K split), each lane 4 consecutive outputs of a row at a
-// time: one read of workgroup memory and one store of 4 (C is bound as vec4; the host takes
-// these kernels only where N and C's offset are multiples of 4, so a run is wholly inside or
-// outside C). Stored one output per lane and step, the epilogue's stores took 17-30% of
+// time: one read of workgroup memory and one store of 4 (C is bound as vec4; where N or C's
+// offset is not a multiple of 4, the run's outputs inside C are stored one by one, as
+// components of the vectors). Stored one output per lane and step, the epilogue's stores took 17-30% of
 // `main`'s time on the GPT's forward products (16384 x 1152 x 384 ...) on an H100. Which of these apply is the
 // launch constant FUSE (common.wgsl `matmul_fused`): read from the parameters per element,
 // the same choices cost 10-25% of the GPT's products on an H100; `main` flushing one
@@ -65,6 +65,9 @@ const TILE: u32 = 5120u;
 fn write_strip(nt: u32, sg: u32, lane: u32, c_base: u32, gm0: u32, qb: u32, qmax: u32, bb: u32) {
   workgroupBarrier();
   let runs = nt * 4u;
+  // Whole runs of C are vec4s where N and C's offset are multiples of 4; elsewhere (the GPT's
+  // 65-wide logits) each output goes alone.
+  let whole = (p.n % 4u == 0u) & (p.c_off % 4u == 0u);
   for (var e = lane; e < 16u * runs; e = e + 32u) {
     let r = e / runs;
     let c = (e % runs) * 4u;
@@ -72,13 +75,20 @@ fn write_strip(nt: u32, sg: u32, lane: u32, c_base: u32, gm0: u32, qb: u32, qmax
     let gn = min(qb + c - c % 16u, qmax) + c % 16u;
     if (gm < p.m && gn < p.n) {
       let x = Cst[sg * 16u * runs + e];
-      let v = vec4<f32>(
-        matmul_fused(x[0], gm, gn, bb),
-        matmul_fused(x[1], gm, gn + 1u, bb),
-        matmul_fused(x[2], gm, gn + 2u, bb),
-        matmul_fused(x[3], gm, gn + 3u, bb),
-      );
-      st4_c((c_base + gm * p.n + gn) / 4u, v);
+      let at = c_base + gm * p.n + gn;
+      if (whole) {
+        let v = vec4<f32>(
+          matmul_fused(x[0], gm, gn, bb),
+          matmul_fused(x[1], gm, gn + 1u, bb),
+          matmul_fused(x[2], gm, gn + 2u, bb),
+          matmul_fused(x[3], gm, gn + 3u, bb),
+        );
+        st4_c(at / 4u, v);
+      } else {
+        for (var j = 0u; j < 4u && gn + j < p.n; j = j + 1u) {
+          st_c(at + j, matmul_fused(x[j], gm, gn + j, bb));
+        }
+      }
     }
   }
   workgroupBarrier();

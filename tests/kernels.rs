@@ -398,7 +398,11 @@ fn matmul_tensor_core_tiles() {
         }
         for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
             matmul_case(&dev, &mut rng, dt, (196, 68, 44), false, true, true, act);
+            // x W^T with N not a multiple of 4 (a GPT's 65 logits): the tiled kernel's
+            // epilogue stores those outputs one by one.
+            matmul_case(&dev, &mut rng, dt, (196, 65, 96), false, true, true, act);
         }
+        matmul_case(&dev, &mut rng, dt, (130, 127, 64), false, true, false, None);
         // Few output tiles and a long K: split into partial products on a GPU (to occupy
         // it), summed with the bias and activation in the splitk pass. The second pair is
         // large enough for the tensor-core kernels (`main` for x W^T's layout, `direct` for

@@ -537,6 +537,19 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
                 s,
                 "fn st4_{n}(j_: u32, v_: vec4<f32>) {{ {n}[j_] = {store}; }}"
             );
+            // One element of a vec4 binding, where the element is its own word or half (a
+            // store to a vector's component); packed halves would need a read-modify-write.
+            let one = match (dtype, target.f16) {
+                (DType::F32, _) => Some("v_"),
+                (DType::F16, F16Mode::Native) => Some("f16(v_)"),
+                _ => None,
+            };
+            if let Some(one) = one {
+                let _ = writeln!(
+                    s,
+                    "fn st_{n}(i_: u32, v_: f32) {{ {n}[i_ >> 2u][i_ & 3u] = {one}; }}"
+                );
+            }
         }
         return;
     }

@@ -286,8 +286,6 @@ pub struct Operands {
     pub offsets: (usize, usize),
     /// Offsets between consecutive A and B matrices of a batch.
     pub batch_strides: (usize, usize),
-    /// Offset of C (dense, row-major).
-    pub c_offset: usize,
 }
 
 impl Operands {
@@ -298,7 +296,6 @@ impl Operands {
             b_strides: if tb { (1, k) } else { (n, 1) },
             offsets: (0, 0),
             batch_strides: (0, 0),
-            c_offset: 0,
         }
     }
 }
@@ -368,13 +365,8 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         config = Config::Tiled(64, 64, 16, 4, 4);
     }
     // `direct`'s loads need 16-byte aligned rows and whole 16 x 16 tiles; `main` takes runs
-    // of 4 and 48 KiB of workgroup memory. Both store C in runs of 4 (N and C's offset
-    // multiples of 4).
-    let tiled_ok = coop_ok
-        && dev.caps().workgroup_storage >= 49152
-        && runs_of_4
-        && n % 4 == 0
-        && o.c_offset % 4 == 0;
+    // of 4 and 48 KiB of workgroup memory.
+    let tiled_ok = coop_ok && dev.caps().workgroup_storage >= 49152 && runs_of_4;
     let direct_ok =
         tiled_ok && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0);
     if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok) {
@@ -452,7 +444,6 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         b_strides: g.b_strides,
         offsets: (g.offsets.0, g.offsets.1),
         batch_strides: (g.a_bs, g.b_bs),
-        c_offset: g.offsets.2,
     };
     let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
     let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
