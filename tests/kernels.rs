@@ -823,39 +823,43 @@ fn attention_with_growing_scores() {
                     }
                 }
                 let shape = [b, h, s, d];
-                let tq = tensor(&dev, &q, &shape, dt).variable();
-                let tk = tensor(&dev, &k, &shape, dt).variable();
-                let tv = tensor(&dev, &v, &shape, dt).variable();
-                let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
-                let scale = 1.0 / (d as f64).sqrt();
-                let (rq, rk, rv) = (rounded(&q, dt), rounded(&k, dt), rounded(&v, dt));
-                let want = cpu::attention(&rq, &rk, &rv, b * h, s, s, d, causal, scale);
                 let what = format!("attention growing {:?} causal={causal} {dt}", shape);
-                assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
-                out.backward_with(&tensor(&dev, &g, &shape, dt)).unwrap();
-                let (dq, dk, dv) = cpu::attention_backward(
-                    &rq,
-                    &rk,
-                    &rv,
-                    &rounded(&g, dt),
-                    b * h,
-                    s,
-                    s,
-                    d,
-                    causal,
-                    scale,
-                );
-                for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
-                    let got = t.grad().unwrap().to_f32_vec().unwrap();
-                    assert_close_tol(
-                        &got,
-                        &want,
-                        grad_tol(&want, dt),
-                        &format!("{name} of {what}"),
-                    );
-                }
+                check_attention(&dev, dt, &shape, &shape, causal, [&q, &k, &v, &g], &what);
             }
         }
+    }
+}
+
+/// Attention over q of `q_shape` and k, v of `kv_shape` ([..., length, d]; the leading
+/// dimensions are the batch of heads), forward and gradients (upstream gradient g) against the
+/// f64 reference; failures name `what`.
+fn check_attention(
+    dev: &wgrad::Device,
+    dt: DType,
+    q_shape: &[usize],
+    kv_shape: &[usize],
+    causal: bool,
+    [q, k, v, g]: [&[f32]; 4],
+    what: &str,
+) {
+    let r = q_shape.len();
+    let (sq, skv, d) = (q_shape[r - 2], kv_shape[r - 2], q_shape[r - 1]);
+    let bh: usize = q_shape[..r - 2].iter().product();
+    let tq = tensor(dev, q, q_shape, dt).variable();
+    let tk = tensor(dev, k, kv_shape, dt).variable();
+    let tv = tensor(dev, v, kv_shape, dt).variable();
+    let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
+    let scale = 1.0 / (d as f64).sqrt();
+    let (rq, rk, rv) = (rounded(q, dt), rounded(k, dt), rounded(v, dt));
+    let want = cpu::attention(&rq, &rk, &rv, bh, sq, skv, d, causal, scale);
+    assert_close(&out.to_f32_vec().unwrap(), &want, dt, what);
+    out.backward_with(&tensor(dev, g, q_shape, dt)).unwrap();
+    let rg = rounded(g, dt);
+    let (dq, dk, dv) = cpu::attention_backward(&rq, &rk, &rv, &rg, bh, sq, skv, d, causal, scale);
+    for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
+        let got = t.grad().unwrap().to_f32_vec().unwrap();
+        let tol = grad_tol(&want, dt);
+        assert_close_tol(&got, &want, tol, &format!("{name} of {what}"));
     }
 }
 
@@ -938,35 +942,18 @@ fn attention_at_odd_lengths() {
             for causal in [false, true] {
                 let (nq, nk) = (bh * sq * d, bh * skv * d);
                 let (q, k, v, g) = (rng.vec(nq), rng.vec(nk), rng.vec(nk), rng.vec(nq));
-                let tq = tensor(&dev, &q, &[bh, sq, d], dt).variable();
-                let tk = tensor(&dev, &k, &[bh, skv, d], dt).variable();
-                let tv = tensor(&dev, &v, &[bh, skv, d], dt).variable();
-                let out = Tensor::attention(&tq, &tk, &tv, causal, None).unwrap();
-                let scale = 1.0 / (d as f64).sqrt();
-                let (rq, rk, rv) = (rounded(&q, dt), rounded(&k, dt), rounded(&v, dt));
-                let want = cpu::attention(&rq, &rk, &rv, bh, sq, skv, d, causal, scale);
                 let what =
                     format!("attention bh={bh} sq={sq} skv={skv} d={d} causal={causal} {dt}");
-                assert_close(&out.to_f32_vec().unwrap(), &want, dt, &what);
-                out.backward_with(&tensor(&dev, &g, &[bh, sq, d], dt))
-                    .unwrap();
-                let (dq, dk, dv) = cpu::attention_backward(
-                    &rq,
-                    &rk,
-                    &rv,
-                    &rounded(&g, dt),
-                    bh,
-                    sq,
-                    skv,
-                    d,
+                let (q_shape, kv_shape) = ([bh, sq, d], [bh, skv, d]);
+                check_attention(
+                    &dev,
+                    dt,
+                    &q_shape,
+                    &kv_shape,
                     causal,
-                    scale,
+                    [&q, &k, &v, &g],
+                    &what,
                 );
-                for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
-                    let got = t.grad().unwrap().to_f32_vec().unwrap();
-                    let tol = grad_tol(&want, dt);
-                    assert_close_tol(&got, &want, tol, &format!("{name} of {what}"));
-                }
             }
         }
     }
