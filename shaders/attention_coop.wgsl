@@ -10,8 +10,8 @@
 // Layout: a workgroup of 128 threads (4 subgroups) takes 64 query rows of one head; subgroup s
 // owns rows 16 s .. 16 s + 15 and keeps their Q tiles (D/16 of them) in cooperative-matrix
 // registers. Keys go by blocks of 64 (four 16-key tiles); the forward stages each block of K
-// (then of V) in workgroup memory once for the four subgroups (see `stage`), as bwd_q does,
-// and bwd_kv stages each block of Q and dO (`stage_q`). The fragments of KT tiles are
+// (then of V) in workgroup memory once for the four subgroups (see `kv_run`), as bwd_q does,
+// and bwd_kv stages each block of Q and dO (`q_run`). The fragments of KT tiles are
 // loaded before any of their products: loaded one tile at a time, each product waited for
 // its own loads.
 //
@@ -51,7 +51,7 @@
 // (the causal mask and dropout on or off, see `hidden` and `keep_keys`). Loops over them are
 // unrolled (`//! unroll`), with one named variable per tile: an array of cooperative matrices
 // indexed in a loop may live in memory instead of registers.
-// Loops (per invocation): one pass over the key blocks, about 3 (4 / KT + 1) + 70 counted
+// Loops (per invocation): one pass over the key blocks, about 2 (4 / KT + 1) + 1 counted
 // iterations per block of 64 keys, 8 ND more when the maximum moves; the host uses this
 // kernel only up to 4096 keys (the loop budget), longer sequences take attention.wgsl's
 // chunked path.
@@ -212,9 +212,9 @@ fn keep_keys(row: u32, keys: vec4<u32>) -> vec4<f32> {
 // Causal: blocks wholly above the diagonal are skipped through the loop bounds (bwd_kv starts
 // at the first query block that sees its keys, bwd_q stops after the last key block its
 // queries see); the diagonal blocks are masked.
-// Loops (per invocation): per block of 64 keys in bwd_q about 3 (4 / KT + 1) + 2 (32 + 1)
-// counted iterations, per block of BQ queries in bwd_kv about 2 (BQ DMAX / 512 + 1) +
-// 4 (BQ / 16 KT + 1) + 3 (BQ / 2 + 1) (at most 10 K for 4096 queries); the host takes this
+// Loops (per invocation): per block of 64 keys in bwd_q about 3 (4 / KT + 1) + 2 (8 + 1) + 1
+// counted iterations, per block of BQ queries in bwd_kv about 4 (BQ / 16 KT + 1) +
+// 3 (BQ / 8 + 1) + 1 (at most 4 K for 4096 queries); the host takes this
 // path up to 4096 queries and keys, inside the loop budget.
 
 // bwd_kv: the log-sum-exp and delta of the current block of queries.
@@ -234,17 +234,19 @@ var<workgroup> Dq: array<f32, 64u>;
 const KP: u32 = DMAX + 8u;
 var<workgroup> KVs: array<vec4<f16>, 16u * KP>;
 
-// Copies keys k0 .. k0 + 63 (clamped to the last key: those rows are masked) of K, or of V
-// when `of_v`, into KVs. All invocations call it in uniform control flow.
-fn stage(of_v: bool, base: u32, pitch: u32, k0: u32, lid: u32) {
-  for (var i = lid; i < 16u * DMAX; i = i + WG) {
-    let r = i / (DMAX / 4u);
-    let c = i % (DMAX / 4u);
-    let at = (base + min(k0 + r, p.skv - 1u) * pitch) / 4u + c;
-    var h: vec4<f16>;
-    if (of_v) { h = v[at]; } else { h = k[at]; }
-    KVs[(r * KP) / 4u + c] = h;
-  }
+// A block of 64 keys (k0 .. k0 + 63, clamped to the last key: those rows are masked) of K,
+// or of V when `of_v`, goes into KVs in two halves: each invocation loads its 2 ND runs of 4
+// halves (run i: row i / (DMAX / 4), DMAX / 4 runs a row) into registers with `kv_run` one
+// phase of the loop before it stores them with `put_kv`, so the loads' latency hides behind
+// that phase's products. Staged in one step (load, store, barrier), every block waited for
+// its loads. All invocations call both in uniform control flow.
+fn kv_run(of_v: bool, base: u32, pitch: u32, k0: u32, i: u32) -> vec4<f16> {
+  let at = (base + min(k0 + i / (DMAX / 4u), p.skv - 1u) * pitch) / 4u + i % (DMAX / 4u);
+  if (of_v) { return v[at]; }
+  return k[at];
+}
+fn put_kv(i: u32, h: vec4<f16>) {
+  KVs[(i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u)] = h;
 }
 
 //! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
@@ -285,9 +287,22 @@ fn main(ids: Ids) {
   //! end
   // Workgroup memory starts undefined (its zeroing is off); the first barrier orders this.
   atomicStore(&Moved[0], 0u);
+  // The invocation's runs of the next block for KVs (see `kv_run`): K loads during the
+  // previous block's P V, V during this block's scores.
+  //! unroll t in 0..ND
+  var ra$t = kv_run(false, kb, KS, 0u, ids.lid + 2u * $t * WG);
+  var rb$t = kv_run(false, kb, KS, 0u, ids.lid + (2u * $t + 1u) * WG);
+  //! end
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
-    stage(false, kb, KS, k0, ids.lid);
+    //! unroll t in 0..ND
+    put_kv(ids.lid + 2u * $t * WG, ra$t);
+    put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+    //! end
     workgroupBarrier();
+    //! unroll t in 0..ND
+    ra$t = kv_run(true, vb, VS, k0, ids.lid + 2u * $t * WG);
+    rb$t = kv_run(true, vb, VS, k0, ids.lid + (2u * $t + 1u) * WG);
+    //! end
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       //! unroll dd in 0..ND
@@ -303,15 +318,20 @@ fn main(ids: Ids) {
       //! end
     }
     workgroupBarrier();
-    // Every subgroup is past its score products: V replaces K while the lanes work on rows.
-    stage(true, vb, VS, k0, ids.lid);
+    // Every subgroup is past its score products: V replaces K while the lanes work on rows,
+    // and the next block's K loads.
+    //! unroll t in 0..ND
+    put_kv(ids.lid + 2u * $t * WG, ra$t);
+    put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+    ra$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
+    rb$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+    //! end
+    // The lane's 32 scaled scores, read once (hidden ones -inf, so their weights are 0).
     var bm = p.ninf;
-    for (var c = 0u; c < 8u; c = c + 1u) {
-      let j = (c + lane) & 7u;
-      let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
-      let x = select(sf4(sbase + j) * p.scale, vec4<f32>(p.ninf), hidden(keys, qi));
-      bm = max(bm, max(max(x.x, x.y), max(x.z, x.w)));
-    }
+    //! unroll c in 0..8
+    let x$c = select(sf4(sbase + (($c + lane) & 7u)) * p.scale, vec4<f32>(p.ninf), hidden(vec4<u32>(k0 + half * 32u + 4u * (($c + lane) & 7u)) + vec4<u32>(0u, 1u, 2u, 3u), qi));
+    bm = max(bm, max(max(x$c.x, x$c.y), max(x$c.z, x$c.w)));
+    //! end
     bm = max(bm, subgroupShuffleXor(bm, 1u));
     // Selects, not branches: control flow must stay uniform for the cooperative-matrix ops.
     // The maximum moves only when the block's exceeds it by more than TAU (always on the
@@ -321,15 +341,16 @@ fn main(ids: Ids) {
     let alpha = select(1.0, exp(m - mn), grow);
     let live = mn != p.ninf;
     var s = 0.0;
-    for (var c = 0u; c < 8u; c = c + 1u) {
-      let j = (c + lane) & 7u;
+    //! unroll c in 0..8
+    {
+      let j = ($c + lane) & 7u;
       let keys = vec4<u32>(k0 + half * 32u + 4u * j) + vec4<u32>(0u, 1u, 2u, 3u);
-      let x = sf4(sbase + j) * p.scale - mn;
-      let w = select(exp(x), vec4<f32>(0.0), hidden(keys, qi) | vec4<bool>(!live));
+      let w = select(exp(x$c - mn), vec4<f32>(0.0), vec4<bool>(!live));
       s = s + (w.x + w.y) + (w.z + w.w);
       let kw = select(w, vec4<f32>(0.0), keep_keys(bh * p.sq + qi, keys) == vec4<f32>(0.0));
       put_pf4(sbase + j, kw);
     }
+    //! end
     s = s + subgroupShuffleXor(s, 1u);
     l = l * alpha + s;
     // O holds a sum against the old maximum only where that was finite.
@@ -405,25 +426,31 @@ const BQ: u32 = 4096u / DMAX;
 var<workgroup> Qs: array<vec4<f16>, BQ * KP / 4u>;
 var<workgroup> Gs: array<vec4<f16>, BQ * KP / 4u>;
 
-// k and v are bound as vec4 for `stage` (shared with the other entries): a cooperative load
+// k and v are bound as vec4 for `kv_run` (shared with the other entries): a cooperative load
 // through a pointer to a vector counts offsets and strides in vectors (rows are 16-byte
 // aligned, so the offsets divide by 4).
 fn k_tile(kb: u32, key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
   return coopLoad<coop_mat16x16<f16, B>>(&k[(kb + key0 * KS + dd * 16u) / 4u], KS / 4u);
 }
 
-// Copies query rows q0 .. q0 + BQ - 1 (clamped to the last row: those are masked) of Q and dO
-// into Qs and Gs (row pitch KP). All invocations call it in uniform control flow.
-fn stage_q(qb: u32, gb: u32, q0: u32, lid: u32) {
-  for (var i = lid; i < BQ * DMAX / 4u; i = i + WG) {
-    let r = i / (DMAX / 4u);
-    let c = i % (DMAX / 4u);
-    let row = min(q0 + r, p.sq - 1u);
-    let hq = q[(qb + row * QS) / 4u + c];
-    let hg = dout[(gb + row * GS) / 4u + c];
-    Qs[(r * KP) / 4u + c] = hq;
-    Gs[(r * KP) / 4u + c] = hg;
-  }
+// Query rows q0 .. q0 + BQ - 1 (clamped to the last row: those are masked) of Q and dO go
+// into Qs and Gs (row pitch KP), BQ DMAX / 4 runs of 4 halves each, 8 an invocation: run i is
+// row i / (DMAX / 4). At DMAX = 64 (PRE) each invocation loads its runs of the next block
+// into registers while the current block's products run and stores them at the top of the
+// next (as fwd does with K and V); at 128 the kernel's accumulators leave no registers for
+// that, and each block loads and stores in one step. All invocations call these in uniform
+// control flow.
+const PRE: bool = DMAX == 64u;
+fn q_run(qb: u32, q0: u32, i: u32) -> vec4<f16> {
+  return q[(qb + min(q0 + i / (DMAX / 4u), p.sq - 1u) * QS) / 4u + i % (DMAX / 4u)];
+}
+fn g_run(gb: u32, q0: u32, i: u32) -> vec4<f16> {
+  return dout[(gb + min(q0 + i / (DMAX / 4u), p.sq - 1u) * GS) / 4u + i % (DMAX / 4u)];
+}
+fn put_qg(i: u32, hq: vec4<f16>, hg: vec4<f16>) {
+  let at = (i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u);
+  Qs[at] = hq;
+  Gs[at] = hg;
 }
 
 // Fragment dd of the 16 staged rows starting at r, as A (row-major, for S^T and dP^T) or as B
@@ -471,8 +498,23 @@ fn main(ids: Ids) {
   let rot = select(row, lane, BQ == 64u);
   let kj = k0 + sg * 16u + row;
   let sbase = (sg * 1024u + row * BQ + half * (BQ / 2u)) / 4u;
+  //! unroll t in 0..8
+  var pq$t = vec4<f16>();
+  var pg$t = vec4<f16>();
+  if (PRE) {
+    pq$t = q_run(qb, qstart, ids.lid + $t * WG);
+    pg$t = g_run(gb, qstart, ids.lid + $t * WG);
+  }
+  //! end
   for (var q0 = qstart; q0 < p.sq; q0 = q0 + BQ) {
-    stage_q(qb, gb, q0, ids.lid);
+    //! unroll t in 0..8
+    let i$t = ids.lid + $t * WG;
+    if (PRE) {
+      put_qg(i$t, pq$t, pg$t);
+    } else {
+      put_qg(i$t, q_run(qb, q0, i$t), g_run(gb, q0, i$t));
+    }
+    //! end
     // The block's log-sum-exp and delta, read once.
     if (ids.lid < BQ) {
       let qs = min(q0 + ids.lid, p.sq - 1u);
@@ -480,6 +522,12 @@ fn main(ids: Ids) {
       Dq[ids.lid] = ld_delta(bh * p.sq + qs);
     }
     workgroupBarrier();
+    if (PRE) {
+      //! unroll t in 0..8
+      pq$t = q_run(qb, q0 + BQ, ids.lid + $t * WG);
+      pg$t = g_run(gb, q0 + BQ, ids.lid + $t * WG);
+      //! end
+    }
     // S for (16 queries, this subgroup's 16 keys) tiles, stored column-major: S^T in Sf.
     for (var qg = 0u; qg < BQ / 16u; qg = qg + KT) {
       //! unroll qc in 0..KT
@@ -590,7 +638,7 @@ fn main(ids: Ids) {
 //! entry bwd_q(q: f16, k: f16 vec4, v: f16 vec4, dout: f16, lse: f32, delta: f32, dq: data mut)
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
-// K and V come through KVs (`stage`), each block staged three times (K, V, K again) in one
+// K and V come through KVs (`kv_run`), each block staged three times (K, V, K again) in one
 // buffer: two would not fit beside the scores at d = 128. dS overwrites P in Pf (bwd_q needs
 // P only to form dS). Scores, dP and weights in runs of 4 as in fwd.
 @compute @workgroup_size(WG)
@@ -618,9 +666,19 @@ fn main(ids: Ids) {
   let lse_i = ld_lse(bh * p.sq + qs);
   let delta_i = ld_delta(bh * p.sq + qs);
   let sbase = (sg * 1024u + row * 64u + half * 32u) / 4u;
+  // The invocation's runs of the next operand for KVs, loaded a phase ahead as in fwd.
+  //! unroll t in 0..ND
+  var ra$t = kv_run(false, kb, KS, 0u, ids.lid + 2u * $t * WG);
+  var rb$t = kv_run(false, kb, KS, 0u, ids.lid + (2u * $t + 1u) * WG);
+  //! end
   for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
     // S = Q K^T.
-    stage(false, kb, KS, k0, ids.lid);
+    //! unroll t in 0..ND
+    put_kv(ids.lid + 2u * $t * WG, ra$t);
+    put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+    ra$t = kv_run(true, vb, VS, k0, ids.lid + 2u * $t * WG);
+    rb$t = kv_run(true, vb, VS, k0, ids.lid + (2u * $t + 1u) * WG);
+    //! end
     workgroupBarrier();
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
@@ -644,7 +702,12 @@ fn main(ids: Ids) {
       put_pf4(sbase + j, select(exp(sf4(sbase + j) * p.scale - lse_i), vec4<f32>(0.0), masked));
     }
     // Every subgroup is past its score products (the barrier above): V replaces K.
-    stage(true, vb, VS, k0, ids.lid);
+    //! unroll t in 0..ND
+    put_kv(ids.lid + 2u * $t * WG, ra$t);
+    put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+    ra$t = kv_run(false, kb, KS, k0, ids.lid + 2u * $t * WG);
+    rb$t = kv_run(false, kb, KS, k0, ids.lid + (2u * $t + 1u) * WG);
+    //! end
     workgroupBarrier();
     // dP = dO V^T.
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
@@ -670,7 +733,12 @@ fn main(ids: Ids) {
       put_pf4(sbase + j, select(pf4(sbase + j) * (dp - delta_i), vec4<f32>(0.0), masked));
     }
     // Every subgroup is past its dP products: K replaces V.
-    stage(false, kb, KS, k0, ids.lid);
+    //! unroll t in 0..ND
+    put_kv(ids.lid + 2u * $t * WG, ra$t);
+    put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+    ra$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
+    rb$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+    //! end
     workgroupBarrier();
     // dQ += dS K.
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
