@@ -186,10 +186,12 @@ impl Dims {
     }
 
     /// Whether the tensor-core kernels can read q, k and v (and, `backward`, the output
-    /// gradient) where they are ([`HeadLayout::coop_aligned`]). The heads of a fused QKV
-    /// projection qualify.
+    /// gradient) where they are and write o in runs of 4 ([`HeadLayout::coop_aligned`]).
+    /// The heads of a fused QKV projection qualify.
     pub fn coop_readable(&self, backward: bool) -> bool {
-        [&self.q, &self.k, &self.v].iter().all(|l| l.coop_aligned())
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .all(|l| l.coop_aligned())
             && (!backward || self.g.coop_aligned())
     }
 
@@ -559,7 +561,12 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         arg(g.lse, DType::F32),
         arg(g.delta, DType::F32),
     ];
-    if a.coop_readable(true) && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
+    // The tensor-core kernels store the gradients in runs of 4 (the gradient of a fused QKV
+    // projection qualifies, as its operands do).
+    if a.coop_readable(true)
+        && [g.dq_at, g.dk_at, g.dv_at].iter().all(|l| l.coop_aligned())
+        && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
+    {
         let consts = a.coop_consts(true);
         let coop = |entry: &'static str, out: &[Arg<'_>], rows: usize| {
             let mut args = common.to_vec();
