@@ -172,7 +172,9 @@ fn select_where() {
 fn reductions() {
     let dev = poisoned();
     let mut rng = Rng::new(13);
-    let cases: [(&[usize], isize); 8] = [
+    // The last two take the GPUs' column-tile kernel over several chunks and passes, the
+    // last tile of columns partial.
+    let cases: [(&[usize], isize); 10] = [
         (&[1], 0),
         (&[3], 0),
         (&[17, 127], 1),
@@ -181,6 +183,8 @@ fn reductions() {
         (&[2, 20000], 1),
         (&[1000, 3], -1),
         (&[3, 4, 5], 0),
+        (&[2, 3000, 8], 1),
+        (&[1500, 132], 0),
     ];
     for dt in DTYPES {
         for (shape, axis) in cases {
