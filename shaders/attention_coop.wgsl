@@ -251,6 +251,21 @@ fn put_kv(i: u32, h: vec4<f16>) {
   KVs[(i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u)] = h;
 }
 
+// fwd at DMAX = 64 (TWO) keeps V in a buffer of its own, Vs, beside K in KVs: a block's V and
+// the next block's K are then stored while the lanes work on the scores, and a block takes
+// two barriers instead of four (the scores' and the weights'). At 128 the two would not fit
+// in 48 KiB beside the scores; there Vs is 16 bytes, never used.
+const TWO: bool = DMAX == 64u;
+var<workgroup> Vs: array<vec4<f16>, 16u * KP * (2u - DMAX / 64u) + 2u * (DMAX / 64u - 1u)>;
+fn put_v(i: u32, h: vec4<f16>) {
+  let at = (i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u);
+  if (TWO) { Vs[at] = h; } else { KVs[at] = h; }
+}
+fn v_frag(key0: u32, dd: u32) -> coop_mat16x16<f16, B> {
+  if (TWO) { return coopLoadT<coop_mat16x16<f16, B>>(&Vs[(key0 * KP + dd * 16u) / 4u], KP / 4u); }
+  return coopLoadT<coop_mat16x16<f16, B>>(&KVs[(key0 * KP + dd * 16u) / 4u], KP / 4u);
+}
+
 //! entry fwd(q: f16, k: f16 vec4, v: f16 vec4, o: data mut vec4, lse: f32 mut)
 //! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1
 //! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1
@@ -289,22 +304,39 @@ fn main(ids: Ids) {
   //! end
   // Workgroup memory starts undefined (its zeroing is off); the first barrier orders this.
   atomicStore(&Moved[0], 0u);
-  // The invocation's runs of the next block for KVs (see `kv_run`): K loads during the
-  // previous block's P V, V during this block's scores.
+  // The invocation's runs of the next blocks (see `kv_run`): V's load during the block's
+  // scores; K's during the scores before (TWO) or the P V before.
   //! unroll t in 0..ND
   var ra$t = kv_run(false, kb, KS, 0u, ids.lid + 2u * $t * WG);
   var rb$t = kv_run(false, kb, KS, 0u, ids.lid + (2u * $t + 1u) * WG);
+  var va$t = vec4<f16>();
+  var vb$t = vec4<f16>();
   //! end
-  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+  if (TWO) {
     //! unroll t in 0..ND
     put_kv(ids.lid + 2u * $t * WG, ra$t);
     put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
     //! end
     workgroupBarrier();
+  }
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    if (!TWO) {
+      //! unroll t in 0..ND
+      put_kv(ids.lid + 2u * $t * WG, ra$t);
+      put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+      //! end
+      workgroupBarrier();
+    }
     //! unroll t in 0..ND
-    ra$t = kv_run(true, vb, VS, k0, ids.lid + 2u * $t * WG);
-    rb$t = kv_run(true, vb, VS, k0, ids.lid + (2u * $t + 1u) * WG);
+    va$t = kv_run(true, vb, VS, k0, ids.lid + 2u * $t * WG);
+    vb$t = kv_run(true, vb, VS, k0, ids.lid + (2u * $t + 1u) * WG);
     //! end
+    if (TWO) {
+      //! unroll t in 0..ND
+      ra$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
+      rb$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+      //! end
+    }
     for (var kg = 0u; kg < 4u; kg = kg + KT) {
       //! unroll kc in 0..KT
       //! unroll dd in 0..ND
@@ -320,14 +352,24 @@ fn main(ids: Ids) {
       //! end
     }
     workgroupBarrier();
-    // Every subgroup is past its score products: V replaces K while the lanes work on rows,
-    // and the next block's K loads.
+    // Every subgroup is past its score products (and the P V before): V goes in while the
+    // lanes work on rows, and the next block's K (TWO: into KVs, which the scores are done
+    // with; else into registers, stored at the top of the next block).
     //! unroll t in 0..ND
-    put_kv(ids.lid + 2u * $t * WG, ra$t);
-    put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
-    ra$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
-    rb$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+    put_v(ids.lid + 2u * $t * WG, va$t);
+    put_v(ids.lid + (2u * $t + 1u) * WG, vb$t);
     //! end
+    if (TWO) {
+      //! unroll t in 0..ND
+      put_kv(ids.lid + 2u * $t * WG, ra$t);
+      put_kv(ids.lid + (2u * $t + 1u) * WG, rb$t);
+      //! end
+    } else {
+      //! unroll t in 0..ND
+      ra$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
+      rb$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+      //! end
+    }
     // The lane's 32 scaled scores, read once (hidden ones -inf, so their weights are 0).
     var bm = p.ninf;
     //! unroll c in 0..8
@@ -381,7 +423,7 @@ fn main(ids: Ids) {
       //! unroll kc in 0..KT
       let pt$kc = coopLoadT<coop_mat16x16<f16, A>>(&Pf[(sg * 1024u + (kg + $kc) * 16u) / 4u][0], 64u);
       //! unroll dd in 0..ND
-      let vt$kc$dd = coopLoadT<coop_mat16x16<f16, B>>(&KVs[((kg + $kc) * 16u * KP + $dd * 16u) / 4u], KP / 4u);
+      let vt$kc$dd = v_frag((kg + $kc) * 16u, $dd);
       //! end
       //! end
       //! unroll kc in 0..KT
@@ -390,7 +432,9 @@ fn main(ids: Ids) {
       //! end
       //! end
     }
-    workgroupBarrier();
+    // With TWO the next block's scores may start at once: they write Sf, which the lanes
+    // finished reading before the weights' barrier, and read KVs, filled before it.
+    if (!TWO) { workgroupBarrier(); }
   }
   if (half == 0u) {
     Ls[sg * 16u + row] = l;
