@@ -186,12 +186,10 @@ impl Dims {
     }
 
     /// Whether the tensor-core kernels can read q, k and v (and, `backward`, the output
-    /// gradient) where they are and write o in runs of 4 ([`HeadLayout::coop_aligned`]).
-    /// The heads of a fused QKV projection qualify.
+    /// gradient) where they are ([`HeadLayout::coop_aligned`]). The heads of a fused QKV
+    /// projection qualify.
     pub fn coop_readable(&self, backward: bool) -> bool {
-        [&self.q, &self.k, &self.v, &self.o]
-            .iter()
-            .all(|l| l.coop_aligned())
+        [&self.q, &self.k, &self.v].iter().all(|l| l.coop_aligned())
             && (!backward || self.g.coop_aligned())
     }
 
@@ -422,7 +420,11 @@ pub(crate) fn forward(
 ) -> Result<()> {
     check(dev, a)?;
     let p = a.params()?;
-    if a.coop_readable(false) && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d) {
+    // The tensor-core forward stores o in runs of 4 (a fresh output's layout qualifies).
+    if a.coop_readable(false)
+        && a.o.coop_aligned()
+        && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
+    {
         return launch(
             dev,
             &Launch {
