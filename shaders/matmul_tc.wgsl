@@ -35,13 +35,13 @@
 // store the raw f32 partial sum of a K split), each lane 4 consecutive outputs of a row at a
 // time: one read of workgroup memory and one store of 4 (C is bound as vec4; where N or C's
 // offset is not a multiple of 4, the run's outputs inside C are stored one by one, as
-// components of the vectors). Stored one output per lane and step, the epilogue's stores took 17-30% of
-// `main`'s time on the GPT's forward products (16384 x 1152 x 384 ...) on an H100. Which of these apply is the
-// launch constant FUSE (common.wgsl `matmul_fused`): read from the parameters per element,
-// the same choices cost 10-25% of the GPT's products on an H100; `main` flushing one
-// accumulator at a time (32 barriers instead of 16) took 10-30% longer on the GPT's forward
-// products. All subgroups flush the same number of strips, so the workgroup barriers around
-// each are reached uniformly.
+// components of the vectors). Stored one output per lane and step, the epilogue's stores
+// took 17-30% of `main`'s time on the GPT's forward products (16384 x 1152 x 384 ...) on an
+// H100. Which of these apply is the launch constant FUSE (common.wgsl `matmul_fused`): read
+// from the parameters per element, the same choices cost 10-25% of the GPT's products on an
+// H100; `main` flushing one accumulator at a time (32 barriers instead of 16) took 10-30%
+// longer on the GPT's forward products. All subgroups flush the same number of strips, so
+// the workgroup barriers around each are reached uniformly.
 //
 // Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 32 in the epilogue.
 
