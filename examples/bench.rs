@@ -372,6 +372,7 @@ fn main() -> Result<()> {
                 let cfg = match chosen(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false))
                 {
                     Config::CoopTiled => "matmul (tensor cores, tiled)".to_string(),
+                    Config::CoopWide => "matmul (tensor cores, tiled, 16-byte runs)".to_string(),
                     Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
                     Config::Coop => "matmul (tensor cores, any shape)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
@@ -384,7 +385,10 @@ fn main() -> Result<()> {
                 // the tensor cores run, each of their two kernels (`main` stages tiles in
                 // workgroup memory, `direct` loads fragments from the buffers) on each layout.
                 let plain = plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false));
-                let tc = matches!(plain, Config::CoopTiled | Config::CoopDirect);
+                let tc = matches!(
+                    plain,
+                    Config::CoopTiled | Config::CoopWide | Config::CoopDirect
+                );
                 let side = |rows: &mut Vec<Row>,
                             name: &str,
                             config: Config,
@@ -397,6 +401,7 @@ fn main() -> Result<()> {
                 if tc {
                     for (name, config) in [
                         ("matmul (forced main)", Config::CoopTiled),
+                        ("matmul (forced wide)", Config::CoopWide),
                         ("matmul (forced direct)", Config::CoopDirect),
                     ] {
                         side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
@@ -436,6 +441,7 @@ fn main() -> Result<()> {
                 let ms = time(&dev, a.ms, lin)?;
                 if tc {
                     side(rows, "linear (forced main)", Config::CoopTiled, &lin)?;
+                    side(rows, "linear (forced wide)", Config::CoopWide, &lin)?;
                     side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
                 }
                 emit(
@@ -457,6 +463,7 @@ fn main() -> Result<()> {
                 let ms = time(&dev, a.ms, atb)?;
                 if tc {
                     side(rows, "matmul A^T B (forced main)", Config::CoopTiled, &atb)?;
+                    side(rows, "matmul A^T B (forced wide)", Config::CoopWide, &atb)?;
                     side(
                         rows,
                         "matmul A^T B (forced direct)",

@@ -298,3 +298,149 @@ fn main(ids: Ids) {
   //! end
   //! end
 }
+
+//! entry wide(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
+//! requires spirv
+//! check WG=128 TA=0 TB=0 FUSE=0,5
+//! check WG=128 TA=0 TB=1 FUSE=0,5
+//! check WG=128 TA=1 TB=0 FUSE=0,5
+//! check WG=128 TA=1 TB=1 FUSE=0,5
+// `main` with 16-byte runs: 8 halves an element, carried as vec4<f32> (bits moved, never
+// computed on) from the buffers through registers into workgroup memory, and fragments loaded
+// as coop_mat16x16<f32, A / B>, which kernels/spirv.rs retypes to f16: one 16-byte store per
+// run and fragment loads through 16-byte aligned rows (see the header). Tiles, double
+// buffering and epilogue as `main`; pitches count runs of 8 (k-fast rows 32 + 8 halves, m- or
+// n-fast rows 128 + 8, so a fragment's 8 rows of 16 bytes fall in distinct banks).
+const PK8: u32 = 5u;
+const PMN8: u32 = 17u;
+// Runs a buffer: max(BM * PK8, BK * PMN8).
+const TILE8: u32 = 640u;
+var<workgroup> As: array<vec4<f32>, 1280>;
+var<workgroup> Bs: array<vec4<f32>, 1280>;
+var<workgroup> Cst: array<array<f32, 4>, 512>;
+
+// The v-th run of 8 halves of op(A)'s tile at (m0, k0) (a k-fast tile has 4 runs a row, an
+// m-fast one 16), or zeros outside the matrix.
+fn fetch_a(base: u32, m0: u32, k0: u32, kend: u32, v: u32) -> vec4<f32> {
+  var idx: u32;
+  var ok: bool;
+  if (TA == 0u) {
+    let r = v / 4u;
+    let q = (v % 4u) * 8u;
+    ok = m0 + r < p.m && k0 + q < kend;
+    idx = base + (m0 + r) * p.sam + k0 + q;
+  } else {
+    let r = v / 16u;
+    let q = (v % 16u) * 8u;
+    ok = k0 + r < kend && m0 + q < p.m;
+    idx = base + (k0 + r) * p.sak + m0 + q;
+  }
+  return select(vec4<f32>(0.0), a[select(0u, idx, ok) / 8u], ok);
+}
+
+// The v-th run of 8 halves of op(B)'s tile at (k0, n0), or zeros outside the matrix.
+fn fetch_b(base: u32, k0: u32, n0: u32, kend: u32, v: u32) -> vec4<f32> {
+  var idx: u32;
+  var ok: bool;
+  if (TB == 0u) {
+    let r = v / 16u;
+    let q = (v % 16u) * 8u;
+    ok = k0 + r < kend && n0 + q < p.n;
+    idx = base + (k0 + r) * p.sbk + n0 + q;
+  } else {
+    let r = v / 4u;
+    let q = (v % 4u) * 8u;
+    ok = n0 + r < p.n && k0 + q < kend;
+    idx = base + (n0 + r) * p.sbn + k0 + q;
+  }
+  return select(vec4<f32>(0.0), b[select(0u, idx, ok) / 8u], ok);
+}
+
+// Where run v of a tile goes in its buffer: row-major over the operand's own layout.
+fn tile_at(buf: u32, v: u32, kfast: bool) -> u32 {
+  if (kfast) { return buf * TILE8 + (v / 4u) * PK8 + v % 4u; }
+  return buf * TILE8 + (v / 16u) * PMN8 + v % 16u;
+}
+
+// Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile in buffer `buf`.
+fn frag_a(buf: u32, r: u32, kk: u32) -> coop_mat16x16<f32, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f32, A>>(&As[buf * TILE8 + r * PK8 + kk / 8u], PK8); }
+  return coopLoad<coop_mat16x16<f32, A>>(&As[buf * TILE8 + kk * PMN8 + r / 8u], PMN8);
+}
+
+// Fragment of op(B): rows kk.. kk+15, columns q.. q+15.
+fn frag_b(buf: u32, kk: u32, q: u32) -> coop_mat16x16<f32, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f32, B>>(&Bs[buf * TILE8 + kk * PMN8 + q / 8u], PMN8); }
+  return coopLoad<coop_mat16x16<f32, B>>(&Bs[buf * TILE8 + q * PK8 + kk / 8u], PK8);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * BM;
+  let n0 = ids.wid.x * BN;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let wr = (sg / 2u) * 64u;
+  let wc = (sg % 2u) * 64u;
+
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var c$i$j = coop_mat16x16<f32, C>();
+  //! end
+  //! end
+
+  // The first tile, straight into buffer 0: 512 runs of A and 512 of B, 4 each an invocation.
+  //! unroll i in 0..4
+  var ra$i = fetch_a(a_base, m0, kr.x, kr.y, lid + $i * WG);
+  var rb$i = fetch_b(b_base, kr.x, n0, kr.y, lid + $i * WG);
+  As[tile_at(0u, lid + $i * WG, TA == 0u)] = ra$i;
+  Bs[tile_at(0u, lid + $i * WG, TB == 1u)] = rb$i;
+  //! end
+  workgroupBarrier();
+
+  var buf = 0u;
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
+    let more = k0 + BK < kr.y;
+    if (more) {
+      //! unroll i in 0..4
+      ra$i = fetch_a(a_base, m0, k0 + BK, kr.y, lid + $i * WG);
+      rb$i = fetch_b(b_base, k0 + BK, n0, kr.y, lid + $i * WG);
+      //! end
+    }
+    //! unroll s in 0..2
+    //! unroll i in 0..4
+    let a$s$i = frag_a(buf, wr + $i * 16u, $s * 16u);
+    let b$s$i = frag_b(buf, $s * 16u, wc + $i * 16u);
+    //! end
+    //! unroll i in 0..4
+    //! unroll j in 0..4
+    c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j);
+    //! end
+    //! end
+    //! end
+    if (more) {
+      //! unroll i in 0..4
+      As[tile_at(buf ^ 1u, lid + $i * WG, TA == 0u)] = ra$i;
+      Bs[tile_at(buf ^ 1u, lid + $i * WG, TB == 1u)] = rb$i;
+      //! end
+    }
+    workgroupBarrier();
+    buf = buf ^ 1u;
+  }
+
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..4
+  coopStoreT(c$i0u, &Cst[sg * 128u][0], 32u);
+  coopStoreT(c$i1u, &Cst[sg * 128u + 4u][0], 32u);
+  write_strip(2u, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc, 0xffffffffu, bb);
+  coopStoreT(c$i2u, &Cst[sg * 128u][0], 32u);
+  coopStoreT(c$i3u, &Cst[sg * 128u + 4u][0], 32u);
+  write_strip(2u, sg, lane, c_base, m0 + wr + $i * 16u, n0 + wc + 32u, 0xffffffffu, bb);
+  //! end
+}

@@ -492,9 +492,11 @@ fn matmul_register_tiles() {
     // adapter has tensor cores, and products stay correct either way (their own layout rules
     // still apply: 130 x 129 is no whole number of 16 x 16 tiles for `direct`).
     assert!(forced(Config::Coop, || ()).is_err());
-    for config in [Config::CoopTiled, Config::CoopDirect] {
+    // (136 x 72 x 88 suits all three: runs of 8 for `wide`, whole 16 x 16 tiles for `direct`,
+    // partial 128 x 128 tiles and a partial 32-wide K step.)
+    for config in [Config::CoopTiled, Config::CoopWide, Config::CoopDirect] {
         forced(config, || {
-            for s in [(130, 129, 65), (64, 128, 48)] {
+            for s in [(130, 129, 65), (64, 128, 48), (136, 72, 88)] {
                 matmul_case(&dev, &mut rng, DType::F16, s, false, false, false, None);
                 matmul_case(&dev, &mut rng, DType::F16, s, true, true, true, None);
             }

@@ -137,6 +137,9 @@ fn every_entry_point_validates() {
                             spirv(&module, &info, &what);
                             workgroup_sizes_aligned(&module, &what);
                         }
+                        if sig.spirv {
+                            own_spirv(&src, &what);
+                        }
                         count += 1;
                     }
                 }
@@ -179,6 +182,50 @@ fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {
     let words = naga::back::spv::write_vec(module, info, &opts, Some(&pipeline))
         .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
     assert!(words.len() > 100);
+}
+
+/// A `//! requires spirv` kernel through wgrad's own compilation: naga with wgpu's Vulkan
+/// options, then the operand retyping, which must find both carrier types (A and B); and,
+/// with `WGRAD_SPIRV_VAL` naming SPIRV-Tools' validator (2023 or later: older ones do not
+/// know cooperative matrices, Debian 12's among them), the result validated as Vulkan 1.3
+/// SPIR-V.
+fn own_spirv(src: &str, what: &str) {
+    use wgrad::kernels::spirv::{SpirvTarget, compile, f16_operands};
+    let mut words = compile(
+        src,
+        SpirvTarget {
+            f16: true,
+            subgroups: true,
+            coop: true,
+            bounds_checks: true,
+            full_checks: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let changed = f16_operands(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        changed, 2,
+        "{what}: retyped {changed} operand matrix types, not A and B"
+    );
+    // Retyping twice finds nothing left to do.
+    assert_eq!(f16_operands(&mut words).ok(), Some(0), "{what}");
+    let Ok(val) = std::env::var("WGRAD_SPIRV_VAL") else {
+        return;
+    };
+    let path = std::env::temp_dir().join(format!("wgrad-own-{}.spv", std::process::id()));
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).expect("temp file");
+    let out = std::process::Command::new(&val)
+        .args(["--target-env", "vulkan1.3"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("WGRAD_SPIRV_VAL={val}: {e}"));
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{what}: spirv-val: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// naga's spelling of a type, as `Wgsl::WGSL` spells the host's.

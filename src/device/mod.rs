@@ -49,6 +49,10 @@ pub struct Caps {
     pub timestamps: bool,
     /// 16x16x16 f16 -> f32 cooperative matrices (tensor cores).
     pub coop_matrix_16: bool,
+    /// SPIR-V that wgrad compiles itself goes to the driver as is (Vulkan's
+    /// PASSTHROUGH_SHADERS): kernels whose operand staging WGSL cannot express
+    /// (`kernels::spirv`).
+    pub spirv: bool,
     /// Largest storage binding (and page), bytes.
     pub max_binding: u64,
     /// Largest buffer, bytes.
@@ -115,13 +119,14 @@ impl fmt::Display for DeviceInfo {
         writeln!(f, "memory    {mem} device-local, budget {lim}")?;
         writeln!(
             f,
-            "features  f16 {}, subgroups {} (size {}..{}), timestamps {}, tensor cores (16x16x16 f16) {}",
+            "features  f16 {}, subgroups {} (size {}..{}), timestamps {}, tensor cores (16x16x16 f16) {}, own SPIR-V {}",
             yn(c.f16),
             yn(c.subgroups),
             c.subgroup_min,
             c.subgroup_max,
             yn(c.timestamps),
-            yn(c.coop_matrix_16)
+            yn(c.coop_matrix_16),
+            yn(c.spirv)
         )?;
         writeln!(
             f,
@@ -296,6 +301,14 @@ impl Device {
         if !coop_16 {
             want.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         }
+        // Only Vulkan takes SPIR-V, and only the tensor-core kernels need it.
+        let spirv = coop_16
+            && ainfo.backend == wgpu::Backend::Vulkan
+            && have.contains(wgpu::Features::PASSTHROUGH_SHADERS)
+            && !opts.disable_spirv;
+        if spirv {
+            want |= wgpu::Features::PASSTHROUGH_SHADERS;
+        }
         // The adapter's real limits: wgpu's defaults would cap a binding at 128 MiB.
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
@@ -352,6 +365,7 @@ impl Device {
             subgroup_max: ainfo.subgroup_max_size,
             timestamps: want.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_matrix_16: coop_16,
+            spirv,
             max_binding: limits
                 .max_storage_buffer_binding_size
                 .min(limits.max_buffer_size),

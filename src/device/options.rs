@@ -92,13 +92,16 @@ pub struct DeviceOptions {
     pub disable_subgroups: bool,
     /// Do not use cooperative matrices even if present.
     pub disable_coop_matrix: bool,
+    /// Do not hand wgrad-compiled SPIR-V to the driver (wgpu's PASSTHROUGH_SHADERS): the
+    /// kernels that need it are then not used (`WGRAD_DISABLE=spirv`).
+    pub disable_spirv: bool,
 }
 
 impl DeviceOptions {
     /// Options from the environment:
     /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`,
     /// `WGRAD_RELEASE_THRESHOLD=512MiB|5%`, `WGRAD_NO_CACHE=1`,
-    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop`.
+    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv`.
     /// wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -142,6 +145,7 @@ impl DeviceOptions {
             disable_f16: has("f16"),
             disable_subgroups: has("subgroups") || has("subgroup"),
             disable_coop_matrix: has("coop"),
+            disable_spirv: has("spirv"),
         })
     }
 }

@@ -126,6 +126,10 @@ pub struct Binding {
     /// (one plain store of four elements, where a single packed f16 or bf16 element would
     /// need atomics).
     pub vec4: bool,
+    /// Declared as `array<vec4<f32>>` whatever its dtype (`raw16` on the signature line;
+    /// read-only): 16-byte runs of raw bits (8 halves of f16) that the kernel only moves,
+    /// for the `//! requires spirv` kernels (`kernels::spirv`). No element accessors.
+    pub raw16: bool,
 }
 
 /// An entry point's signature: its bindings and the constant sets it is checked with.
@@ -140,6 +144,9 @@ pub struct EntrySig {
     /// A `//! requires subgroups` line: the entry reads the subgroup builtins of `Ids` and
     /// is only built for adapters with subgroups.
     pub subgroups: bool,
+    /// A `//! requires spirv` line: the entry is compiled by wgrad and its f32 operand
+    /// matrices retyped to f16 (`kernels::spirv`); only adapters with `Caps::spirv` build it.
+    pub spirv: bool,
 }
 
 impl EntrySig {
@@ -209,6 +216,7 @@ impl EntrySig {
 const ENTRY: &str = "//! entry ";
 const CHECK: &str = "//! check ";
 const NEEDS_SUBGROUPS: &str = "//! requires subgroups";
+const NEEDS_SPIRV: &str = "//! requires spirv";
 
 /// Parses the signature line `name(b: kind [mut], ...)`.
 fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), String> {
@@ -232,11 +240,12 @@ fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), S
         let kind = words.next().unwrap_or("");
         let elem = Elem::parse(kind)
             .ok_or_else(|| format!("binding {part:?} of {name}: unknown kind {kind:?}"))?;
-        let (mut write, mut vec4) = (false, false);
+        let (mut write, mut vec4, mut raw16) = (false, false, false);
         for w in words {
             match w {
                 "mut" => write = true,
                 "vec4" => vec4 = true,
+                "raw16" => raw16 = true,
                 w => return Err(format!("binding {part:?} of {name}: unexpected {w:?}")),
             }
         }
@@ -245,11 +254,17 @@ fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), S
                 "binding {part:?} of {name}: vec4 is for float bindings"
             ));
         }
+        if raw16 && (write || vec4) {
+            return Err(format!(
+                "binding {part:?} of {name}: raw16 is read-only and not vec4"
+            ));
+        }
         bindings.push(Binding {
             name: bname.trim(),
             elem,
             write,
             vec4,
+            raw16,
         });
     }
     Ok((name, bindings))
@@ -266,12 +281,18 @@ pub fn parse_entries(source: &'static str) -> Result<Vec<EntrySig>, String> {
                 bindings,
                 checks: Vec::new(),
                 subgroups: false,
+                spirv: false,
             });
         } else if line.trim_end() == NEEDS_SUBGROUPS {
             let Some(e) = out.last_mut() else {
                 return Err(format!("requires line before any entry: {line:?}"));
             };
             e.subgroups = true;
+        } else if line.trim_end() == NEEDS_SPIRV {
+            let Some(e) = out.last_mut() else {
+                return Err(format!("requires line before any entry: {line:?}"));
+            };
+            e.spirv = true;
         } else if let Some(check) = line.strip_prefix(CHECK) {
             let Some(e) = out.last_mut() else {
                 return Err(format!("check line before any entry: {line:?}"));
@@ -494,6 +515,11 @@ fn library() -> impl Iterator<Item = (&'static str, &'static str, &'static str)>
 
 fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DType) {
     let n = d.name;
+    let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
+    if d.raw16 {
+        let _ = writeln!(s, "{at}: array<vec4<f32>>;");
+        return;
+    }
     // Float views (`ldf_x`, `stf_x`) exist for every binding, so one kernel body can convert
     // between any two dtypes (cast); for float storage they are the plain accessors.
     if dtype != DType::U32 {
@@ -502,7 +528,6 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
             let _ = writeln!(s, "fn stf_{n}(i_: u32, v_: f32) {{ st_{n}(i_, v_); }}");
         }
     }
-    let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
     if d.vec4 {
         let decl = match (dtype, target.f16) {
             (DType::F32, _) => format!(
@@ -701,12 +726,14 @@ mod tests {
                     elem: Elem::Data,
                     write: false,
                     vec4: false,
+                    raw16: false,
                 },
                 Binding {
                     name: "y",
                     elem: Elem::U32,
                     write: true,
                     vec4: false,
+                    raw16: false,
                 }
             ]
         );
@@ -716,6 +743,8 @@ mod tests {
         assert!(e[1].bindings.is_empty() && e[1].accepts_consts(&[]));
         assert!(parse_entries("//! entry z(x: float)\n").is_err());
         assert!(parse_entries("//! entry z(x: data vec4)\n").is_ok_and(|e| e[0].bindings[0].vec4));
+        assert!(parse_entries("//! entry z(x: f16 raw16)\n").is_ok_and(|e| e[0].bindings[0].raw16));
+        assert!(parse_entries("//! entry z(x: f16 mut raw16)\n").is_err());
         assert!(
             parse_entries("//! entry z(x: data mut vec4)\n").is_ok_and(|e| e[0].bindings[0].write)
         );

@@ -145,6 +145,10 @@ pub enum Config {
     /// Tensor-core kernel with double-buffered workgroup tiles, for f16 operands whose
     /// contiguous extents, pitches and offsets are multiples of 4 (matmul_tc.wgsl `main`).
     CoopTiled,
+    /// `CoopTiled` with 16-byte runs (matmul_tc.wgsl `wide`, compiled by wgrad:
+    /// `kernels::spirv`): contiguous extents, pitches and offsets multiples of 8, and an
+    /// adapter that takes wgrad's SPIR-V (`Caps::spirv`).
+    CoopWide,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
     CoopDirect,
@@ -172,7 +176,7 @@ impl Config {
         // Counted loop iterations per K step, and the step; 100 iterations are kept for the
         // epilogue.
         let (per_step, step) = match self {
-            Config::CoopTiled => (1, 32),
+            Config::CoopTiled | Config::CoopWide => (1, 32),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -194,7 +198,7 @@ impl Config {
     fn wg(self) -> u32 {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
-            Config::CoopTiled | Config::CoopDirect => 128,
+            Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 128,
             Config::Coop | Config::Reg => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
@@ -205,7 +209,11 @@ impl Config {
             Config::Simt(tm, tn) => (8 * tm as usize, 8 * tn as usize),
             Config::SimtN4(tm, tn4) => (8 * tm as usize, 32 * tn4 as usize),
             Config::SimtK4(tm, tn) => (8 * tm as usize, 8 * tn as usize),
-            Config::CoopTiled | Config::CoopDirect | Config::Coop | Config::Reg => (128, 128),
+            Config::CoopTiled
+            | Config::CoopWide
+            | Config::CoopDirect
+            | Config::Coop
+            | Config::Reg => (128, 128),
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
@@ -309,14 +317,19 @@ thread_local! {
 /// `config` (tests run each kernel on adapters where the rules would not pick it: the GPU
 /// kernels on lavapipe, benchmarks the tensor-core kernels side by side); the layout rules
 /// still apply (`Reg` needs runs of 4, `Simt` takes its 4-wide forms where it can, the
-/// tensor-core kernels their alignments). `CoopTiled` and `CoopDirect` apply only where the
-/// adapter and dtype have tensor cores (elsewhere the usual choice stands); `Coop` and the
-/// CPU kernels' other forms are an error.
+/// tensor-core kernels their alignments). `CoopTiled`, `CoopWide` and `CoopDirect` apply only
+/// where the adapter and dtype have tensor cores (elsewhere the usual choice stands); `Coop`
+/// and the CPU kernels' other forms are an error.
 #[doc(hidden)]
 pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
     if !matches!(
         config,
-        Config::Tiled(..) | Config::Reg | Config::Simt(..) | Config::CoopTiled | Config::CoopDirect
+        Config::Tiled(..)
+            | Config::Reg
+            | Config::Simt(..)
+            | Config::CoopTiled
+            | Config::CoopWide
+            | Config::CoopDirect
     ) {
         return Err(Error::invalid(
             "matmul::forced",
@@ -338,7 +351,9 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let (ta, tb) = (sak != 1, sbn != 1);
     let coop_ok = tensor_cores(dev, dtype);
     let mut config = match FORCED.with(|c| c.get()) {
-        Some(Config::CoopTiled | Config::CoopDirect) if !coop_ok => choose(dev, dtype, m, n, k),
+        Some(Config::CoopTiled | Config::CoopWide | Config::CoopDirect) if !coop_ok => {
+            choose(dev, dtype, m, n, k)
+        }
         Some(f) => f,
         None => choose(dev, dtype, m, n, k),
     };
@@ -367,18 +382,28 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     // `direct`'s loads need 16-byte aligned rows and whole 16 x 16 tiles; `main` takes runs
     // of 4 and 48 KiB of workgroup memory.
     let tiled_ok = coop_ok && dev.caps().workgroup_storage >= 49152 && runs_of_4;
-    let direct_ok =
-        tiled_ok && runs.iter().all(|v| v % 8 == 0) && [m, n, k].iter().all(|v| v % 16 == 0);
+    let runs_of_8 = tiled_ok && runs.iter().all(|v| v % 8 == 0);
+    let direct_ok = runs_of_8 && [m, n, k].iter().all(|v| v % 16 == 0);
+    // `wide` takes runs of 8 and the adapter's passing on wgrad's SPIR-V.
+    let wide_ok = runs_of_8 && dev.caps().spirv;
+    if config == Config::CoopWide && !wide_ok {
+        config = Config::CoopTiled;
+    }
     if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok) {
         config = Config::Coop;
     }
     if config == Config::Coop && tiled_ok {
-        config = Config::CoopTiled;
-        // Measured on an H200: fragments straight from the buffers ran 10-15% faster where B
-        // is contiguous along N, 15% slower where it is contiguous along K.
-        if !tb && direct_ok {
-            config = Config::CoopDirect;
-        }
+        // Measured on an H100 (BENCHMARKS.md, 2026-11-24): `wide` ran as fast as `direct`
+        // or faster on every shape and layout but one (16384 x 1536 x 384, 4% slower), and
+        // 1.2-1.3x `main`. Without it, `direct` where B is contiguous along N: on an H200 it
+        // ran 10-15% faster than `main` there, 15% slower where B is contiguous along K.
+        config = if wide_ok {
+            Config::CoopWide
+        } else if !tb && direct_ok {
+            Config::CoopDirect
+        } else {
+            Config::CoopTiled
+        };
     }
     if matches!(config, Config::Simt(..)) {
         // 4-element loads need 4-aligned element offsets along the loaded axis.
@@ -523,7 +548,9 @@ fn variants(
 ) -> Vec<Config> {
     let tiled = Config::Tiled(64, 64, 16, 4, 4);
     let family: &[Config] = match planned {
-        Config::CoopTiled | Config::CoopDirect => &[Config::CoopTiled, Config::CoopDirect],
+        Config::CoopTiled | Config::CoopWide | Config::CoopDirect => {
+            &[Config::CoopTiled, Config::CoopWide, Config::CoopDirect]
+        }
         Config::Reg => &[Config::Reg, tiled],
         c if c == tiled => &[Config::Reg, tiled],
         Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => &[Config::Reg, tiled],
@@ -620,6 +647,11 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         Config::CoopTiled => (
             Kernel::MatmulTc,
             "main",
+            vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
+        ),
+        Config::CoopWide => (
+            Kernel::MatmulTc,
+            "wide",
             vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         Config::CoopDirect => (

@@ -33,6 +33,7 @@ pub mod autotune;
 pub mod compose;
 pub mod decl;
 pub(crate) mod pipeline;
+pub mod spirv;
 
 pub mod attention;
 pub mod conv;

@@ -4,7 +4,7 @@
 //! The key is a small fixed-size value, so looking one up costs a hash, not the string
 //! formatting it once took.
 
-use super::{Arg, Kernel, compose};
+use super::{Arg, Kernel, compose, spirv};
 use crate::device::stream::{Pipeline, layout_entries};
 use crate::device::{Device, ShaderChecks};
 use crate::dtype::DType;
@@ -91,7 +91,8 @@ pub(crate) fn get(
         let name = format!("{n:03}_{:?}_{}.wgsl", key.kernel, key.entry);
         let _ = std::fs::write(std::path::Path::new(&dir).join(name), &src);
     }
-    let p = Arc::new(build(dev, &label, n_storage, &src)?);
+    let own_spirv = key.kernel.entry(key.entry)?.spirv;
+    let p = Arc::new(build(dev, &label, n_storage, &src, own_spirv)?);
     c.map
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -99,8 +100,39 @@ pub(crate) fn get(
     Ok(p)
 }
 
-fn build(dev: &Device, label: &str, n_storage: usize, src: &str) -> Result<Pipeline> {
+fn build(
+    dev: &Device,
+    label: &str,
+    n_storage: usize,
+    src: &str,
+    own_spirv: bool,
+) -> Result<Pipeline> {
     let d = dev.wgpu();
+    // Compiled before the error scope opens: a failure here is wgrad's, not wgpu's.
+    let words = if own_spirv {
+        let c = dev.caps();
+        if !c.spirv {
+            return Err(Error::Internal(format!(
+                "kernel {label} needs SPIR-V passthrough, which this device does not have"
+            )));
+        }
+        let checks = dev.inner.shader_checks;
+        let mut words = spirv::compile(
+            src,
+            spirv::SpirvTarget {
+                f16: c.f16,
+                subgroups: c.subgroups,
+                coop: c.coop_matrix_16,
+                bounds_checks: checks != ShaderChecks::None,
+                full_checks: checks == ShaderChecks::Full,
+            },
+        )
+        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
+        spirv::f16_operands(&mut words)?;
+        Some(words)
+    } else {
+        None
+    };
     let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
     let layout = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(label),
@@ -120,18 +152,35 @@ fn build(dev: &Device, label: &str, n_storage: usize, src: &str) -> Result<Pipel
         },
         ShaderChecks::None => wgpu::ShaderRuntimeChecks::unchecked(),
     };
-    // SAFETY: wgrad's shaders have no unbounded loops (every trip count comes from sizes the
-    // host validated, and is bounded per thread; see `kernels`) and never divide by zero
-    // (divisors are non-empty dimensions); with `Fast` and `Full` wgpu still bounds-checks
-    // every buffer access.
-    let module = unsafe {
-        d.create_shader_module_trusted(
-            wgpu::ShaderModuleDescriptor {
+    let module = match words {
+        // SAFETY: the words are naga's output for WGSL that naga validated, compiled with
+        // the bounds checks wgpu itself would add (`spirv::compile`); the one rewrite after
+        // it changes the component type of operand matrices that carry f16 bits
+        // (`spirv::f16_operands`, whose precondition tests/shaders.rs checks per kernel).
+        Some(words) => unsafe {
+            d.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                 label: Some(label),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            },
-            checks,
-        )
+                entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                    name: "main".into(),
+                    workgroup_size: (0, 0, 0),
+                }]),
+                spirv: Some(std::borrow::Cow::Owned(words)),
+                ..Default::default()
+            })
+        },
+        // SAFETY: wgrad's shaders have no unbounded loops (every trip count comes from sizes
+        // the host validated, and is bounded per thread; see `kernels`) and never divide by
+        // zero (divisors are non-empty dimensions); with `Fast` and `Full` wgpu still
+        // bounds-checks every buffer access.
+        None => unsafe {
+            d.create_shader_module_trusted(
+                wgpu::ShaderModuleDescriptor {
+                    label: Some(label),
+                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                },
+                checks,
+            )
+        },
     };
     let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(label),

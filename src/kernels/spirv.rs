@@ -1,0 +1,166 @@
+//! Kernels compiled to SPIR-V by wgrad itself, for the one thing their WGSL cannot say:
+//! f16 operand tiles staged in workgroup memory as 16-byte runs.
+//!
+//! A tensor-core kernel stages tiles of its f16 operands in workgroup memory and reads them
+//! back with cooperative loads. WGSL (naga) types a cooperative load by its pointer: an f16
+//! matrix must be read through a pointer to f16 or to `vec4<f16>`, so a tile's runs are at
+//! most 8 bytes, stored one by one and read through pointers the driver cannot assume 16-byte
+//! aligned. SPIR-V has no such rule: a cooperative load may read an f16 matrix through a
+//! pointer to any scalar or vector type, its stride counted in that type (NVIDIA's own
+//! cooperative-matrix samples stage tiles as `uvec4`). So a kernel that `//! requires
+//! spirv` is written with f32 as the carrier of its operand bits: it binds the operands as
+//! `array<vec4<f32>>` (8 halves an element, moved, never computed on), stages them in
+//! `array<vec4<f32>>` workgroup tiles, and loads `coop_mat16x16<f32, A>` and `<f32, B>`
+//! fragments from them. [`compile`] turns it into SPIR-V with naga and the options wgpu's
+//! Vulkan backend uses, and [`f16_operands`] retypes those two matrix types to f16: the
+//! loads then read f16 fragments from 16-byte runs, and the products are f16 x f16 -> f32,
+//! the only kind these kernels compute. wgpu hands the result to the driver unchanged
+//! (`PASSTHROUGH_SHADERS`, Vulkan only; `Caps::spirv`).
+//!
+//! The rewrite relies on a rule the kernels keep and `tests/shaders.rs` checks for each of
+//! them: f32 A and B matrices appear nowhere else (an f32 accumulator, role C, is a
+//! separate type and stays f32).
+
+use crate::error::{Error, Result};
+
+/// What the device offers the compiled module (naga's capabilities and SPIR-V ones).
+#[derive(Clone, Copy, Debug)]
+pub struct SpirvTarget {
+    /// Native f16 (SHADER_F16).
+    pub f16: bool,
+    /// Subgroup operations.
+    pub subgroups: bool,
+    /// Cooperative matrices.
+    pub coop: bool,
+    /// Bounds checks on buffer and array indices (off only with `WGRAD_SHADER_CHECKS=none`).
+    pub bounds_checks: bool,
+    /// Also loop bounding and checked integer division (`WGRAD_SHADER_CHECKS=full`).
+    pub full_checks: bool,
+}
+
+/// WGSL to SPIR-V words with naga, as wgpu's Vulkan backend would compile it with wgrad's
+/// runtime checks (by default bounds checks on, loop bounding and division checks off; see
+/// `ShaderChecks`) and workgroup memory not zeroed.
+pub fn compile(src: &str, t: SpirvTarget) -> Result<Vec<u32>> {
+    use naga::back::spv;
+    use naga::valid::Capabilities as C;
+    let fail = |what: &str, e: String| Error::Internal(format!("compiling SPIR-V: {what}: {e}"));
+    let module =
+        naga::front::wgsl::parse_str(src).map_err(|e| fail("parse", e.emit_to_string(src)))?;
+    let mut caps = C::SHADER_FLOAT16_IN_FLOAT32;
+    let mut spv_caps = vec![spv::Capability::Shader];
+    if t.f16 {
+        caps |= C::SHADER_FLOAT16;
+        spv_caps.push(spv::Capability::Float16);
+    }
+    if t.subgroups {
+        caps |= C::SUBGROUP;
+        spv_caps.extend([
+            spv::Capability::GroupNonUniform,
+            spv::Capability::GroupNonUniformVote,
+            spv::Capability::GroupNonUniformArithmetic,
+            spv::Capability::GroupNonUniformBallot,
+            spv::Capability::GroupNonUniformShuffle,
+            spv::Capability::GroupNonUniformShuffleRelative,
+            spv::Capability::GroupNonUniformQuad,
+        ]);
+    }
+    if t.coop {
+        caps |= C::COOPERATIVE_MATRIX;
+        spv_caps.extend([
+            spv::Capability::CooperativeMatrixKHR,
+            spv::Capability::VulkanMemoryModel,
+        ]);
+    }
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| fail("validate", e.emit_to_string(src)))?;
+    let check = if t.bounds_checks {
+        naga::proc::BoundsCheckPolicy::Restrict
+    } else {
+        naga::proc::BoundsCheckPolicy::Unchecked
+    };
+    let opts = spv::Options {
+        // SPIR-V 1.6 needs Vulkan 1.3, which every driver with cooperative matrices has.
+        lang_version: if t.coop { (1, 6) } else { (1, 3) },
+        flags: spv::WriterFlags::empty(),
+        capabilities: Some(spv_caps.into_iter().collect()),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: check,
+            buffer: check,
+            image_load: check,
+            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: t.full_checks,
+        emit_int_div_checks: t.full_checks,
+        ..spv::Options::default()
+    };
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    spv::write_vec(&module, &info, &opts, Some(&pipeline)).map_err(|e| fail("write", e.to_string()))
+}
+
+const OP_TYPE_FLOAT: u32 = 22;
+const OP_TYPE_COOP_MATRIX: u32 = 4456;
+/// `Use` operand of OpTypeCooperativeMatrixKHR: MatrixAKHR = 0, MatrixBKHR = 1.
+const USE_A: u32 = 0;
+const USE_B: u32 = 1;
+
+/// One instruction: its opcode and the index of its first word.
+fn instructions(words: &[u32]) -> Result<Vec<(u32, usize)>> {
+    let bad = |why: &str| Error::Internal(format!("SPIR-V module: {why}"));
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        return Err(bad("no header"));
+    }
+    let mut out = Vec::new();
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        if count == 0 || i + count > words.len() {
+            return Err(bad("truncated instruction"));
+        }
+        out.push((words[i] & 0xffff, i));
+        i += count;
+    }
+    Ok(out)
+}
+
+/// Retypes the module's f32 A and B cooperative-matrix types to f16 (see the module docs):
+/// their OpTypeCooperativeMatrixKHR instructions name the f16 type instead of f32. Returns
+/// how many types it changed. An error when the module has f32 operand matrices but no f16
+/// type to give them.
+pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
+    let insts = instructions(words)?;
+    let float = |width: u32| {
+        insts.iter().find_map(|&(op, at)| {
+            (op == OP_TYPE_FLOAT && words[at] >> 16 >= 3 && words[at + 2] == width)
+                .then_some(words[at + 1])
+        })
+    };
+    let (Some(f32_id), f16_id) = (float(32), float(16)) else {
+        return Ok(0);
+    };
+    let mut changed = 0;
+    for &(op, at) in &insts {
+        // OpTypeCooperativeMatrixKHR: result, component type, scope, rows, columns, use.
+        if op != OP_TYPE_COOP_MATRIX || words[at] >> 16 != 7 || words[at + 2] != f32_id {
+            continue;
+        }
+        // Use is an id of a constant: find its value.
+        let use_id = words[at + 6];
+        let value = insts.iter().find_map(|&(o, a)| {
+            (o == 43 && words[a] >> 16 == 4 && words[a + 2] == use_id).then_some(words[a + 3])
+        });
+        if matches!(value, Some(USE_A | USE_B)) {
+            let f16 = f16_id.ok_or_else(|| {
+                Error::Internal("SPIR-V module: f32 operand matrices but no f16 type".into())
+            })?;
+            words[at + 2] = f16;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
