@@ -305,73 +305,92 @@ fn main(ids: Ids) {
 //! check WG=128 TA=0 TB=1 FUSE=0,5
 //! check WG=128 TA=1 TB=0 FUSE=0,5
 //! check WG=128 TA=1 TB=1 FUSE=0,5
-// `main` with 16-byte runs: 8 halves an element, carried as vec4<f32> (bits moved, never
-// computed on) from the buffers through registers into workgroup memory, and fragments loaded
-// as coop_mat16x16<f32, A / B>, which kernels/spirv.rs retypes to f16: one 16-byte store per
-// run and fragment loads through 16-byte aligned rows (see the header). Tiles, double
-// buffering and epilogue as `main`; pitches count runs of 8 (k-fast rows 32 + 8 halves, m- or
-// n-fast rows 128 + 8, so a fragment's 8 rows of 16 bytes fall in distinct banks).
-const PK8: u32 = 5u;
+// 16-byte runs: 8 halves an element, carried as vec4<f32> (bits moved, never computed on)
+// from the buffers through registers into workgroup memory, and fragments loaded as
+// coop_mat16x16<f32, A / B>, which kernels/spirv.rs retypes to f16: one 16-byte load and
+// store per run and fragment loads through 16-byte aligned rows (ldmatrix; see the header).
+// The 128 x 128 tile and the epilogue are `main`'s; K goes in steps of KW = 64 through one
+// buffer per operand: each invocation loads its 8 runs of A and 8 of B for the next step
+// into registers before the current step's products and stores them after (two barriers a
+// step).
+//
+// Addressing is worked out once: an invocation's runs of an operand differ by a fixed
+// number of rows, so run i of a step is at g0 + i gi + step gk (in runs) and goes to
+// s0 + i si in the tile, and whether it is inside the matrix is a bit of a mask (rows past
+// M or N) and one comparison with the K left. Computed per load, as in `main`, the
+// address and bounds arithmetic outnumbered the products 4 to 1 in the NVIDIA driver's
+// machine code of the loop, which ran at 122 TFLOP/s on an H100 where its products alone,
+// with their fragment loads, ran at 391-419 (measured by leaving parts out).
+//
+// Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows 128 + 8, so the 8
+// rows of 16 bytes a fragment load reads at once fall in distinct banks.
+const KW: u32 = 64u;
+const PK8: u32 = 9u;
 const PMN8: u32 = 17u;
-// Runs a buffer: max(BM * PK8, BK * PMN8).
-const TILE8: u32 = 640u;
-var<workgroup> As: array<vec4<f32>, 1280>;
-var<workgroup> Bs: array<vec4<f32>, 1280>;
+var<workgroup> As: array<vec4<f32>, 1152>;
+var<workgroup> Bs: array<vec4<f32>, 1152>;
 var<workgroup> Cst: array<array<f32, 4>, 512>;
 
-// The v-th run of 8 halves of op(A)'s tile at (m0, k0) (a k-fast tile has 4 runs a row, an
-// m-fast one 16), or zeros outside the matrix.
-fn fetch_a(base: u32, m0: u32, k0: u32, kend: u32, v: u32) -> vec4<f32> {
-  var idx: u32;
-  var ok: bool;
-  if (TA == 0u) {
-    let r = v / 4u;
-    let q = (v % 4u) * 8u;
-    ok = m0 + r < p.m && k0 + q < kend;
-    idx = base + (m0 + r) * p.sam + k0 + q;
+// Where an invocation's runs of one operand's tile are (see the section's header), for the
+// first step of its K range: in the buffer, g0 + i gi, then gk further each step; in the
+// tile, s0 + i si. Run i lies inside the matrix when bit i of `mask` is set and
+// k_lo + i k_i < the K left from the step's start.
+struct Runs {
+  g0: u32,
+  gi: u32,
+  gk: u32,
+  s0: u32,
+  si: u32,
+  mask: u32,
+  k_lo: u32,
+  k_i: u32,
+}
+
+// The runs of an operand whose tile is `rows` x K (rows along M or N, starting at `r0`, of
+// `extent`) at `base` with row pitch `pr` and K pitch `pk`; k-fast when `kfast`. Run v =
+// lid + 128 i: a k-fast tile has 8 runs a row (rows lid / 8 + 16 i), an m- or n-fast one 16
+// runs a K row (K rows lid / 16 + 8 i).
+fn runs(kfast: bool, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
+  var o: Runs;
+  if (kfast) {
+    let r = lid / 8u;
+    let q = (lid % 8u) * 8u;
+    o.g0 = (base + (r0 + r) * pr + k0 + q) / 8u;
+    o.gi = 2u * pr;
+    o.gk = KW / 8u;
+    o.s0 = r * PK8 + lid % 8u;
+    o.si = 16u * PK8;
+    o.mask = 0u;
+    //! unroll i in 0..8
+    o.mask = o.mask | select(0u, 1u << $i, r0 + r + 16u * $i < extent);
+    //! end
+    o.k_lo = q;
+    o.k_i = 0u;
   } else {
-    let r = v / 16u;
-    let q = (v % 16u) * 8u;
-    ok = k0 + r < kend && m0 + q < p.m;
-    idx = base + (k0 + r) * p.sak + m0 + q;
+    let r = lid / 16u;
+    let q = (lid % 16u) * 8u;
+    o.g0 = (base + (k0 + r) * pk + r0 + q) / 8u;
+    o.gi = pk;
+    o.gk = KW / 8u * pk;
+    o.s0 = r * PMN8 + lid % 16u;
+    o.si = 8u * PMN8;
+    o.mask = select(0u, 0xffu, r0 + q < extent);
+    o.k_lo = r;
+    o.k_i = 8u;
   }
-  return select(vec4<f32>(0.0), a[select(0u, idx, ok) / 8u], ok);
+  return o;
 }
 
-// The v-th run of 8 halves of op(B)'s tile at (k0, n0), or zeros outside the matrix.
-fn fetch_b(base: u32, k0: u32, n0: u32, kend: u32, v: u32) -> vec4<f32> {
-  var idx: u32;
-  var ok: bool;
-  if (TB == 0u) {
-    let r = v / 16u;
-    let q = (v % 16u) * 8u;
-    ok = k0 + r < kend && n0 + q < p.n;
-    idx = base + (k0 + r) * p.sbk + n0 + q;
-  } else {
-    let r = v / 4u;
-    let q = (v % 4u) * 8u;
-    ok = n0 + r < p.n && k0 + q < kend;
-    idx = base + (n0 + r) * p.sbn + k0 + q;
-  }
-  return select(vec4<f32>(0.0), b[select(0u, idx, ok) / 8u], ok);
-}
-
-// Where run v of a tile goes in its buffer: row-major over the operand's own layout.
-fn tile_at(buf: u32, v: u32, kfast: bool) -> u32 {
-  if (kfast) { return buf * TILE8 + (v / 4u) * PK8 + v % 4u; }
-  return buf * TILE8 + (v / 16u) * PMN8 + v % 16u;
-}
-
-// Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile in buffer `buf`.
-fn frag_a(buf: u32, r: u32, kk: u32) -> coop_mat16x16<f32, A> {
-  if (TA == 0u) { return coopLoadT<coop_mat16x16<f32, A>>(&As[buf * TILE8 + r * PK8 + kk / 8u], PK8); }
-  return coopLoad<coop_mat16x16<f32, A>>(&As[buf * TILE8 + kk * PMN8 + r / 8u], PMN8);
+// Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile.
+fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f32, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f32, A>>(&As[r * PK8 + kk / 8u], PK8); }
+  return coopLoad<coop_mat16x16<f32, A>>(&As[kk * PMN8 + r / 8u], PMN8);
 }
 
 // Fragment of op(B): rows kk.. kk+15, columns q.. q+15.
-fn frag_b(buf: u32, kk: u32, q: u32) -> coop_mat16x16<f32, B> {
-  if (TB == 0u) { return coopLoadT<coop_mat16x16<f32, B>>(&Bs[buf * TILE8 + kk * PMN8 + q / 8u], PMN8); }
-  return coopLoad<coop_mat16x16<f32, B>>(&Bs[buf * TILE8 + q * PK8 + kk / 8u], PK8);
+fn frag_b(kk: u32, q: u32) -> coop_mat16x16<f32, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f32, B>>(&Bs[kk * PMN8 + q / 8u], PMN8); }
+  return coopLoad<coop_mat16x16<f32, B>>(&Bs[q * PK8 + kk / 8u], PK8);
 }
 
 @compute @workgroup_size(WG)
@@ -384,10 +403,12 @@ fn main(ids: Ids) {
   let kr = matmul_krange(ids.wid.z);
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
-  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
-  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
   let wr = (sg / 2u) * 64u;
   let wc = (sg % 2u) * 64u;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let ra = runs(TA == 0u, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
+  let rb = runs(TB == 1u, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
 
   //! unroll i in 0..4
   //! unroll j in 0..4
@@ -395,28 +416,37 @@ fn main(ids: Ids) {
   //! end
   //! end
 
-  // The first tile, straight into buffer 0: 512 runs of A and 512 of B, 4 each an invocation.
-  //! unroll i in 0..4
-  var ra$i = fetch_a(a_base, m0, kr.x, kr.y, lid + $i * WG);
-  var rb$i = fetch_b(b_base, kr.x, n0, kr.y, lid + $i * WG);
-  As[tile_at(0u, lid + $i * WG, TA == 0u)] = ra$i;
-  Bs[tile_at(0u, lid + $i * WG, TB == 1u)] = rb$i;
+  // The first step's tiles: 1024 runs of A and 1024 of B, 8 each an invocation.
+  var ga = ra.g0;
+  var gb = rb.g0;
+  var left = kr.y - kr.x;
+  //! unroll i in 0..8
+  let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * ra.k_i < left);
+  var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
+  let okb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * rb.k_i < left);
+  var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
+  As[ra.s0 + $i * ra.si] = xa$i;
+  Bs[rb.s0 + $i * rb.si] = xb$i;
   //! end
   workgroupBarrier();
 
-  var buf = 0u;
-  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + BK) {
-    let more = k0 + BK < kr.y;
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + KW) {
+    let more = k0 + KW < kr.y;
     if (more) {
-      //! unroll i in 0..4
-      ra$i = fetch_a(a_base, m0, k0 + BK, kr.y, lid + $i * WG);
-      rb$i = fetch_b(b_base, k0 + BK, n0, kr.y, lid + $i * WG);
+      ga = ga + ra.gk;
+      gb = gb + rb.gk;
+      left = left - KW;
+      //! unroll i in 0..8
+      let na$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * ra.k_i < left);
+      xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
+      let nb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * rb.k_i < left);
+      xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
       //! end
     }
-    //! unroll s in 0..2
+    //! unroll s in 0..4
     //! unroll i in 0..4
-    let a$s$i = frag_a(buf, wr + $i * 16u, $s * 16u);
-    let b$s$i = frag_b(buf, $s * 16u, wc + $i * 16u);
+    let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
+    let b$s$i = frag_b($s * 16u, wc + $i * 16u);
     //! end
     //! unroll i in 0..4
     //! unroll j in 0..4
@@ -424,14 +454,15 @@ fn main(ids: Ids) {
     //! end
     //! end
     //! end
+    // `more` is the same for the whole workgroup: the barriers stay uniform.
+    workgroupBarrier();
     if (more) {
-      //! unroll i in 0..4
-      As[tile_at(buf ^ 1u, lid + $i * WG, TA == 0u)] = ra$i;
-      Bs[tile_at(buf ^ 1u, lid + $i * WG, TB == 1u)] = rb$i;
+      //! unroll i in 0..8
+      As[ra.s0 + $i * ra.si] = xa$i;
+      Bs[rb.s0 + $i * rb.si] = xb$i;
       //! end
     }
     workgroupBarrier();
-    buf = buf ^ 1u;
   }
 
   let c_base = p.c_off + ids.wid.z * p.m * p.n;

@@ -515,11 +515,17 @@ fn library() -> impl Iterator<Item = (&'static str, &'static str, &'static str)>
 
 fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DType) {
     let n = d.name;
-    let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
     if d.raw16 {
-        let _ = writeln!(s, "{at}: array<vec4<f32>>;");
+        // Read-only in the shader (NonWritable in its SPIR-V), though the bind group's
+        // layout has every storage binding read-write: the driver may then read it through
+        // the cache for constant data. Only wgrad-compiled kernels have such bindings.
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({binding}) var<storage, read> {n}: array<vec4<f32>>;"
+        );
         return;
     }
+    let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
     // Float views (`ldf_x`, `stf_x`) exist for every binding, so one kernel body can convert
     // between any two dtypes (cast); for float storage they are the plain accessors.
     if dtype != DType::U32 {

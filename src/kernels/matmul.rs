@@ -176,7 +176,8 @@ impl Config {
         // Counted loop iterations per K step, and the step; 100 iterations are kept for the
         // epilogue.
         let (per_step, step) = match self {
-            Config::CoopTiled | Config::CoopWide => (1, 32),
+            Config::CoopTiled => (1, 32),
+            Config::CoopWide => (1, 64),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
