@@ -327,23 +327,27 @@ fn main(ids: Ids) {
 const KW: u32 = 64u;
 const PK8: u32 = 9u;
 const PMN8: u32 = 17u;
+// Distance in the tile between an invocation's runs, and their K offsets (see `Runs`): fixed
+// by the layouts, so stores and bounds take immediate offsets instead of registers.
+const SIA: u32 = (1u - TA) * 16u * PK8 + TA * 8u * PMN8;
+const SIB: u32 = TB * 16u * PK8 + (1u - TB) * 8u * PMN8;
+const KIA: u32 = TA * 8u;
+const KIB: u32 = (1u - TB) * 8u;
 var<workgroup> As: array<vec4<f32>, 1152>;
 var<workgroup> Bs: array<vec4<f32>, 1152>;
 var<workgroup> Cst: array<array<f32, 4>, 512>;
 
 // Where an invocation's runs of one operand's tile are (see the section's header), for the
 // first step of its K range: in the buffer, g0 + i gi, then gk further each step; in the
-// tile, s0 + i si. Run i lies inside the matrix when bit i of `mask` is set and
-// k_lo + i k_i < the K left from the step's start.
+// tile, s0 + i SIA (SIB). Run i lies inside the matrix when bit i of `mask` is set and
+// k_lo + i KIA (KIB) < the K left from the step's start.
 struct Runs {
   g0: u32,
   gi: u32,
   gk: u32,
   s0: u32,
-  si: u32,
   mask: u32,
   k_lo: u32,
-  k_i: u32,
 }
 
 // The runs of an operand whose tile is `rows` x K (rows along M or N, starting at `r0`, of
@@ -359,13 +363,11 @@ fn runs(kfast: bool, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32
     o.gi = 2u * pr;
     o.gk = KW / 8u;
     o.s0 = r * PK8 + lid % 8u;
-    o.si = 16u * PK8;
     o.mask = 0u;
     //! unroll i in 0..8
     o.mask = o.mask | select(0u, 1u << $i, r0 + r + 16u * $i < extent);
     //! end
     o.k_lo = q;
-    o.k_i = 0u;
   } else {
     let r = lid / 16u;
     let q = (lid % 16u) * 8u;
@@ -373,10 +375,8 @@ fn runs(kfast: bool, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32
     o.gi = pk;
     o.gk = KW / 8u * pk;
     o.s0 = r * PMN8 + lid % 16u;
-    o.si = 8u * PMN8;
     o.mask = select(0u, 0xffu, r0 + q < extent);
     o.k_lo = r;
-    o.k_i = 8u;
   }
   return o;
 }
@@ -421,12 +421,12 @@ fn main(ids: Ids) {
   var gb = rb.g0;
   var left = kr.y - kr.x;
   //! unroll i in 0..8
-  let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * ra.k_i < left);
+  let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
   var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
-  let okb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * rb.k_i < left);
+  let okb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
   var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
-  As[ra.s0 + $i * ra.si] = xa$i;
-  Bs[rb.s0 + $i * rb.si] = xb$i;
+  As[ra.s0 + $i * SIA] = xa$i;
+  Bs[rb.s0 + $i * SIB] = xb$i;
   //! end
   workgroupBarrier();
 
@@ -436,12 +436,28 @@ fn main(ids: Ids) {
       ga = ga + ra.gk;
       gb = gb + rb.gk;
       left = left - KW;
-      //! unroll i in 0..8
-      let na$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * ra.k_i < left);
-      xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
-      let nb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * rb.k_i < left);
-      xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
-      //! end
+      // Runs wholly inside (every workgroup's but the edges' and a K range's last step)
+      // load without bounds or zeroing.
+      if (ra.mask == 0xffu && left >= KW) {
+        //! unroll i in 0..8
+        xa$i = a[ga + $i * ra.gi];
+        //! end
+      } else {
+        //! unroll i in 0..8
+        let na$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+        xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
+        //! end
+      }
+      if (rb.mask == 0xffu && left >= KW) {
+        //! unroll i in 0..8
+        xb$i = b[gb + $i * rb.gi];
+        //! end
+      } else {
+        //! unroll i in 0..8
+        let nb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+        xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
+        //! end
+      }
     }
     //! unroll s in 0..4
     //! unroll i in 0..4
@@ -458,8 +474,8 @@ fn main(ids: Ids) {
     workgroupBarrier();
     if (more) {
       //! unroll i in 0..8
-      As[ra.s0 + $i * ra.si] = xa$i;
-      Bs[rb.s0 + $i * rb.si] = xb$i;
+      As[ra.s0 + $i * SIA] = xa$i;
+      Bs[rb.s0 + $i * SIB] = xb$i;
       //! end
     }
     workgroupBarrier();
