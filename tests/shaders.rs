@@ -185,12 +185,13 @@ fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {
 }
 
 /// A `//! requires spirv` kernel through wgrad's own compilation: naga with wgpu's Vulkan
-/// options, then the operand retyping, which must find both carrier types (A and B); and,
+/// options, then the operand retyping, which must find both carrier types (A and B), and the
+/// loop controls; and,
 /// with `WGRAD_SPIRV_VAL` naming SPIRV-Tools' validator (2023 or later: older ones do not
 /// know cooperative matrices, Debian 12's among them), the result validated as Vulkan 1.3
 /// SPIR-V.
 fn own_spirv(src: &str, what: &str) {
-    use wgrad::kernels::spirv::{SpirvTarget, compile, f16_operands};
+    use wgrad::kernels::spirv::{SpirvTarget, compile, dont_unroll, f16_operands};
     let mut words = compile(
         src,
         SpirvTarget {
@@ -209,6 +210,8 @@ fn own_spirv(src: &str, what: &str) {
     );
     // Retyping twice finds nothing left to do.
     assert_eq!(f16_operands(&mut words).ok(), Some(0), "{what}");
+    let loops = dont_unroll(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(loops >= 1, "{what}: no loop marked");
     let Ok(val) = std::env::var("WGRAD_SPIRV_VAL") else {
         return;
     };

@@ -129,6 +129,7 @@ fn build(
         )
         .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
         spirv::f16_operands(&mut words)?;
+        spirv::dont_unroll(&mut words)?;
         Some(words)
     } else {
         None
@@ -154,9 +155,10 @@ fn build(
     };
     let module = match words {
         // SAFETY: the words are naga's output for WGSL that naga validated, compiled with
-        // the bounds checks wgpu itself would add (`spirv::compile`); the one rewrite after
-        // it changes the component type of operand matrices that carry f16 bits
-        // (`spirv::f16_operands`, whose precondition tests/shaders.rs checks per kernel).
+        // the bounds checks wgpu itself would add (`spirv::compile`); the rewrites after it
+        // change the component type of operand matrices that carry f16 bits
+        // (`spirv::f16_operands`, whose precondition tests/shaders.rs checks per kernel) and
+        // loop-unrolling hints (`spirv::dont_unroll`).
         Some(words) => unsafe {
             d.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                 label: Some(label),
