@@ -145,7 +145,7 @@ pub enum Config {
     /// Tensor-core kernel with double-buffered workgroup tiles, for f16 operands whose
     /// contiguous extents, pitches and offsets are multiples of 4 (matmul_tc.wgsl `main`).
     CoopTiled,
-    /// `CoopTiled` with 16-byte runs (matmul_tc.wgsl `wide`, compiled by wgrad:
+    /// `CoopTiled` with 16-byte runs (matmul_wide.wgsl, compiled by wgrad:
     /// `kernels::spirv`): contiguous extents, pitches and offsets multiples of 8, and an
     /// adapter that takes wgrad's SPIR-V (`Caps::spirv`).
     CoopWide,
@@ -651,8 +651,8 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
             vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         Config::CoopWide => (
-            Kernel::MatmulTc,
-            "wide",
+            Kernel::MatmulWide,
+            "main",
             vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         Config::CoopDirect => (

@@ -140,6 +140,10 @@ families! {
     /// in double-buffered workgroup memory, 64 x 64 per subgroup.
     MatmulTc => "matmul_tc.wgsl", matmul::MatmulParams, codes [matmul::Act::CODES],
         enables ["wgpu_cooperative_matrix"];
+    /// The tensor-core product from wgrad's own SPIR-V: f16 operands staged in 16-byte
+    /// runs, 128 x 128 tiles, 64 x 64 per subgroup (kernels/spirv.rs).
+    MatmulWide => "matmul_wide.wgsl", matmul::MatmulParams, codes [matmul::Act::CODES],
+        enables ["wgpu_cooperative_matrix"];
     /// im2col / col2im for convolution; max and average pooling.
     Conv => "conv.wgsl", conv::ConvParams, codes [], enables [];
     /// Fused scaled dot-product attention (flash style), forward and backward.

@@ -1,0 +1,266 @@
+// matmul_wide.wgsl: C[b] = act(op(A)[b] x op(B)[b] + bias) on cooperative matrices (tensor
+// cores), the fast path for f16 products on adapters that take wgrad's own SPIR-V
+// (kernels/spirv.rs; `Caps::spirv`): same parameters, batching, split-K and fused epilogue as
+// matmul_tc.wgsl (MatmulParams), whose `main` and `direct` serve the other adapters. A
+// workgroup of 4 subgroups (WG = 128, subgroup size 32) computes a 128 x 128 tile of C; each
+// subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32.
+//
+// 16-byte runs: 8 halves an element, carried as vec4<f32> (bits moved, never computed on)
+// from the buffers through registers into workgroup memory, and fragments loaded as
+// coop_mat16x16<f32, A / B>, which kernels/spirv.rs retypes to f16: one 16-byte load and
+// store per run and fragment loads through 16-byte aligned rows (ldmatrix; see the header).
+// The 128 x 128 tile and the epilogue are `main`'s; K goes in steps of KW = 64 through one
+// buffer per operand: each invocation loads its 8 runs of A and 8 of B for the next step
+// into registers before the current step's products and stores them after (two barriers a
+// step).
+//
+// Addressing is worked out once: an invocation's runs of an operand differ by a fixed
+// number of rows, so run i of a step is at g0 + i gi + step gk (in runs) and goes to
+// s0 + i si in the tile, and whether it is inside the matrix is a bit of a mask (rows past
+// M or N) and one comparison with the K left. Computed per load, as in `main`, the
+// address and bounds arithmetic outnumbered the products 4 to 1 in the NVIDIA driver's
+// machine code of the loop, which ran at 122 TFLOP/s on an H100 where its products alone,
+// with their fragment loads, ran at 391-419 (measured by leaving parts out).
+//
+// Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows 128 + 8, so the 8
+// rows of 16 bytes a fragment load reads at once fall in distinct banks.
+//
+// Bounds: runs are wholly inside or outside the matrix (contiguous extents, pitches and
+// offsets multiples of 8, checked by the host); runs outside load as zero and add nothing;
+// outputs past M or N are not stored.
+//
+// Loops (per invocation): 1 per 64 of K, plus 16 in the epilogue.
+
+alias Params = MatmulParams;
+
+const BM: u32 = 128u;
+const BN: u32 = 128u;
+
+//! entry main(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
+//! requires spirv
+//! check WG=128 TA=0 TB=0 FUSE=0,5
+//! check WG=128 TA=0 TB=1 FUSE=0,5
+//! check WG=128 TA=1 TB=0 FUSE=0,5
+//! check WG=128 TA=1 TB=1 FUSE=0,5
+const KW: u32 = 64u;
+const PK8: u32 = 9u;
+const PMN8: u32 = 17u;
+// Distance in the tile between an invocation's runs, and their K offsets (see `Runs`): fixed
+// by the layouts, so stores and bounds take immediate offsets instead of registers.
+const SIA: u32 = (1u - TA) * 16u * PK8 + TA * 8u * PMN8;
+const SIB: u32 = TB * 16u * PK8 + (1u - TB) * 8u * PMN8;
+const KIA: u32 = TA * 8u;
+const KIB: u32 = (1u - TB) * 8u;
+// A's tile, then B's at TB8; after the last step, the epilogue's staging (`write_half`).
+const TB8: u32 = 1152u;
+var<workgroup> Ts: array<vec4<f32>, 2304>;
+
+// Where an invocation's runs of one operand's tile are (see the section's header), for the
+// first step of its K range: in the buffer, g0 + i gi, then gk further each step; in the
+// tile, s0 + i SIA (SIB). Run i lies inside the matrix when bit i of `mask` is set and
+// k_lo + i KIA (KIB) < the K left from the step's start.
+struct Runs {
+  g0: u32,
+  gi: u32,
+  gk: u32,
+  s0: u32,
+  mask: u32,
+  k_lo: u32,
+}
+
+// The runs of an operand whose tile is `rows` x K (rows along M or N, starting at `r0`, of
+// `extent`) at `base` with row pitch `pr` and K pitch `pk`; k-fast when `kfast`. Run v =
+// lid + 128 i: a k-fast tile has 8 runs a row (rows lid / 8 + 16 i), an m- or n-fast one 16
+// runs a K row (K rows lid / 16 + 8 i).
+fn runs(kfast: bool, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
+  var o: Runs;
+  if (kfast) {
+    let r = lid / 8u;
+    let q = (lid % 8u) * 8u;
+    o.g0 = (base + (r0 + r) * pr + k0 + q) / 8u;
+    o.gi = 2u * pr;
+    o.gk = KW / 8u;
+    o.s0 = r * PK8 + lid % 8u;
+    o.mask = 0u;
+    //! unroll i in 0..8
+    o.mask = o.mask | select(0u, 1u << $i, r0 + r + 16u * $i < extent);
+    //! end
+    o.k_lo = q;
+  } else {
+    let r = lid / 16u;
+    let q = (lid % 16u) * 8u;
+    o.g0 = (base + (k0 + r) * pk + r0 + q) / 8u;
+    o.gi = pk;
+    o.gk = KW / 8u * pk;
+    o.s0 = r * PMN8 + lid % 16u;
+    o.mask = select(0u, 0xffu, r0 + q < extent);
+    o.k_lo = r;
+  }
+  return o;
+}
+
+// Epilogue staging: a subgroup's 64 x 32 half of its outputs as rows of PO = 9 runs of 4
+// f32 (8 used; the ninth staggers the rows across banks), HALF runs a subgroup.
+const PO: u32 = 9u;
+const HALF: u32 = 576u;
+
+// Writes the 64 x 32 outputs subgroup `sg` staged, whose top-left is (gm0, gn0): bias,
+// activation and C's dtype (common.wgsl `matmul_fused`), 4 outputs a lane and store as in
+// `write_strip`. Strips of two accumulators through an 8 KiB buffer, as `main` writes them,
+// took 16 barriers a workgroup; this takes 3.
+//
+// A lane's 4 columns are the same for all its 16 rows, so a bias along N is read once, not
+// once an output (FUSE's bias with bias_rows, a convolution's channels, is read per row).
+fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, bb: u32) {
+  let whole = (p.n % 4u == 0u) & (p.c_off % 4u == 0u);
+  let c = (lane % 8u) * 4u;
+  let gn = gn0 + c;
+  let col_bias = ((FUSE & 1u) != 0u) & (p.bias_rows == 0u);
+  var b4 = vec4<f32>(0.0);
+  if (col_bias) {
+    for (var j = 0u; j < 4u; j = j + 1u) {
+      if (gn + j < p.n) { b4[j] = ld_bias(bb + gn + j); }
+    }
+  }
+  let row_bias = ((FUSE & 1u) != 0u) & !col_bias;
+  let act = FUSE >> 1u;
+  for (var e = lane; e < 512u; e = e + 32u) {
+    let r = e / 8u;
+    let gm = gm0 + r;
+    if (gm < p.m && gn < p.n) {
+      let x = Ts[sg * HALF + r * PO + c / 4u] + b4;
+      let at = c_base + gm * p.n + gn;
+      if (whole) {
+        let v = vec4<f32>(
+          matmul_apply(x.x, gm, gn, bb, row_bias, act),
+          matmul_apply(x.y, gm, gn + 1u, bb, row_bias, act),
+          matmul_apply(x.z, gm, gn + 2u, bb, row_bias, act),
+          matmul_apply(x.w, gm, gn + 3u, bb, row_bias, act),
+        );
+        st4_c(at / 4u, v);
+      } else {
+        for (var j = 0u; j < 4u && gn + j < p.n; j = j + 1u) {
+          st_c(at + j, matmul_apply(x[j], gm, gn + j, bb, row_bias, act));
+        }
+      }
+    }
+  }
+}
+
+// Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile.
+fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f32, A> {
+  if (TA == 0u) { return coopLoadT<coop_mat16x16<f32, A>>(&Ts[r * PK8 + kk / 8u], PK8); }
+  return coopLoad<coop_mat16x16<f32, A>>(&Ts[kk * PMN8 + r / 8u], PMN8);
+}
+
+// Fragment of op(B): rows kk.. kk+15, columns q.. q+15.
+fn frag_b(kk: u32, q: u32) -> coop_mat16x16<f32, B> {
+  if (TB == 0u) { return coopLoadT<coop_mat16x16<f32, B>>(&Ts[TB8 + kk * PMN8 + q / 8u], PMN8); }
+  return coopLoad<coop_mat16x16<f32, B>>(&Ts[TB8 + q * PK8 + kk / 8u], PK8);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lid = ids.lid;
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let bt = ids.wid.z % p.batch;
+  let bb = matmul_bias_base(bt);
+  let kr = matmul_krange(ids.wid.z);
+  let m0 = ids.wid.y * BM;
+  let n0 = ids.wid.x * BN;
+  let wr = (sg / 2u) * 64u;
+  let wc = (sg % 2u) * 64u;
+  let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
+  let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
+  let ra = runs(TA == 0u, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
+  let rb = runs(TB == 1u, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
+
+  //! unroll i in 0..4
+  //! unroll j in 0..4
+  var c$i$j = coop_mat16x16<f32, C>();
+  //! end
+  //! end
+
+  // The first step's tiles: 1024 runs of A and 1024 of B, 8 each an invocation.
+  var ga = ra.g0;
+  var gb = rb.g0;
+  var left = kr.y - kr.x;
+  //! unroll i in 0..8
+  let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+  var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
+  let okb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+  var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
+  Ts[ra.s0 + $i * SIA] = xa$i;
+  Ts[TB8 + rb.s0 + $i * SIB] = xb$i;
+  //! end
+  workgroupBarrier();
+
+  for (var k0 = kr.x; k0 < kr.y; k0 = k0 + KW) {
+    let more = k0 + KW < kr.y;
+    if (more) {
+      ga = ga + ra.gk;
+      gb = gb + rb.gk;
+      left = left - KW;
+      // Runs wholly inside (every workgroup's but the edges' and a K range's last step)
+      // load without bounds or zeroing.
+      if (ra.mask == 0xffu && left >= KW) {
+        //! unroll i in 0..8
+        xa$i = a[ga + $i * ra.gi];
+        //! end
+      } else {
+        //! unroll i in 0..8
+        let na$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+        xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
+        //! end
+      }
+      if (rb.mask == 0xffu && left >= KW) {
+        //! unroll i in 0..8
+        xb$i = b[gb + $i * rb.gi];
+        //! end
+      } else {
+        //! unroll i in 0..8
+        let nb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+        xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
+        //! end
+      }
+    }
+    //! unroll s in 0..4
+    //! unroll i in 0..4
+    let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
+    let b$s$i = frag_b($s * 16u, wc + $i * 16u);
+    //! end
+    //! unroll i in 0..4
+    //! unroll j in 0..4
+    c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j);
+    //! end
+    //! end
+    //! end
+    // `more` is the same for the whole workgroup: the barriers stay uniform.
+    workgroupBarrier();
+    if (more) {
+      //! unroll i in 0..8
+      Ts[ra.s0 + $i * SIA] = xa$i;
+      Ts[TB8 + rb.s0 + $i * SIB] = xb$i;
+      //! end
+    }
+    workgroupBarrier();
+  }
+
+  // The loop ended with a barrier: every subgroup is done with the tiles, which now stage
+  // the output, each subgroup's 64 x 32 halves in turn.
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  //! unroll i in 0..4
+  coopStoreT(c$i0u, &Ts[sg * HALF + $i * 16u * PO], PO);
+  coopStoreT(c$i1u, &Ts[sg * HALF + $i * 16u * PO + 4u], PO);
+  //! end
+  workgroupBarrier();
+  write_half(sg, lane, c_base, m0 + wr, n0 + wc, bb);
+  workgroupBarrier();
+  //! unroll i in 0..4
+  coopStoreT(c$i2u, &Ts[sg * HALF + $i * 16u * PO], PO);
+  coopStoreT(c$i3u, &Ts[sg * HALF + $i * 16u * PO + 4u], PO);
+  //! end
+  workgroupBarrier();
+  write_half(sg, lane, c_base, m0 + wr, n0 + wc + 32u, bb);
+}
