@@ -1,35 +1,45 @@
 // matmul_wide.wgsl: C[b] = act(op(A)[b] x op(B)[b] + bias) on cooperative matrices (tensor
-// cores), the fast path for f16 products on adapters that take wgrad's own SPIR-V
-// (kernels/spirv.rs; `Caps::spirv`): same parameters, batching, split-K and fused epilogue as
-// matmul_tc.wgsl (MatmulParams), whose `main` and `direct` serve the other adapters. A
-// workgroup of 4 subgroups (WG = 128, subgroup size 32) computes a 128 x 128 tile of C; each
-// subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32.
+// cores): the f16 product on adapters that take wgrad's own SPIR-V (kernels/spirv.rs,
+// `Caps::spirv`), with the parameters, batching, split-K and fused epilogue of
+// matmul_tc.wgsl (MatmulParams), whose `main` and `direct` serve other adapters and layouts.
+// A workgroup of 4 subgroups (WG = 128, subgroup size 32) computes a 128 x 128 tile of C;
+// each subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32.
 //
-// 16-byte runs: 8 halves an element, carried as vec4<f32> (bits moved, never computed on)
-// from the buffers through registers into workgroup memory, and fragments loaded as
-// coop_mat16x16<f32, A / B>, which kernels/spirv.rs retypes to f16: one 16-byte load and
-// store per run and fragment loads through 16-byte aligned rows (ldmatrix; see the header).
-// The 128 x 128 tile and the epilogue are `main`'s; K goes in steps of KW = 64 through one
-// buffer per operand: each invocation loads its 8 runs of A and 8 of B for the next step
-// into registers before the current step's products and stores them after (two barriers a
-// step).
+// 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
+// computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
+// and fragments loaded as coop_mat16x16<f32, A / B> through 16-byte elements, types that
+// kernels/spirv.rs turns into f16 fragments. WGSL alone allows at most 8-byte elements
+// under a fragment load; with 16-byte ones NVIDIA's driver reads fragments with ldmatrix.
 //
-// Addressing is worked out once: an invocation's runs of an operand differ by a fixed
-// number of rows, so run i of a step is at g0 + i gi + step gk (in runs) and goes to
-// s0 + i si in the tile, and whether it is inside the matrix is a bit of a mask (rows past
-// M or N) and one comparison with the K left. Computed per load, as in `main`, the
-// address and bounds arithmetic outnumbered the products 4 to 1 in the NVIDIA driver's
-// machine code of the loop, which ran at 122 TFLOP/s on an H100 where its products alone,
-// with their fragment loads, ran at 391-419 (measured by leaving parts out).
+// Steps. K goes in steps of KW = 64 through one buffer per operand: each invocation loads its
+// 8 runs of A and 8 of B for the next step into registers before the current step's products
+// and stores them after (two barriers a step). Double-buffered steps of 32 (one barrier a
+// step, 48 KiB) ran 20% slower on an H100.
+//
+// Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
+// rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
+// (SIB) in the tile, with SIA, SIB constants of the layout; it is inside the matrix when
+// bit i of a row mask is set and its K offset is below the K left. An invocation whose runs
+// are all inside loads them without selects. Computed per load (as `main` does), the address and bounds
+// arithmetic outnumbered the products 4 to 1 in the driver's machine code of the loop.
+//
+// What was measured on an H100 (BENCHMARKS.md, 2026-11-24): the products alone, with their
+// fragments loaded once, ran at 513 TFLOP/s and with their fragment loads at 391-419; the
+// first version of this kernel at 122; per-load addressing hoisted 143, constant strides and
+// the bounds-free path 205-211, the loop kept rolled (the driver had unrolled it 8 times and
+// spilled) 235, this epilogue 241.
 //
 // Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows 128 + 8, so the 8
 // rows of 16 bytes a fragment load reads at once fall in distinct banks.
+//
+// Epilogue: see `write_half`; the tiles' memory stages the outputs once the loop is done.
 //
 // Bounds: runs are wholly inside or outside the matrix (contiguous extents, pitches and
 // offsets multiples of 8, checked by the host); runs outside load as zero and add nothing;
 // outputs past M or N are not stored.
 //
-// Loops (per invocation): 1 per 64 of K, plus 16 in the epilogue.
+// Loops (per invocation): 1 per 64 of K, plus 40 in the epilogue (two halves of 16 stores
+// and 4 bias reads).
 
 alias Params = MatmulParams;
 
@@ -55,7 +65,7 @@ const KIB: u32 = (1u - TB) * 8u;
 const TB8: u32 = 1152u;
 var<workgroup> Ts: array<vec4<f32>, 2304>;
 
-// Where an invocation's runs of one operand's tile are (see the section's header), for the
+// Where an invocation's runs of one operand's tile are (see the header), for the
 // first step of its K range: in the buffer, g0 + i gi, then gk further each step; in the
 // tile, s0 + i SIA (SIB). Run i lies inside the matrix when bit i of `mask` is set and
 // k_lo + i KIA (KIB) < the K left from the step's start.
@@ -105,9 +115,10 @@ const PO: u32 = 9u;
 const HALF: u32 = 576u;
 
 // Writes the 64 x 32 outputs subgroup `sg` staged, whose top-left is (gm0, gn0): bias,
-// activation and C's dtype (common.wgsl `matmul_fused`), 4 outputs a lane and store as in
-// `write_strip`. Strips of two accumulators through an 8 KiB buffer, as `main` writes them,
-// took 16 barriers a workgroup; this takes 3.
+// activation (FUSE, as common.wgsl `matmul_fused`) and C's dtype, 4 outputs a lane and
+// store, stored as one vec4 where N and C's offset allow. Strips of two accumulators through
+// an 8 KiB buffer (matmul_tc.wgsl `write_strip`) took 16 barriers a workgroup; this takes 3,
+// and ran the GPT's K = 384 products 13-18% faster on an H100.
 //
 // A lane's 4 columns are the same for all its 16 rows, so a bias along N is read once, not
 // once an output (FUSE's bias with bias_rows, a convolution's channels, is read per row).

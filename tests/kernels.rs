@@ -409,8 +409,9 @@ fn matmul_tensor_core_tiles() {
         matmul_case(&dev, &mut rng, dt, (130, 127, 64), false, true, false, None);
         // Few output tiles and a long K: split into partial products on a GPU (to occupy
         // it), summed with the bias and activation in the splitk pass. The second pair is
-        // large enough for the tensor-core kernels (`main` for x W^T's layout, `direct` for
-        // g^T x's), whose split-K partials are f32 runs of 4.
+        // large enough for the tensor-core kernels (`wide` for both layouts where the adapter
+        // takes wgrad's SPIR-V; else `main` for x W^T's, `direct` for g^T x's), whose split-K
+        // partials are f32 runs of 4.
         for (ta, tb) in [(false, true), (true, false)] {
             let act = Some(Activation::Relu);
             matmul_case(&dev, &mut rng, dt, (48, 40, 4160), ta, tb, true, act);

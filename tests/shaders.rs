@@ -137,8 +137,8 @@ fn every_entry_point_validates() {
                             spirv(&module, &info, &what);
                             workgroup_sizes_aligned(&module, &what);
                         }
-                        if sig.spirv {
-                            own_spirv(&src, &what);
+                        if sig.spirv || sig.prefers_spirv {
+                            own_spirv(&src, t, coop, sig.spirv, &what);
                         }
                         count += 1;
                     }
@@ -184,29 +184,32 @@ fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {
     assert!(words.len() > 100);
 }
 
-/// A `//! requires spirv` kernel through wgrad's own compilation: naga with wgpu's Vulkan
-/// options, then the operand retyping, which must find both carrier types (A and B), and the
-/// loop controls; and,
+/// A `//! requires spirv` or `//! prefers spirv` kernel through wgrad's own compilation:
+/// naga with wgpu's Vulkan options, then the operand retyping, which must find both carrier
+/// types (A and B) in the first and none in the second, and the loop controls; and,
 /// with `WGRAD_SPIRV_VAL` naming SPIRV-Tools' validator (2023 or later: older ones do not
 /// know cooperative matrices, Debian 12's among them), the result validated as Vulkan 1.3
 /// SPIR-V.
-fn own_spirv(src: &str, what: &str) {
+fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, what: &str) {
     use wgrad::kernels::spirv::{SpirvTarget, compile, dont_unroll, f16_operands};
     let mut words = compile(
         src,
         SpirvTarget {
-            f16: true,
-            subgroups: true,
-            coop: true,
+            f16: t.f16 == F16Mode::Native,
+            subgroups: t.subgroups,
+            coop,
             bounds_checks: true,
             full_checks: false,
         },
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     let changed = f16_operands(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
+    // A `requires spirv` kernel carries both operands as f32 matrices; a `prefers spirv`
+    // one has none.
+    let want = if carriers { 2 } else { 0 };
     assert_eq!(
-        changed, 2,
-        "{what}: retyped {changed} operand matrix types, not A and B"
+        changed, want,
+        "{what}: retyped {changed} operand matrix types"
     );
     // Retyping twice finds nothing left to do.
     assert_eq!(f16_operands(&mut words).ok(), Some(0), "{what}");

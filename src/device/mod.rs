@@ -50,8 +50,8 @@ pub struct Caps {
     /// 16x16x16 f16 -> f32 cooperative matrices (tensor cores).
     pub coop_matrix_16: bool,
     /// SPIR-V that wgrad compiles itself goes to the driver as is (Vulkan's
-    /// PASSTHROUGH_SHADERS): kernels whose operand staging WGSL cannot express
-    /// (`kernels::spirv`).
+    /// PASSTHROUGH_SHADERS): the tensor-core product whose operand staging WGSL cannot
+    /// express, and kernels that run faster with their loops kept rolled (`kernels::spirv`).
     pub spirv: bool,
     /// Largest storage binding (and page), bytes.
     pub max_binding: u64,
@@ -301,9 +301,8 @@ impl Device {
         if !coop_16 {
             want.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         }
-        // Only Vulkan takes SPIR-V, and only the tensor-core kernels need it.
-        let spirv = coop_16
-            && ainfo.backend == wgpu::Backend::Vulkan
+        // Only Vulkan takes SPIR-V as is (lavapipe too, so CI runs wgrad's own SPIR-V).
+        let spirv = ainfo.backend == wgpu::Backend::Vulkan
             && have.contains(wgpu::Features::PASSTHROUGH_SHADERS)
             && !opts.disable_spirv;
         if spirv {

@@ -147,6 +147,9 @@ pub struct EntrySig {
     /// A `//! requires spirv` line: the entry is compiled by wgrad and its f32 operand
     /// matrices retyped to f16 (`kernels::spirv`); only adapters with `Caps::spirv` build it.
     pub spirv: bool,
+    /// A `//! prefers spirv` line: compiled by wgrad (`kernels::spirv`, loops kept rolled)
+    /// where the adapter takes its SPIR-V, by wgpu elsewhere.
+    pub prefers_spirv: bool,
 }
 
 impl EntrySig {
@@ -217,6 +220,7 @@ const ENTRY: &str = "//! entry ";
 const CHECK: &str = "//! check ";
 const NEEDS_SUBGROUPS: &str = "//! requires subgroups";
 const NEEDS_SPIRV: &str = "//! requires spirv";
+const PREFERS_SPIRV: &str = "//! prefers spirv";
 
 /// Parses the signature line `name(b: kind [mut], ...)`.
 fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), String> {
@@ -282,6 +286,7 @@ pub fn parse_entries(source: &'static str) -> Result<Vec<EntrySig>, String> {
                 checks: Vec::new(),
                 subgroups: false,
                 spirv: false,
+                prefers_spirv: false,
             });
         } else if line.trim_end() == NEEDS_SUBGROUPS {
             let Some(e) = out.last_mut() else {
@@ -293,6 +298,11 @@ pub fn parse_entries(source: &'static str) -> Result<Vec<EntrySig>, String> {
                 return Err(format!("requires line before any entry: {line:?}"));
             };
             e.spirv = true;
+        } else if line.trim_end() == PREFERS_SPIRV {
+            let Some(e) = out.last_mut() else {
+                return Err(format!("prefers line before any entry: {line:?}"));
+            };
+            e.prefers_spirv = true;
         } else if let Some(check) = line.strip_prefix(CHECK) {
             let Some(e) = out.last_mut() else {
                 return Err(format!("check line before any entry: {line:?}"));

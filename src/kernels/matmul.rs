@@ -394,10 +394,10 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         config = Config::Coop;
     }
     if config == Config::Coop && tiled_ok {
-        // Measured on an H100 (BENCHMARKS.md, 2026-11-24): `wide` ran as fast as `direct`
-        // or faster on every shape and layout but one (16384 x 1536 x 384, 4% slower), and
-        // 1.2-1.3x `main`. Without it, `direct` where B is contiguous along N: on an H200 it
-        // ran 10-15% faster than `main` there, 15% slower where B is contiguous along K.
+        // Measured on an H100 (BENCHMARKS.md, 2026-11-24): `wide` ran 1.7-2.2x `main` and
+        // `direct` on the GPT's shapes and 2x at 4096^3, in every layout. Without it,
+        // `direct` where B is contiguous along N: on an H200 it ran 10-15% faster than
+        // `main` there, 15% slower where B is contiguous along K.
         config = if wide_ok {
             Config::CoopWide
         } else if !tb && direct_ok {

@@ -91,7 +91,8 @@ pub(crate) fn get(
         let name = format!("{n:03}_{:?}_{}.wgsl", key.kernel, key.entry);
         let _ = std::fs::write(std::path::Path::new(&dir).join(name), &src);
     }
-    let own_spirv = key.kernel.entry(key.entry)?.spirv;
+    let sig = key.kernel.entry(key.entry)?;
+    let own_spirv = sig.spirv || (sig.prefers_spirv && dev.caps().spirv);
     let p = Arc::new(build(dev, &label, n_storage, &src, own_spirv)?);
     c.map
         .lock()

@@ -21,6 +21,10 @@
 //! The rewrite relies on a rule the kernels keep and `tests/shaders.rs` checks for each of
 //! them: f32 A and B matrices appear nowhere else (an f32 accumulator, role C, is a
 //! separate type and stays f32).
+//!
+//! An entry that `//! prefers spirv` is compiled the same way where the adapter allows and by
+//! wgpu elsewhere: for kernels that run faster with their loops kept rolled (`reg`, the f32
+//! product). Every Vulkan adapter takes it, lavapipe included, so CI runs this path.
 
 use crate::error::{Error, Result};
 
@@ -106,6 +110,7 @@ pub fn compile(src: &str, t: SpirvTarget) -> Result<Vec<u32>> {
 
 const OP_TYPE_FLOAT: u32 = 22;
 const OP_TYPE_COOP_MATRIX: u32 = 4456;
+const OP_CONSTANT: u32 = 43;
 /// `Use` operand of OpTypeCooperativeMatrixKHR: MatrixAKHR = 0, MatrixBKHR = 1.
 const USE_A: u32 = 0;
 const USE_B: u32 = 1;
@@ -156,10 +161,11 @@ pub fn dont_unroll(words: &mut [u32]) -> Result<usize> {
 /// type to give them.
 pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
     let insts = instructions(words)?;
+    // (`instructions` checked that every instruction's words are inside the module.)
     let float = |width: u32| {
         insts.iter().find_map(|&(op, at)| {
             (op == OP_TYPE_FLOAT && words[at] >> 16 >= 3 && words[at + 2] == width)
-                .then_some(words[at + 1])
+                .then(|| words[at + 1])
         })
     };
     let (Some(f32_id), f16_id) = (float(32), float(16)) else {
@@ -174,7 +180,8 @@ pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
         // Use is an id of a constant: find its value.
         let use_id = words[at + 6];
         let value = insts.iter().find_map(|&(o, a)| {
-            (o == 43 && words[a] >> 16 == 4 && words[a + 2] == use_id).then_some(words[a + 3])
+            (o == OP_CONSTANT && words[a] >> 16 == 4 && words[a + 2] == use_id)
+                .then(|| words[a + 3])
         });
         if matches!(value, Some(USE_A | USE_B)) {
             let f16 = f16_id.ok_or_else(|| {
