@@ -15,6 +15,9 @@
 //! `check` lines list the compile-time constants the entry is built with (`WG` is the
 //! workgroup size; a comma gives several values); the validation test composes each, and a
 //! launch must use the constant names of one of them. The section defines `fn main(ids: Ids)`.
+//! A `//! requires spirv` or `//! prefers spirv` line sends the entry through wgrad's own
+//! SPIR-V compilation (`kernels::spirv`); such kernels may bind an operand as `raw16`, an
+//! `array<vec4<f32>>` of raw bits whatever its dtype.
 //!
 //! Kernels never declare their storage bindings themselves: the prelude does, from the
 //! signature and the launch's dtypes, and gives each binding `x` accessors that hide its
