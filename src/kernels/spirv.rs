@@ -1,5 +1,5 @@
-//! Kernels compiled to SPIR-V by wgrad itself, for the one thing their WGSL cannot say:
-//! f16 operand tiles staged in workgroup memory as 16-byte runs.
+//! Kernels compiled to SPIR-V by wgrad itself, for two things their WGSL cannot say: f16
+//! operand tiles staged in workgroup memory as 16-byte runs, and loops to be kept rolled.
 //!
 //! A tensor-core kernel stages tiles of its f16 operands in workgroup memory and reads them
 //! back with cooperative loads. WGSL (naga) types a cooperative load by its pointer: an f16
@@ -18,9 +18,11 @@
 //! driver's unrolling spilled registers). wgpu hands the result to the driver unchanged
 //! (`PASSTHROUGH_SHADERS`, Vulkan only; `Caps::spirv`).
 //!
-//! The rewrite relies on a rule the kernels keep and `tests/shaders.rs` checks for each of
-//! them: f32 A and B matrices appear nowhere else (an f32 accumulator, role C, is a
-//! separate type and stays f32).
+//! The retyping relies on a rule such kernels keep: f32 A and B matrices serve only as
+//! carriers (an f32 accumulator, role C, is a separate type and stays f32). `tests/shaders.rs`
+//! compiles every composition and checks that exactly those two types change, and that
+//! nothing changes in a kernel that only `prefers spirv`; the f64-reference tests of the
+//! products (tests/kernels.rs) check the results on GPUs that run them.
 //!
 //! An entry that `//! prefers spirv` is compiled the same way where the adapter allows and by
 //! wgpu elsewhere: for kernels that run faster with their loops kept rolled (`reg`, the f32
@@ -45,7 +47,9 @@ pub struct SpirvTarget {
 
 /// WGSL to SPIR-V words with naga, as wgpu's Vulkan backend would compile it with wgrad's
 /// runtime checks (by default bounds checks on, loop bounding and division checks off; see
-/// `ShaderChecks`) and workgroup memory not zeroed.
+/// `ShaderChecks`) and workgroup memory not zeroed. Buffer indices are clamped here even
+/// where wgpu would leave them to the driver's robust buffer access: wgrad cannot ask which
+/// robustness a device was opened with.
 pub fn compile(src: &str, t: SpirvTarget) -> Result<Vec<u32>> {
     use naga::back::spv;
     use naga::valid::Capabilities as C;
