@@ -394,8 +394,8 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         config = Config::Coop;
     }
     if config == Config::Coop && tiled_ok {
-        // Measured on an H100 (BENCHMARKS.md, 2026-11-24): `wide` ran 1.7-2.2x `main` and
-        // `direct` on the GPT's shapes and 2x at 4096^3, in every layout. Without it,
+        // Measured on an H100 (BENCHMARKS.md, 2026-11-24): `wide` ran 1.5-2.4x `main` and
+        // `direct` on the GPT's shapes and 2.1-2.9x at 4096^3, in every layout. Without it,
         // `direct` where B is contiguous along N: on an H200 it ran 10-15% faster than
         // `main` there, 15% slower where B is contiguous along K.
         config = if wide_ok {
