@@ -45,7 +45,10 @@
 // longer on the GPT's forward products. All subgroups flush the same number of strips, so
 // the workgroup barriers around each are reached uniformly.
 //
-// Loops (per invocation): 1 per 32 of K (16 for `direct`), plus 32 in the epilogue.
+// Loops (per invocation): 1 per 32 of K (16 for `direct`), plus the epilogue's: a strip
+// takes one iteration per run a lane stores and one to leave, and up to 5 more a run where
+// N is not a multiple of 4 (outputs stored one by one): up to 200 for `main`'s 8 strips of
+// two, 208 for `direct`'s 16 of one (matmul.rs `Config::kchunk` keeps 256).
 
 alias Params = MatmulParams;
 

@@ -38,8 +38,9 @@
 // offsets multiples of 8, checked by the host); runs outside load as zero and add nothing;
 // outputs past M or N are not stored.
 //
-// Loops (per invocation): 1 per 64 of K, plus 40 in the epilogue (two halves of 16 stores
-// and 4 bias reads).
+// Loops (per invocation): 1 per 64 of K, plus up to 204 in the epilogue: per half 17 for a
+// lane's 16 output rows, up to 5 more a row where N is not a multiple of 4 (outputs stored one
+// by one), and 5 for the bias (matmul.rs `Config::kchunk` keeps 256).
 
 alias Params = MatmulParams;
 

@@ -174,7 +174,13 @@ impl Config {
     /// loop counts), a multiple of the kernel's K step.
     pub fn kchunk(self) -> usize {
         // Counted loop iterations per K step, and the step; 100 iterations are kept for the
-        // epilogue.
+        // epilogue, 256 for the tensor-core kernels' (up to 25 a strip in matmul_tc.wgsl,
+        // whose `main` writes 8 strips, and up to 102 a half in matmul_wide.wgsl, where N is
+        // not a multiple of 4 and outputs are stored one by one).
+        let reserve = match self {
+            Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 256,
+            _ => 100,
+        };
         let (per_step, step) = match self {
             Config::CoopTiled => (1, 32),
             Config::CoopWide => (1, 64),
@@ -193,7 +199,7 @@ impl Config {
             // the rare blocks across an edge) counted too.
             Config::Reg => (REG_BK + 2 + 8, REG_BK),
         };
-        ((LOOP_BUDGET - 100) / per_step as usize) * step as usize
+        ((LOOP_BUDGET - reserve) / per_step as usize) * step as usize
     }
 
     fn wg(self) -> u32 {
