@@ -93,7 +93,8 @@ pub struct DeviceOptions {
     /// Do not use cooperative matrices even if present.
     pub disable_coop_matrix: bool,
     /// Do not hand wgrad-compiled SPIR-V to the driver (wgpu's PASSTHROUGH_SHADERS): the
-    /// kernels that need it are then not used (`WGRAD_DISABLE=spirv`).
+    /// kernels that need it are then not used, and those that prefer it are compiled by
+    /// wgpu (`WGRAD_DISABLE=spirv`).
     pub disable_spirv: bool,
 }
 
