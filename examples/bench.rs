@@ -382,8 +382,9 @@ fn main() -> Result<()> {
                     Config::Reg => "matmul (tiled 128x128, 8x8 a thread)".to_string(),
                 };
                 // Where `reg` runs, the 64 x 64 tiles it replaced, timed beside it; where
-                // the tensor cores run, each of their two kernels (`main` stages tiles in
-                // workgroup memory, `direct` loads fragments from the buffers) on each layout.
+                // the tensor cores run, each of their kernels (`main` stages tiles in
+                // workgroup memory, `wide` stages them in 16-byte runs through wgrad's own
+                // SPIR-V, `direct` loads fragments from the buffers) on each layout.
                 let plain = plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false));
                 let tc = matches!(
                     plain,

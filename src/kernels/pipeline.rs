@@ -118,20 +118,23 @@ fn build(
             )));
         }
         let checks = dev.inner.shader_checks;
-        let mut words = spirv::compile(
-            src,
-            spirv::SpirvTarget {
-                f16: c.f16,
-                subgroups: c.subgroups,
-                coop: c.coop_matrix_16,
-                bounds_checks: checks != ShaderChecks::None,
-                full_checks: checks == ShaderChecks::Full,
-            },
-        )
-        .map_err(|e| Error::Internal(format!("{label}: {e}")))?;
-        spirv::f16_operands(&mut words)?;
-        spirv::dont_unroll(&mut words)?;
-        Some(words)
+        let target = spirv::SpirvTarget {
+            f16: c.f16,
+            subgroups: c.subgroups,
+            coop: c.coop_matrix_16,
+            bounds_checks: checks != ShaderChecks::None,
+            full_checks: checks == ShaderChecks::Full,
+        };
+        let words = spirv::compile(src, target).and_then(|mut w| {
+            spirv::f16_operands(&mut w)?;
+            spirv::dont_unroll(&mut w)?;
+            Ok(w)
+        });
+        // The kernel's name in the message, once.
+        Some(words.map_err(|e| match e {
+            Error::Internal(m) => Error::Internal(format!("{label}: {m}")),
+            e => e,
+        })?)
     } else {
         None
     };
