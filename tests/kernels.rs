@@ -494,7 +494,8 @@ fn matmul_register_tiles() {
     // still apply: 130 x 129 is no whole number of 16 x 16 tiles for `direct`).
     assert!(forced(Config::Coop, || ()).is_err());
     // (136 x 72 x 88 suits all three: runs of 8 for `wide`, whole 16 x 16 tiles for `direct`,
-    // partial 128 x 128 tiles and a partial 32-wide K step.)
+    // partial 128 x 128 tiles, and a partial last K step: 32-wide steps in `main`, 64-wide in
+    // `wide`.)
     for config in [Config::CoopTiled, Config::CoopWide, Config::CoopDirect] {
         forced(config, || {
             for s in [(130, 129, 65), (64, 128, 48), (136, 72, 88)] {
