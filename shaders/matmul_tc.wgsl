@@ -2,10 +2,11 @@
 // cores), f16 operands, f32 accumulation, for training's products (x W^T forward; g W and
 // g^T x backward) where matmul_wide.wgsl cannot run: adapters that do not take wgrad's own
 // SPIR-V, and operands whose runs are multiples of 4 but not of 8 (on an H100 `wide` ran
-// 1.5-2.4x these two on the GPT's products, 2.1-2.9x at 4096^3). Same parameters, batching, split-K and epilogue as matmul.wgsl
-// (MatmulParams). A workgroup of 4 subgroups (WG = 128, subgroup size 32)
-// computes a 128 x 128 tile of C; each subgroup owns a 64 x 64 block: 4 x 4 accumulators of
-// 16 x 16 f32, so one fragment of A serves 4 products and one of B serves 4.
+// 1.5-2.4x these two on the GPT's products, 2.1-2.9x at 4096^3). Same parameters,
+// batching, split-K and epilogue as matmul.wgsl (MatmulParams). A workgroup of 4 subgroups
+// (WG = 128, subgroup size 32) computes a 128 x 128 tile of C; each subgroup owns a 64 x 64
+// block: 4 x 4 accumulators of 16 x 16 f32, so one fragment of A serves 4 products and one
+// of B serves 4.
 //
 //   main    Operands in runs of 4 halves along their contiguous axis (that axis's extent, the
 //           row pitches and all offsets multiples of 4). Per K step of 32 the workgroup stages
