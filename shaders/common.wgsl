@@ -211,6 +211,23 @@ struct MatmulParams {
   // column; its offset for batch element b is (b % a_mod) * bias_bs (a group's bias).
   bias_rows: u32,
   bias_bs: u32,
+  // An implicit convolution's image geometry (`reg` with GATHER = 1 reads op(B) from an NCHW
+  // image instead of a column matrix; see matmul.wgsl `reg_gather_setup`): input height and
+  // width, kernel taps (KH KW) and width, strides; the input row and column of tap (0, 0) at
+  // output position (0, 0) (-PH, -PW) and the step from one tap to the next (DH, DW); for a
+  // window read mirrored, tap (KH - 1, KW - 1)'s position and -DH, -DW.
+  im_h: u32,
+  im_w: u32,
+  im_kk: u32,
+  im_kw: u32,
+  im_sh: u32,
+  im_sw: u32,
+  im_ph: i32,
+  im_pw: i32,
+  im_dh: i32,
+  im_dw: i32,
+  im_wo: u32,
+  _im_pad: u32,
 }
 
 //! fn norm_fwd_row

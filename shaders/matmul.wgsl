@@ -130,7 +130,7 @@ fn main(ids: Ids) {
 
 //! entry reg(a: data vec4, b: data vec4, bias: data, c: data mut)
 //! prefers spirv
-//! check WG=256 FUSE=0,5
+//! check WG=256 FUSE=0,5 GATHER=0,1 RM=64,128
 // 128 x 128 tiles for GPUs without tensor cores for the dtype (f32 products everywhere): 16 x 16
 // threads, each holding 8 x 8 outputs in 16 named vec4 registers (rows 4 ty + i and
 // 64 + 4 ty + i, columns 4 tx + 0..3 and 64 + 4 tx + 0..3). Per step of RBK = 16 along K the
@@ -145,6 +145,15 @@ fn main(ids: Ids) {
 // edge load element by element, zero outside. The host takes this kernel only where every
 // offset, pitch and contiguous extent is a multiple of 4 (aligned 16-byte loads).
 // The epilogue choice is the constant FUSE (common.wgsl `matmul_fused`).
+// RM = 64 halves the tile's rows (products with M <= 64, such as a convolution's output
+// channels): the rows 64 .. 127 are neither loaded nor multiplied.
+// GATHER = 1 makes the product an implicit convolution: op(B) is not read from a matrix but
+// gathered from an NCHW image, so no column matrix is ever written. B's runs of 4 are then
+// along the output positions, and a thread's loads share one of their two halves across
+// the whole K loop: a forward product's thread always loads the same 4 positions (N) for
+// new taps (K), a weight gradient's the same 4 taps (N) at new positions (K). That half is
+// worked out once before the loop (`reg_gather_setup`); per step only the other needs a
+// division (`conv_fwd4`, `conv_wgt4`).
 // `prefers spirv`: on Vulkan wgrad compiles it itself and asks for its loops to stay rolled
 // (kernels/spirv.rs): on an H100 4096^3 went from 25.4 to 27.8 TFLOP/s and the GPT's f32
 // products 10-12% faster; the f32 attention kernels, tried the same way, did not gain.
@@ -160,7 +169,7 @@ fn main(ids: Ids) {
   let bt = ids.wid.z % p.batch;
   let bb = matmul_bias_base(bt);
   let kr = matmul_krange(ids.wid.z);
-  let m0 = ids.wid.y * 128u;
+  let m0 = ids.wid.y * RM;
   let n0 = ids.wid.x * 128u;
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
@@ -173,9 +182,22 @@ fn main(ids: Ids) {
   let kq = select(u % 4u, u / 32u, tile_fast);
   let base = select(b_base, a_base, is_a);
   let t0 = select(n0, m0, is_a) + 4u * q;
+  // With RM = 64 the A loads of rows 64 .. 127 are skipped (their registers stay zero).
+  let loads = !is_a || 4u * q < RM;
+  let gather = GATHER != 0u && !is_a;
+  var g = GatherSetup(vec4<i32>(0), vec4<i32>(0), vec4<u32>(0));
+  if (gather) { g = reg_gather_setup(base, tile_fast, t0); }
   //! unroll i in 0..4
-  var r$i = reg_block(is_a, tile_fast, base, t0, kr.x + 4u * kq, $i, kr.y);
+  var r$i = vec4<f32>(0.0);
   //! end
+  if (gather) {
+    let v = reg_gather(tile_fast, base, kr.x + 4u * kq, kr.y, g);
+    r0u = v[0]; r1u = v[1]; r2u = v[2]; r3u = v[3];
+  } else if (loads) {
+    //! unroll i in 0..4
+    r$i = reg_block(is_a, tile_fast, base, t0, kr.x + 4u * kq, $i, kr.y);
+    //! end
+  }
   //! unroll i in 0..8
   var lo$i = vec4<f32>(0.0);
   var hi$i = vec4<f32>(0.0);
@@ -193,13 +215,17 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     if (k0 + RBK < kr.y) {
-      //! unroll i in 0..4
-      r$i = reg_block(is_a, tile_fast, base, t0, k0 + RBK + 4u * kq, $i, kr.y);
-      //! end
+      if (gather) {
+        let v = reg_gather(tile_fast, base, k0 + RBK + 4u * kq, kr.y, g);
+        r0u = v[0]; r1u = v[1]; r2u = v[2]; r3u = v[3];
+      } else if (loads) {
+        //! unroll i in 0..4
+        r$i = reg_block(is_a, tile_fast, base, t0, k0 + RBK + 4u * kq, $i, kr.y);
+        //! end
+      }
     }
     for (var kk = 0u; kk < RBK; kk = kk + 1u) {
       let a0 = Ar[kk * 32u + ty];
-      let a1 = Ar[kk * 32u + 16u + ty];
       let b0 = Br[kk * 32u + tx];
       let b1 = Br[kk * 32u + 16u + tx];
       lo0u = fma(vec4<f32>(a0.x), b0, lo0u);
@@ -210,6 +236,8 @@ fn main(ids: Ids) {
       hi2u = fma(vec4<f32>(a0.z), b1, hi2u);
       lo3u = fma(vec4<f32>(a0.w), b0, lo3u);
       hi3u = fma(vec4<f32>(a0.w), b1, hi3u);
+      if (RM == 64u) { continue; }
+      let a1 = Ar[kk * 32u + 16u + ty];
       lo4u = fma(vec4<f32>(a1.x), b0, lo4u);
       hi4u = fma(vec4<f32>(a1.x), b1, hi4u);
       lo5u = fma(vec4<f32>(a1.y), b0, lo5u);
@@ -223,8 +251,10 @@ fn main(ids: Ids) {
   }
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
   //! unroll i in 0..8
-  reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 4u * tx, lo$i, bb);
-  reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 64u + 4u * tx, hi$i, bb);
+  if ($i < 4u || RM == 128u) {
+    reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 4u * tx, lo$i, bb);
+    reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 64u + 4u * tx, hi$i, bb);
+  }
   //! end
 }
 
@@ -250,6 +280,115 @@ fn reg_block(is_a: bool, tile_fast: bool, base: u32, t: u32, k: u32, i: u32, ken
     if (is_a) { r[j] = matmul_a(base, tj, kj, kend); } else { r[j] = matmul_b(base, kj, tj, kend); }
   }
   return r;
+}
+
+// An implicit convolution reads B = col (forward: col[kc, pos], runs along the positions
+// N) or B = col^T (weight gradient: col[kc, pos] at (k, n) = (pos, kc), runs along the
+// positions K) of the image at `base` (one image's channels of a group, [C, H, W]): kc =
+// (c, ki, kj) is a channel and kernel tap, pos = (oh, ow) an output position, and the element
+// is x[c, oh SH - PH + ki DH, ow SW - PW + kj DW], zero where that falls in the padding (or,
+// for a mirrored window, the same with taps KH - 1 - ki and KW - 1 - kj: the host's
+// `im_ph` .. `im_dw`).
+// Positions run on across output rows, so the output width needs no alignment.
+//
+// The half of a thread's gathers fixed for the whole K loop: the input row and column where
+// each of its 4 positions' window starts (forward), or each of its 4 taps' plane offset and
+// offsets into the window (weight gradient). A position or tap past the matrix gets a row
+// far below zero, which every load then reads as padding.
+struct GatherSetup {
+  ih: vec4<i32>,
+  iw: vec4<i32>,
+  plane: vec4<u32>,
+}
+
+const FAR: i32 = -1073741824;
+
+fn reg_gather_setup(base: u32, forward: bool, t0: u32) -> GatherSetup {
+  var g = GatherSetup(vec4<i32>(0), vec4<i32>(0), vec4<u32>(0));
+  if (forward) {
+    var oh = t0 / p.im_wo;
+    var ow = t0 - oh * p.im_wo;
+    //! unroll j in 0..4
+    g.ih[$j] = select(FAR, i32(oh * p.im_sh) + p.im_ph, t0 + $j < p.n);
+    g.iw[$j] = i32(ow * p.im_sw) + p.im_pw;
+    ow = ow + 1u;
+    if (ow == p.im_wo) { ow = 0u; oh = oh + 1u; }
+    //! end
+  } else {
+    //! unroll j in 0..4
+    {
+      let kc = t0 + $j;
+      let c = kc / p.im_kk;
+      let tap = kc - c * p.im_kk;
+      let ki = tap / p.im_kw;
+      g.plane[$j] = base + c * p.im_h * p.im_w;
+      g.ih[$j] = select(FAR, i32(ki) * p.im_dh + p.im_ph, kc < p.n);
+      g.iw[$j] = i32(tap - ki * p.im_kw) * p.im_dw + p.im_pw;
+    }
+    //! end
+  }
+  return g;
+}
+
+// x at input row ih, column iw of the plane at `plane`, or 0 in the padding.
+fn conv_tap(plane: u32, ih: i32, iw: i32) -> f32 {
+  if (ih >= 0 && iw >= 0 && u32(ih) < p.im_h && u32(iw) < p.im_w) {
+    return ld_b(plane + u32(ih) * p.im_w + u32(iw));
+  }
+  return 0.0;
+}
+
+// A thread's 4 runs of B for the step at k (column i of the result is run i).
+fn reg_gather(forward: bool, base: u32, k: u32, kend: u32, g: GatherSetup) -> mat4x4<f32> {
+  if (forward) { return conv_fwd4(base, k, kend, g); }
+  return conv_wgt4(k, kend, g);
+}
+
+// Forward: taps kc0 .. kc0 + 3 (run i is tap kc0 + i at the thread's 4 positions); one
+// division pair for the first tap, the rest by stepping (kj, then ki, then c).
+fn conv_fwd4(base: u32, kc0: u32, kend: u32, g: GatherSetup) -> mat4x4<f32> {
+  var m = mat4x4<f32>();
+  var c = kc0 / p.im_kk;
+  let tap = kc0 - c * p.im_kk;
+  var ki = tap / p.im_kw;
+  var kj = tap - ki * p.im_kw;
+  //! unroll i in 0..4
+  if (kc0 + $i < kend) {
+    let plane = base + c * p.im_h * p.im_w;
+    let ih = g.ih + vec4<i32>(i32(ki) * p.im_dh);
+    let iw = g.iw + vec4<i32>(i32(kj) * p.im_dw);
+    m[$i] = vec4<f32>(conv_tap(plane, ih.x, iw.x), conv_tap(plane, ih.y, iw.y),
+                      conv_tap(plane, ih.z, iw.z), conv_tap(plane, ih.w, iw.w));
+  }
+  kj = kj + 1u;
+  if (kj == p.im_kw) {
+    kj = 0u;
+    ki = ki + 1u;
+    if (ki * p.im_kw == p.im_kk) { ki = 0u; c = c + 1u; }
+  }
+  //! end
+  return m;
+}
+
+// Weight gradient: positions pos0 .. pos0 + 3 (element j of every run) of the thread's 4
+// taps; one division for the first position.
+fn conv_wgt4(pos0: u32, kend: u32, g: GatherSetup) -> mat4x4<f32> {
+  var m = mat4x4<f32>();
+  var oh = pos0 / p.im_wo;
+  var ow = pos0 - oh * p.im_wo;
+  //! unroll j in 0..4
+  if (pos0 + $j < kend) {
+    let ih = g.ih + vec4<i32>(i32(oh * p.im_sh));
+    let iw = g.iw + vec4<i32>(i32(ow * p.im_sw));
+    m[0][$j] = conv_tap(g.plane.x, ih.x, iw.x);
+    m[1][$j] = conv_tap(g.plane.y, ih.y, iw.y);
+    m[2][$j] = conv_tap(g.plane.z, ih.z, iw.z);
+    m[3][$j] = conv_tap(g.plane.w, ih.w, iw.w);
+  }
+  ow = ow + 1u;
+  if (ow == p.im_wo) { ow = 0u; oh = oh + 1u; }
+  //! end
+  return m;
 }
 
 fn reg_put(is_a: bool, at: u32, v: vec4<f32>) {

@@ -35,6 +35,9 @@ pub trait Wgsl {
 impl Wgsl for u32 {
     const WGSL: &'static str = "u32";
 }
+impl Wgsl for i32 {
+    const WGSL: &'static str = "i32";
+}
 impl Wgsl for f32 {
     const WGSL: &'static str = "f32";
 }

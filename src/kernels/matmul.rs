@@ -6,6 +6,7 @@
 //! split writes f32 partial products and `splitk` sums them and applies the epilogue. Long
 //! contractions (a weight gradient over many rows) also gain parallelism this way.
 
+use super::conv::Geom;
 use super::{Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -51,6 +52,18 @@ crate::params! {
         raw: u32,
         bias_rows: u32,
         bias_bs: u32,
+        im_h: u32,
+        im_w: u32,
+        im_kk: u32,
+        im_kw: u32,
+        im_sh: u32,
+        im_sw: u32,
+        im_ph: i32,
+        im_pw: i32,
+        im_dh: i32,
+        im_dw: i32,
+        im_wo: u32,
+        _im_pad: u32,
     }
 }
 
@@ -137,6 +150,14 @@ pub(crate) struct Gemm<'a> {
     /// b's bias starts at (b % a_mod) * bias_bs.
     pub bias_rows: bool,
     pub bias_bs: usize,
+    /// An implicit convolution: op(B) is gathered from NCHW images (a batch element's image
+    /// starts at b's offset + (b % b_mod) * b_bs) with this window instead of read from a
+    /// column matrix; op(B)'s contiguous axis (b_strides) is the output positions. Only
+    /// `reg` gathers ([`gathers`]).
+    pub gather: Option<Geom>,
+    /// The gather reads each window mirrored (tap (ki, kj) as (KH - 1 - ki, KW - 1 - kj)):
+    /// an input gradient as a convolution with the weight flipped.
+    pub gather_mirrored: bool,
 }
 
 /// Which kernel and tile configuration a product runs with (reported by the bench).
@@ -445,6 +466,19 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     config
 }
 
+/// Whether a product whose op(B) is gathered from images (an implicit convolution, see
+/// [`Gemm::gather`]) runs on `dev` for `dtype`: only `reg` gathers, so only where `reg` is the
+/// GPU kernel (no tensor cores for the dtype, not a CPU adapter, where the products run
+/// without workgroup memory) or tests force it; and A's offset, batch stride, pitch and
+/// contiguous extent (`a_runs`) must be multiples of 4 for its 16-byte loads.
+pub(crate) fn gathers(dev: &Device, dtype: DType, a_runs: [usize; 4]) -> bool {
+    let reg = match FORCED.with(|c| c.get()) {
+        Some(c) => c == Config::Reg,
+        None => !dev.info().is_cpu() && !tensor_cores(dev, dtype),
+    };
+    reg && a_runs[2] > 0 && a_runs.iter().all(|v| v % 4 == 0)
+}
+
 pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     u32_len(
         "matmul",
@@ -460,7 +494,11 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     )?;
     u32_len(
         "matmul",
-        extent(g.offsets.1, g.b_bs, g.b_mod, (g.k, g.n), g.b_strides),
+        match &g.gather {
+            // The images: the window reads inside each, padding is not stored.
+            Some(_) => g.offsets.1 + g.b_bs * g.b_mod.max(1),
+            None => extent(g.offsets.1, g.b_bs, g.b_mod, (g.k, g.n), g.b_strides),
+        },
     )?;
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(());
@@ -477,6 +515,9 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         offsets: (g.offsets.0, g.offsets.1),
         batch_strides: (g.a_bs, g.b_bs),
     };
+    if g.gather.is_some() {
+        return run(dev, g, Config::Reg);
+    }
     let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
     let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
     if FORCED.with(|c| c.get()).is_some() || !autotune::wanted(dev, flops) {
@@ -619,6 +660,43 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         raw: (splits > 1) as u32,
         bias_rows: g.bias_rows as u32,
         bias_bs: g.bias_bs as u32,
+        ..Default::default()
+    };
+    let params = match &g.gather {
+        Some(im) => {
+            if config != Config::Reg {
+                return Err(Error::Internal(format!(
+                    "an implicit convolution's product planned for {config:?}, which does not gather"
+                )));
+            }
+            let (_, wo) = im.out().unwrap_or((0, 0));
+            // Where tap (0, 0) reads at output position (0, 0), and the step between taps;
+            // a mirrored window starts at its last tap and steps back.
+            let (dh, dw) = (im.dil.0 as i32, im.dil.1 as i32);
+            let (mut ph, mut pw) = (-(im.pad.0 as i32), -(im.pad.1 as i32));
+            let (dh, dw) = if g.gather_mirrored {
+                ph += dh * (im.kh as i32 - 1);
+                pw += dw * (im.kw as i32 - 1);
+                (-dh, -dw)
+            } else {
+                (dh, dw)
+            };
+            MatmulParams {
+                im_h: im.h as u32,
+                im_w: im.w as u32,
+                im_kk: (im.kh * im.kw) as u32,
+                im_kw: im.kw as u32,
+                im_sh: im.stride.0 as u32,
+                im_sw: im.stride.1 as u32,
+                im_ph: ph,
+                im_pw: pw,
+                im_dh: dh,
+                im_dw: dw,
+                im_wo: wo as u32,
+                ..params
+            }
+        }
+        None => params,
     };
     let bias = g.bias.unwrap_or(g.c);
     let part = if splits > 1 {
@@ -630,7 +708,13 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         Some(b) => (b, DType::F32, MatmulParams { c_off: 0, ..params }),
         None => (g.c, g.dtype, params),
     };
-    let (tm, tn) = config.tile();
+    // `reg` halves its tile's rows where M fits in 64 (a 128-row tile would multiply as
+    // many zero rows as real ones).
+    let reg_rows = if g.m <= 64 { 64 } else { 128 };
+    let (tm, tn) = match config {
+        Config::Reg => (reg_rows, 128),
+        _ => config.tile(),
+    };
     let groups = [
         g.n.div_ceil(tn) as u32,
         g.m.div_ceil(tm) as u32,
@@ -693,7 +777,15 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
             "main",
             vec![("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
         ),
-        Config::Reg => (Kernel::Matmul, "reg", vec![("FUSE", fuse)]),
+        Config::Reg => (
+            Kernel::Matmul,
+            "reg",
+            vec![
+                ("FUSE", fuse),
+                ("GATHER", g.gather.is_some() as u32),
+                ("RM", reg_rows as u32),
+            ],
+        ),
     };
     launch(
         dev,

@@ -206,6 +206,8 @@ pub(crate) fn gemm(
             offsets: (va.offset, vb.offset, 0),
             bias_rows: false,
             bias_bs: 0,
+            gather: None,
+            gather_mirrored: false,
         },
     )?;
     Ok(out)
