@@ -478,6 +478,64 @@ fn conv_and_pool_gradients() {
     );
 }
 
+/// Convolution gradients through the implicit products (forced `reg`): the weight's from
+/// a gathered col^T, the input's for stride 1 as a convolution with the flipped weight, and
+/// for stride 2 through col2im.
+#[test]
+fn implicit_conv_gradients() {
+    use wgrad::kernels::matmul::{Config, forced};
+    let dev = device();
+    let mut rng = Rng::new(35);
+    // (n, c, h, w, o, k, stride, pad, dil, groups)
+    for (n, c, h, w, o, k, stride, pad, dil, groups) in [
+        (2, 4, 6, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        (1, 8, 7, 8, 8, (3, 3), (1, 1), (2, 2), (2, 2), 2),
+        (1, 4, 7, 6, 4, (2, 2), (2, 2), (0, 1), (1, 1), 1),
+        (2, 4, 5, 3, 3, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ] {
+        let win = cpu::Window {
+            n,
+            c,
+            h,
+            w,
+            k,
+            stride,
+            pad,
+            dil,
+        };
+        let opts = Conv2dOpts {
+            stride,
+            padding: pad,
+            dilation: dil,
+            groups,
+            act: Some(Activation::Relu),
+        };
+        forced(Config::Reg, || {
+            check(
+                &dev,
+                &format!("implicit conv2d {:?}", (n, c, h, w, o, k, stride, pad, dil)),
+                &[
+                    (v(&mut rng, n * c * h * w), vec![n, c, h, w], true),
+                    (
+                        v(&mut rng, o * c / groups * k.0 * k.1),
+                        vec![o, c / groups, k.0, k.1],
+                        true,
+                    ),
+                    (v(&mut rng, o), vec![o], true),
+                ],
+                &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
+                &move |x| {
+                    cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups)
+                        .into_iter()
+                        .map(|v| cpu::activation(Activation::Relu, v))
+                        .collect()
+                },
+            )
+        })
+        .unwrap();
+    }
+}
+
 #[test]
 fn softmax_norm_loss_gradients() {
     let dev = device();

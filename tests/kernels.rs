@@ -442,6 +442,7 @@ fn matmul_register_tiles() {
                         (4, 8, 12),
                         (132, 200, 36),
                         (260, 132, 20),
+                        (64, 132, 40),
                     ] {
                         matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None);
                     }
@@ -678,6 +679,90 @@ fn conv2d_geometries() {
                     "conv2d {:?} {dt}",
                     (n, c, h, w, o, k, stride, pad, dil, groups)
                 ),
+            );
+        }
+    }
+}
+
+/// Convolutions as implicit products (`reg` gathering its B operand from the image, forced
+/// here since lavapipe runs the CPU kernels): forward with bias and ReLU against the f64
+/// reference, and no column matrix written where the weight's layout allows the gather.
+#[test]
+fn conv2d_implicit() {
+    use wgrad::kernels::matmul::{Config, forced};
+    let dev = poisoned();
+    let mut rng = Rng::new(19);
+    // (n, c, h, w, o, k, stride, pad, dil, groups); C/G x KH x KW a multiple of 4 except the
+    // last (which must fall back to im2col and still be right).
+    let cases = [
+        (1, 4, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+        (2, 4, 17, 13, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        (3, 4, 12, 9, 6, (3, 2), (2, 1), (1, 0), (1, 1), 2),
+        (2, 8, 11, 10, 8, (3, 3), (1, 1), (2, 2), (2, 2), 2),
+        (1, 16, 33, 35, 3, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+        (2, 3, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ];
+    for dt in DTYPES {
+        for (n, c, h, w, o, k, stride, pad, dil, groups) in cases {
+            let x = rng.vec(n * c * h * w);
+            let wt = rng.vec(o * (c / groups) * k.0 * k.1);
+            let b = rng.vec(o);
+            let opts = Conv2dOpts {
+                stride,
+                padding: pad,
+                dilation: dil,
+                groups,
+                act: Some(Activation::Relu),
+            };
+            let name = format!("{:?} {dt}", (n, c, h, w, o, k, stride, pad, dil, groups));
+            let (tx, tw, tb) = (
+                tensor(&dev, &x, &[n, c, h, w], dt),
+                tensor(&dev, &wt, &[o, c / groups, k.0, k.1], dt),
+                tensor(&dev, &b, &[o], dt),
+            );
+            dev.start_profiling().unwrap();
+            let y = forced(Config::Reg, || tx.conv2d(&tw, Some(&tb), opts))
+                .unwrap()
+                .unwrap();
+            let ran: Vec<String> = dev
+                .stop_profiling()
+                .unwrap()
+                .by_kernel()
+                .into_iter()
+                .map(|s| s.name)
+                .collect();
+            let implicit = (c / groups * k.0 * k.1) % 4 == 0;
+            assert_eq!(
+                ran.iter().any(|k| k.contains("im2col")),
+                !implicit,
+                "{name}: kernels {ran:?}"
+            );
+            let win = cpu::Window {
+                n,
+                c,
+                h,
+                w,
+                k,
+                stride,
+                pad,
+                dil,
+            };
+            let want: Vec<f64> = cpu::conv2d(
+                &rounded(&x, dt),
+                &rounded(&wt, dt),
+                Some(&rounded(&b, dt)),
+                &win,
+                o,
+                groups,
+            )
+            .into_iter()
+            .map(|v| cpu::activation(Activation::Relu, v))
+            .collect();
+            assert_close_tol(
+                &y.to_f32_vec().unwrap(),
+                &want,
+                (tol(dt).0 * 10.0, tol(dt).1),
+                &format!("implicit conv2d {name}"),
             );
         }
     }

@@ -1,4 +1,13 @@
-//! 2-D convolution (im2col + batched matmul) and pooling, NCHW.
+//! 2-D convolution and pooling, NCHW.
+//!
+//! A convolution is a batched product per image and group: out[n, g] = w[g] x col[n, g],
+//! with col[n, g] the image's patches as a [Cg*KH*KW, HO*WO] column matrix. Where the GPU
+//! runs its products with `reg` (f32, and any dtype without tensor cores) the product reads
+//! col straight from the image (an implicit GEMM, `matmul::Gemm::gather`): forward, the
+//! weight's gradient, and for stride 1 the input's gradient (a convolution of the output
+//! gradient with the weight transposed and its windows mirrored). Elsewhere (tensor cores,
+//! CPU adapters, layouts `reg` cannot load, strided inputs' gradients) `im2col` writes col
+//! in chunks of images and `col2im` folds the input's gradient back.
 
 use super::activation::Activation;
 use super::elementwise::{float_only, same_device, same_dtype};
@@ -7,6 +16,21 @@ use crate::kernels::conv::{self as kc, Geom};
 use crate::kernels::matmul::{self as km, Act, Gemm};
 use crate::tensor::Tensor;
 use crate::tensor::graph::{Backward, record, record_fn, recording};
+use std::cell::Cell;
+
+thread_local! {
+    static IM2COL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every convolution on this thread taking the column-matrix path (`im2col`,
+/// products, `col2im`) even where it could gather implicitly: for benchmarks and tests that
+/// compare the two.
+pub fn with_im2col<R>(f: impl FnOnce() -> R) -> R {
+    let before = IM2COL.with(|c| c.replace(true));
+    let r = f();
+    IM2COL.with(|c| c.set(before));
+    r
+}
 
 /// Convolution hyper-parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +72,8 @@ pub(crate) struct ConvDims {
     pub groups: usize,
     pub ho: usize,
     pub wo: usize,
+    /// The weight is applied with each window mirrored (an input gradient's convolution).
+    pub mirrored: bool,
 }
 
 impl ConvDims {
@@ -60,6 +86,24 @@ impl ConvDims {
     fn hw(&self) -> usize {
         self.ho * self.wo
     }
+    /// Whether the forward product reads the image implicitly: A is the weight
+    /// [Og, Cg*KH*KW] of each group.
+    fn implicit(&self, x: &Tensor) -> bool {
+        !IM2COL.with(|c| c.get())
+            && km::gathers(
+                x.device(),
+                x.dtype(),
+                [0, self.og() * self.cg_kk(), self.cg_kk(), self.cg_kk()],
+            )
+    }
+
+    /// Images per implicit product: the product's batch (images x groups, times up to a
+    /// few splits of K) within the grid's z limit.
+    fn gather_chunk(&self, x: &Tensor) -> usize {
+        let z = x.device().caps().max_groups_per_dim as usize;
+        (z / (8 * self.groups)).clamp(1, self.geom.n.max(1))
+    }
+
     /// Images per chunk so a column buffer fits the budget and the binding limit.
     fn chunk(&self, x: &Tensor) -> usize {
         let per_image = x
@@ -122,6 +166,7 @@ fn conv_dims(x: &Tensor, w: &Tensor, o: &Conv2dOpts) -> Result<ConvDims> {
         groups: g,
         ho,
         wo,
+        mirrored: false,
     })
 }
 
@@ -265,6 +310,48 @@ fn conv_forward(
 ) -> Result<Tensor> {
     let dev = x.device();
     let out = Tensor::uninit(dev, &[d.geom.n, d.o, d.ho, d.wo], x.dtype())?;
+    if d.implicit(x) {
+        let chunk = d.gather_chunk(x);
+        let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
+        for n0 in (0..d.geom.n).step_by(chunk) {
+            let cn = chunk.min(d.geom.n - n0);
+            km::matmul(
+                dev,
+                &Gemm {
+                    a: w.dense_block("conv2d")?,
+                    b: x.dense_block("conv2d")?,
+                    c: out.dense_block("conv2d")?,
+                    bias: match bias {
+                        Some(b) => Some(b.dense_block("conv2d")?),
+                        None => None,
+                    },
+                    dtype: x.dtype(),
+                    m: d.og(),
+                    n: d.hw(),
+                    k: d.cg_kk(),
+                    batch: cn * d.groups,
+                    a_strides: (d.cg_kk(), 1),
+                    b_strides: (d.hw(), 1),
+                    a_bs: d.og() * d.cg_kk(),
+                    b_bs: c / d.groups * hw_in,
+                    a_mod: d.groups,
+                    b_mod: cn * d.groups,
+                    act,
+                    offsets: (0, n0 * c * hw_in, n0 * d.o * d.hw()),
+                    bias_rows: true,
+                    bias_bs: d.og(),
+                    gather: Some(d.geom),
+                    gather_mirrored: d.mirrored,
+                },
+            )?;
+        }
+        return Ok(out);
+    }
+    if d.mirrored {
+        return Err(Error::Internal(
+            "conv2d: a mirrored window needs the implicit product".into(),
+        ));
+    }
     let chunk = d.chunk(x);
     let mut n0 = 0;
     while n0 < d.geom.n {
@@ -308,6 +395,8 @@ fn conv_forward(
                 offsets: (0, 0, n0 * d.o * d.hw()),
                 bias_rows: true,
                 bias_bs: d.og(),
+                gather: None,
+                gather_mirrored: false,
             },
         )?;
         n0 += cn;
@@ -330,105 +419,18 @@ pub(crate) fn conv_grads(
         None => dy.contiguous()?,
     };
     let d = conv_dims(x, w, opts)?;
-    let dev = x.device();
-    let dt = x.dtype();
     let mut v = Vec::new();
-    let chunk = d.chunk(x);
-    let dx = if x.requires_grad() {
-        Some(Tensor::uninit(dev, x.shape(), dt)?)
-    } else {
-        None
-    };
-    let mut dw: Option<Tensor> = None;
-    let mut n0 = 0;
-    while n0 < d.geom.n {
-        let cn = chunk.min(d.geom.n - n0);
-        let g = Geom { n: cn, ..d.geom };
-        if w.requires_grad() {
-            // dw[n*G+g] = dy[n, g] (Og x HW) x col[n, g]^T (HW x Cg*kk), then summed over n.
-            let col = Tensor::uninit(dev, &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
-            kc::im2col(
-                dev,
-                &g,
-                n0,
-                x.dense_block("conv2d backward")?,
-                col.dense_block("conv2d backward")?,
-                dt,
-            )?;
-            let part = Tensor::uninit(dev, &[cn, d.o * d.cg_kk()], dt)?;
-            km::matmul(
-                dev,
-                &Gemm {
-                    a: dy.dense_block("conv2d backward")?,
-                    b: col.dense_block("conv2d backward")?,
-                    c: part.dense_block("conv2d backward")?,
-                    bias: None,
-                    dtype: dt,
-                    m: d.og(),
-                    n: d.cg_kk(),
-                    k: d.hw(),
-                    batch: cn * d.groups,
-                    a_strides: (d.hw(), 1),
-                    b_strides: (1, d.hw()),
-                    a_bs: d.og() * d.hw(),
-                    b_bs: d.cg_kk() * d.hw(),
-                    a_mod: cn * d.groups,
-                    b_mod: cn * d.groups,
-                    act: Act::None,
-                    offsets: (n0 * d.o * d.hw(), 0, 0),
-                    bias_rows: false,
-                    bias_bs: 0,
-                },
-            )?;
-            let s = part.sum(0, false)?;
-            dw = Some(match dw {
-                Some(acc) => acc.add(&s)?,
-                None => s,
-            });
-        }
-        if let Some(dx) = &dx {
-            // dcol[n, g] = w[g]^T (Cg*kk x Og) x dy[n, g] (Og x HW), then col2im.
-            let dcol = Tensor::uninit(dev, &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
-            km::matmul(
-                dev,
-                &Gemm {
-                    a: w.dense_block("conv2d backward")?,
-                    b: dy.dense_block("conv2d backward")?,
-                    c: dcol.dense_block("conv2d backward")?,
-                    bias: None,
-                    dtype: dt,
-                    m: d.cg_kk(),
-                    n: d.hw(),
-                    k: d.og(),
-                    batch: cn * d.groups,
-                    a_strides: (1, d.cg_kk()),
-                    b_strides: (d.hw(), 1),
-                    a_bs: d.og() * d.cg_kk(),
-                    b_bs: d.og() * d.hw(),
-                    a_mod: d.groups,
-                    b_mod: cn * d.groups,
-                    act: Act::None,
-                    offsets: (0, n0 * d.o * d.hw(), 0),
-                    bias_rows: false,
-                    bias_bs: 0,
-                },
-            )?;
-            kc::col2im(
-                dev,
-                &g,
-                n0,
-                dcol.dense_block("conv2d backward")?,
-                dx.dense_block("conv2d backward")?,
-                dt,
-            )?;
-        }
-        n0 += cn;
-    }
-    if let Some(dx) = dx {
+    if x.requires_grad() {
+        let dx = match mirrored_dims(&d) {
+            Some(fd) if fd.implicit(&dy) => {
+                conv_forward(&dy, &transposed(w, &d)?, None, Act::None, &fd)?
+            }
+            _ => input_grad_cols(w, &dy, &d, x)?,
+        };
         v.push((x.clone(), dx));
     }
-    if let Some(dw) = dw {
-        v.push((w.clone(), dw.reshape(w.shape())?));
+    if w.requires_grad() {
+        v.push((w.clone(), weight_grad(x, &dy, &d)?.reshape(w.shape())?));
     }
     if let Some(b) = bias
         && b.requires_grad()
@@ -440,6 +442,175 @@ pub(crate) fn conv_grads(
         v.push((b.clone(), s));
     }
     Ok(v)
+}
+
+/// The convolution whose output is the input's gradient, for stride 1: dx = conv(dy, w')
+/// with w'[g, c, o] the group's weight transposed, read with its windows mirrored, and
+/// padded so every tap that reached an input position reaches it back. None for other
+/// strides.
+fn mirrored_dims(d: &ConvDims) -> Option<ConvDims> {
+    let g = &d.geom;
+    if g.stride != (1, 1) {
+        return None;
+    }
+    let pad = (
+        (g.dil.0 * (g.kh - 1)).checked_sub(g.pad.0)?,
+        (g.dil.1 * (g.kw - 1)).checked_sub(g.pad.1)?,
+    );
+    Some(ConvDims {
+        geom: Geom {
+            n: g.n,
+            c: d.o,
+            h: d.ho,
+            w: d.wo,
+            kh: g.kh,
+            kw: g.kw,
+            stride: (1, 1),
+            pad,
+            dil: g.dil,
+        },
+        o: g.c,
+        groups: d.groups,
+        ho: g.h,
+        wo: g.w,
+        mirrored: true,
+    })
+}
+
+/// w' [C, O/G, KH, KW] from w [O, C/G, KH, KW]: w'[g Cg + c, o] = w[g Og + o, c], each group's
+/// weight transposed (the product reads the windows mirrored, `ConvDims::mirrored`).
+fn transposed(w: &Tensor, d: &ConvDims) -> Result<Tensor> {
+    let (og, cg) = (d.og(), d.geom.c / d.groups);
+    w.reshape(&[d.groups, og, cg, d.geom.kh * d.geom.kw])?
+        .permute(&[0, 2, 1, 3])?
+        .contiguous()?
+        .reshape(&[d.geom.c, og, d.geom.kh, d.geom.kw])
+}
+
+/// The input's gradient through column matrices: dcol[n, g] = w[g]^T (Cg*kk x Og) x
+/// dy[n, g] (Og x HW), then col2im, in chunks of images.
+fn input_grad_cols(w: &Tensor, dy: &Tensor, d: &ConvDims, x: &Tensor) -> Result<Tensor> {
+    let (dev, dt) = (x.device(), x.dtype());
+    let dx = Tensor::uninit(dev, x.shape(), dt)?;
+    let chunk = d.chunk(x);
+    for n0 in (0..d.geom.n).step_by(chunk) {
+        let cn = chunk.min(d.geom.n - n0);
+        let g = Geom { n: cn, ..d.geom };
+        let dcol = Tensor::uninit(dev, &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
+        km::matmul(
+            dev,
+            &Gemm {
+                a: w.dense_block("conv2d backward")?,
+                b: dy.dense_block("conv2d backward")?,
+                c: dcol.dense_block("conv2d backward")?,
+                bias: None,
+                dtype: dt,
+                m: d.cg_kk(),
+                n: d.hw(),
+                k: d.og(),
+                batch: cn * d.groups,
+                a_strides: (1, d.cg_kk()),
+                b_strides: (d.hw(), 1),
+                a_bs: d.og() * d.cg_kk(),
+                b_bs: d.og() * d.hw(),
+                a_mod: d.groups,
+                b_mod: cn * d.groups,
+                act: Act::None,
+                offsets: (0, n0 * d.o * d.hw(), 0),
+                bias_rows: false,
+                bias_bs: 0,
+                gather: None,
+                gather_mirrored: false,
+            },
+        )?;
+        kc::col2im(
+            dev,
+            &g,
+            n0,
+            dcol.dense_block("conv2d backward")?,
+            dx.dense_block("conv2d backward")?,
+            dt,
+        )?;
+    }
+    Ok(dx)
+}
+
+/// The weight's gradient [O, Cg*KH*KW]: dw[g] = sum over images n of dy[n, g] (Og x HW) x
+/// col[n, g]^T (HW x Cg*kk), each image's product a batch element, summed after. col is
+/// gathered from x where the product allows it, else written by im2col; either way in
+/// chunks whose per-image products (and column matrices) fit the column budget.
+fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
+    let (dev, dt) = (x.device(), x.dtype());
+    let implicit = !IM2COL.with(|c| c.get())
+        && km::gathers(dev, dt, [0, d.og() * d.hw(), d.hw(), d.hw()]);
+    let chunk = if implicit {
+        let per_image = dt.bytes(d.o * d.cg_kk()).max(1);
+        let cap = COL_BUDGET.min(dev.caps().max_binding);
+        ((cap / per_image) as usize).clamp(1, d.gather_chunk(x))
+    } else {
+        d.chunk(x)
+    };
+    let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
+    let mut dw: Option<Tensor> = None;
+    for n0 in (0..d.geom.n).step_by(chunk) {
+        let cn = chunk.min(d.geom.n - n0);
+        let col = if implicit {
+            None
+        } else {
+            let col = Tensor::uninit(dev, &[cn, c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
+            let g = Geom { n: cn, ..d.geom };
+            kc::im2col(
+                dev,
+                &g,
+                n0,
+                x.dense_block("conv2d backward")?,
+                col.dense_block("conv2d backward")?,
+                dt,
+            )?;
+            Some(col)
+        };
+        let part = Tensor::uninit(dev, &[cn, d.o * d.cg_kk()], dt)?;
+        let (b, b_bs, b_off) = match &col {
+            Some(col) => (col.dense_block("conv2d backward")?, d.cg_kk() * d.hw(), 0),
+            None => (x.dense_block("conv2d backward")?, c / d.groups * hw_in, n0 * c * hw_in),
+        };
+        km::matmul(
+            dev,
+            &Gemm {
+                a: dy.dense_block("conv2d backward")?,
+                b,
+                c: part.dense_block("conv2d backward")?,
+                bias: None,
+                dtype: dt,
+                m: d.og(),
+                n: d.cg_kk(),
+                k: d.hw(),
+                batch: cn * d.groups,
+                a_strides: (d.hw(), 1),
+                b_strides: (1, d.hw()),
+                a_bs: d.og() * d.hw(),
+                b_bs,
+                a_mod: cn * d.groups,
+                b_mod: cn * d.groups,
+                act: Act::None,
+                offsets: (n0 * d.o * d.hw(), b_off, 0),
+                bias_rows: false,
+                bias_bs: 0,
+                gather: implicit.then_some(d.geom),
+                gather_mirrored: false,
+            },
+        )?;
+        let s = part.sum(0, false)?;
+        dw = Some(match dw {
+            Some(acc) => acc.add(&s)?,
+            None => s,
+        });
+    }
+    match dw {
+        Some(dw) => Ok(dw),
+        // No images: the gradient of a sum over none.
+        None => Tensor::zeros(dev, &[d.o * d.cg_kk()], dt),
+    }
 }
 
 /// Gradients of conv2d; inputs: the dense x and weight it ran on, and the bias if any.
