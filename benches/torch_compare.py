@@ -64,9 +64,16 @@ def bench(row):
         m, n, k = d
         x, w, b = r(m, k), r(n, k), torch.zeros(n, device=dev, dtype=dt)
         return median_ms(lambda: F.relu(F.linear(x, w, b)))
-    if name == "conv2d":
+    if name.startswith("conv2d"):
         n, c, h, w_, o, k = d[:6]
         x, w = r(n, c, h, w_), r(o, c, k, k)
+        if "bwd" in name:
+            x.requires_grad_(); w.requires_grad_()
+            g = torch.ones(n, o, h, w_, device=dev, dtype=dt)
+            def step():
+                F.conv2d(x, w, padding=k // 2).backward(g)
+                x.grad = w.grad = None
+            return median_ms(step)
         return median_ms(lambda: F.conv2d(x, w, padding=k // 2))
     if name.startswith("attention"):
         b, h, s, hd = d

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example bench -- [--json] [--quick]
 //!     [--matmul 4096x4096x4096,...] [--attn 4x16x2048x64,...] [--conv 32x64x56x56x64x3,...]
-//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16,bf16] [--ms 300]
+//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16,bf16] [--ms 300] [--profile]
 //! ```
 //!
 //! Every size is given as a flag, so the same binary measures lavapipe (`--quick`) and a
@@ -59,6 +59,10 @@ struct Args {
     /// Milliseconds each measurement loops for [default: 300].
     #[arg(long)]
     ms: Option<f64>,
+    /// Also print, on stderr, the GPU time of every kernel of one convolution forward and
+    /// backward (where the time goes).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// A list of sizes, each a list of dimensions.
@@ -87,6 +91,7 @@ struct Plan {
     elems: usize,
     dtypes: Vec<DType>,
     ms: f64,
+    profile: bool,
 }
 
 fn parse() -> Plan {
@@ -120,6 +125,7 @@ fn parse() -> Plan {
         elems: a.elems.unwrap_or(elems),
         dtypes: a.dtypes,
         ms: a.ms.unwrap_or(ms),
+        profile: a.profile,
     }
 }
 
@@ -162,6 +168,11 @@ fn time(dev: &Device, target_ms: f64, mut f: impl FnMut() -> Result<()>) -> Resu
     }
     runs.sort_by(|a, b| a.total_cmp(b));
     Ok(runs[2])
+}
+
+/// [`time`] with convolutions on the column-matrix path.
+fn time_with_im2col(dev: &Device, target_ms: f64, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    wgrad::ops::conv::with_im2col(|| time(dev, target_ms, f))
 }
 
 /// Deterministic inputs in [-1, 1).
@@ -493,6 +504,9 @@ fn main() -> Result<()> {
                     padding: (k / 2, k / 2),
                     ..Default::default()
                 };
+                // The column-matrix path timed beside the chosen one (the same where no
+                // implicit product applies).
+                let cols = time_with_im2col(&dev, a.ms, || x.conv2d(&wt, None, opts).map(drop))?;
                 let ms = time(&dev, a.ms, || x.conv2d(&wt, None, opts).map(drop))?;
                 let y = x.conv2d(&wt, None, opts)?;
                 let (ho, wo) = (y.shape()[2], y.shape()[3]);
@@ -518,16 +532,76 @@ fn main() -> Result<()> {
                     (yv[((ni * o + oi) * ho + yi) * wo + xi] as f64, s)
                 }));
                 let flops = 2.0 * (n * o * ho * wo * c * k * k) as f64;
+                let shape = format!("{n}x{c}x{h}x{w} -> {o}, {k}x{k}");
+                emit(
+                    rows,
+                    Row {
+                        name: "conv2d (im2col)".into(),
+                        shape: shape.clone(),
+                        dtype: dt,
+                        ms: cols,
+                        rate: flops / cols / 1e6,
+                        unit: "GFLOP/s",
+                        check: "-".into(),
+                    },
+                );
                 emit(
                     rows,
                     Row {
                         name: "conv2d".into(),
-                        shape: format!("{n}x{c}x{h}x{w} -> {o}, {k}x{k}"),
+                        shape: shape.clone(),
                         dtype: dt,
                         ms,
                         rate: flops / ms / 1e6,
                         unit: "GFLOP/s",
                         check,
+                    },
+                );
+                // A training step's share: forward, then the gradients of input and weight
+                // (each a product of the forward's size, so 3x its operations).
+                let (xg, wg) = (x.variable(), wt.variable());
+                let dy = Tensor::ones(&dev, &[n, o, ho, wo], dt)?;
+                let step = || {
+                    xg.conv2d(&wg, None, opts)?.backward_with(&dy)?;
+                    xg.zero_grad();
+                    wg.zero_grad();
+                    Ok(())
+                };
+                let cols = time_with_im2col(&dev, a.ms, step)?;
+                let ms = time(&dev, a.ms, step)?;
+                if a.profile {
+                    dev.start_profiling()?;
+                    wgrad::ops::conv::with_im2col(step)?;
+                    eprintln!(
+                        "conv2d fwd+bwd (im2col) {shape} {dt}:\n{}",
+                        dev.stop_profiling()?
+                    );
+                    dev.start_profiling()?;
+                    step()?;
+                    eprintln!("conv2d fwd+bwd {shape} {dt}:\n{}", dev.stop_profiling()?);
+                }
+                emit(
+                    rows,
+                    Row {
+                        name: "conv2d fwd+bwd (im2col)".into(),
+                        shape: shape.clone(),
+                        dtype: dt,
+                        ms: cols,
+                        rate: 3.0 * flops / cols / 1e6,
+                        unit: "GFLOP/s",
+                        check: "-".into(),
+                    },
+                );
+                emit(
+                    rows,
+                    Row {
+                        name: "conv2d fwd+bwd".into(),
+                        shape,
+                        dtype: dt,
+                        ms,
+                        rate: 3.0 * flops / ms / 1e6,
+                        unit: "GFLOP/s",
+                        check: "-".into(),
                     },
                 );
                 Ok(())
