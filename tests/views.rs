@@ -192,3 +192,69 @@ fn attention_layer_copies_nothing() {
     assert_eq!(allocs, expect, "allocations of one forward pass");
     assert_eq!(y.shape(), &[b, s, e]);
 }
+
+/// Dense copies of transposed views (a matrix's transpose, NCHW to NHWC and back, a narrowed
+/// and so offset view) go through the tiled `transpose` copy, exact in every float dtype, at
+/// sizes that leave partial 32 x 32 tiles.
+#[test]
+fn transposed_views_copy_through_tiles() {
+    let dev = poisoned();
+    let mut rng = Rng::new(41);
+    let cases: [(&[usize], &[usize]); 5] = [
+        (&[127, 1000], &[1, 0]),
+        (&[2, 3, 17, 5], &[0, 2, 3, 1]),
+        (&[3, 33, 7, 9], &[0, 2, 3, 1]),
+        (&[3, 7, 9, 33], &[0, 3, 1, 2]),
+        (&[1, 1, 1, 1], &[0, 2, 3, 1]),
+    ];
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for (shape, perm) in cases {
+            let n: usize = shape.iter().product();
+            let x = tensor(&dev, &rng.vec(n), shape, dt);
+            let xv = x.to_f32_vec().unwrap();
+            dev.start_profiling().unwrap();
+            let y = x.permute(perm).unwrap().contiguous().unwrap();
+            let ran = dev.stop_profiling().unwrap().by_kernel();
+            let got = y.to_f32_vec().unwrap();
+            // The reference permutation, element by element.
+            let oshape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let mut strides = vec![1usize; shape.len()];
+            for k in (0..shape.len() - 1).rev() {
+                strides[k] = strides[k + 1] * shape[k + 1];
+            }
+            for (i, g) in got.iter().enumerate() {
+                let mut rem = i;
+                let mut src = 0;
+                for k in (0..oshape.len()).rev() {
+                    src += (rem % oshape[k]) * strides[perm[k]];
+                    rem /= oshape[k];
+                }
+                assert_eq!(g.to_bits(), xv[src].to_bits(), "{dt} {shape:?} {perm:?} at {i}");
+            }
+            if n > 1 {
+                assert!(
+                    ran.iter().any(|s| s.name.contains("transpose")),
+                    "{dt} {shape:?} {perm:?}: {:?}",
+                    ran.iter().map(|s| &s.name).collect::<Vec<_>>()
+                );
+            }
+        }
+        // An offset view: columns 3.. of a [40, 40] matrix, transposed.
+        let x = tensor(&dev, &rng.vec(1600), &[40, 40], dt);
+        let xv = x.to_f32_vec().unwrap();
+        let got = x
+            .narrow(1, 3, 37)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        for j in 0..37 {
+            for i in 0..40 {
+                assert_eq!(got[j * 40 + i].to_bits(), xv[i * 40 + 3 + j].to_bits());
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Host side of `shaders/copy.wgsl`: cast, bit copies and strided copies.
 
-use super::{Arg, Kernel, arg, launch_flat, u32_len};
+use super::{Arg, Kernel, Launch, arg, launch, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -148,6 +148,9 @@ pub(crate) fn strided_layout(
         };
         return run(dev, "words", p, &[arg(x, DType::U32), arg(y, DType::U32)]);
     }
+    if dtype != DType::U32 && transpose(dev, x, xl.offset(), y, yl.offset(), dtype, &dims, &xs, &ys)? {
+        return Ok(());
+    }
     strided(
         dev,
         x,
@@ -163,4 +166,61 @@ pub(crate) fn strided_layout(
         dtype,
         &dims,
     )
+}
+
+/// The `transpose` entry for a simplified copy that is a batched 2-D transpose (one axis
+/// contiguous in x, the other in y, at most one batch axis): false where it is not one, or
+/// its grid would pass the adapter's limit, for the strided copy to take.
+#[allow(clippy::too_many_arguments)]
+fn transpose(
+    dev: &Device,
+    x: &Block,
+    xoff: usize,
+    y: &Block,
+    yoff: usize,
+    dtype: DType,
+    dims: &[usize],
+    xs: &[usize],
+    ys: &[usize],
+) -> Result<bool> {
+    // As [B, P, Q] with x contiguous along P and y along Q.
+    let (b, xb, yb, r) = match dims.len() {
+        2 => (1, 0, 0, 0),
+        3 => (dims[0], xs[0], ys[0], 1),
+        _ => return Ok(false),
+    };
+    let (p, q, xq, yp) = if xs[r] == 1 && ys[r + 1] == 1 {
+        (dims[r], dims[r + 1], xs[r + 1], ys[r])
+    } else if xs[r + 1] == 1 && ys[r] == 1 {
+        (dims[r + 1], dims[r], xs[r], ys[r + 1])
+    } else {
+        return Ok(false);
+    };
+    let max = dev.caps().max_groups_per_dim as usize;
+    let groups = [p.div_ceil(32), q.div_ceil(32), b];
+    if groups.iter().any(|&g| g > max) {
+        return Ok(false);
+    }
+    let params = CopyParams {
+        n: u32_len("transpose", b * p * q)?,
+        rank: 3,
+        xoff: u32_len("transpose offset", xoff)?,
+        yoff: u32_len("transpose offset", yoff)?,
+        dims: pack8(&[b, p, q]),
+        xs: pack8(&[xb, xq]),
+        ys: pack8(&[yb, yp]),
+    };
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Copy,
+            entry: "transpose",
+            wg: WG,
+            consts: &[],
+            params,
+            args: &[arg(x, dtype), arg(y, dtype)],
+            groups: groups.map(|g| g as u32),
+        },
+    )?;
+    Ok(true)
 }
