@@ -41,6 +41,15 @@
 // Loops (per invocation): 1 per 64 of K, plus up to 204 in the epilogue: per half 17 for a
 // lane's 16 output rows, up to 5 more a row where N is not a multiple of 4 (outputs stored one
 // by one), and 5 for the bias (matmul.rs `Config::kchunk` keeps 256).
+//
+// GATHER = 1 (with TB = 1) makes the product an implicit convolution: op(B) is the column
+// matrix of NHWC images, never written. With K ordered (tap, channel) its k-fast runs of 8
+// are 8 channels of one input pixel, 16 bytes in the image, so they load as before, only
+// from a computed address. An invocation's 8 runs of B lie at 8 fixed output positions
+// (rows of op(B)^T) for the whole loop and at one K offset a step: the positions' input
+// pixels at tap (0, 0) are worked out once (`pixels`), and a step adds one tap offset to
+// all 8 (`gathered`). Pixels outside the image (padding) load as zero. The host needs the
+// channels a multiple of 8 (a run never straddles two taps) and one group.
 
 alias Params = MatmulParams;
 
@@ -49,10 +58,10 @@ const BN: u32 = 128u;
 
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
 //! requires spirv
-//! check WG=128 TA=0 TB=0 FUSE=0,5
-//! check WG=128 TA=0 TB=1 FUSE=0,5
-//! check WG=128 TA=1 TB=0 FUSE=0,5
-//! check WG=128 TA=1 TB=1 FUSE=0,5
+//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0
+//! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1
+//! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0
+//! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0
 const KW: u32 = 64u;
 const PK8: u32 = 9u;
 const PMN8: u32 = 17u;
@@ -107,6 +116,52 @@ fn runs(kfast: bool, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32
     o.mask = select(0u, 0xffu, r0 + q < extent);
     o.k_lo = r;
   }
+  return o;
+}
+
+// The implicit convolution's runs of B (GATHER = 1, see the header), by run i: the input
+// row and column its output position reads at tap (0, 0) (`FAR` rows for positions past N,
+// so every tap falls outside), and that pixel's first run of 8 channels in the buffer,
+// image base included (any value where outside; never loaded).
+struct Pixels {
+  y: array<i32, 8>,
+  x: array<i32, 8>,
+  at: array<i32, 8>,
+}
+
+const FAR: i32 = -1073741824;
+
+// Invocation `lid`'s pixels for the workgroup's positions from `n0`, in the image whose runs
+// start at run `base8`: run i is position n0 + lid / 8 + 16 i (the k-fast tile's rows).
+fn pixels(lid: u32, n0: u32, base8: u32) -> Pixels {
+  var o: Pixels;
+  let runs_px = p.k / p.im_kk / 8u;
+  //! unroll i in 0..8
+  let pos$i = n0 + lid / 8u + 16u * $i;
+  let oh$i = pos$i / p.im_wo;
+  o.y[$i] = select(FAR, i32(oh$i * p.im_sh) + p.im_ph, pos$i < p.n);
+  o.x[$i] = i32((pos$i - oh$i * p.im_wo) * p.im_sw) + p.im_pw;
+  o.at[$i] = (o.y[$i] * i32(p.im_w) + o.x[$i]) * i32(runs_px) + i32(base8);
+  //! end
+  return o;
+}
+
+// The 8 runs of invocation `lid` for K index `k` (its run's first channel; runs at k >= kend
+// load as zero): one tap and channel run for all 8 pixels, one division pair a step.
+fn gathered(px: Pixels, k: u32, kend: u32) -> array<vec4<f32>, 8> {
+  let runs_px = p.k / p.im_kk / 8u;
+  let tap = k / (runs_px * 8u);
+  let run = (k - tap * runs_px * 8u) / 8u;
+  let ki = tap / p.im_kw;
+  let dy = i32(ki) * p.im_dh;
+  let dx = i32(tap - ki * p.im_kw) * p.im_dw;
+  let d = (dy * i32(p.im_w) + dx) * i32(runs_px) + i32(run);
+  let kin = k < kend;
+  var o: array<vec4<f32>, 8>;
+  //! unroll i in 0..8
+  let ok$i = kin & (u32(px.y[$i] + dy) < p.im_h) & (u32(px.x[$i] + dx) < p.im_w);
+  o[$i] = select(vec4<f32>(0.0), b[select(0u, u32(px.at[$i] + d), ok$i)], ok$i);
+  //! end
   return o;
 }
 
@@ -198,11 +253,22 @@ fn main(ids: Ids) {
   var ga = ra.g0;
   var gb = rb.g0;
   var left = kr.y - kr.x;
+  var px: Pixels;
+  if (GATHER == 1u) { px = pixels(lid, n0, b_base / 8u); }
+  let kq = (lid % 8u) * 8u;
   //! unroll i in 0..8
   let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
   var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
-  let okb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+  let okb$i = (GATHER == 0u) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
   var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
+  //! end
+  if (GATHER == 1u) {
+    let g = gathered(px, kr.x + kq, kr.y);
+    //! unroll i in 0..8
+    xb$i = g[$i];
+    //! end
+  }
+  //! unroll i in 0..8
   Ts[ra.s0 + $i * SIA] = xa$i;
   Ts[TB8 + rb.s0 + $i * SIB] = xb$i;
   //! end
@@ -226,7 +292,12 @@ fn main(ids: Ids) {
         xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
         //! end
       }
-      if (rb.mask == 0xffu && left >= KW) {
+      if (GATHER == 1u) {
+        let g = gathered(px, k0 + KW + kq, kr.y);
+        //! unroll i in 0..8
+        xb$i = g[$i];
+        //! end
+      } else if (rb.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
         xb$i = b[gb + $i * rb.gi];
         //! end

@@ -536,6 +536,120 @@ fn implicit_conv_gradients() {
     }
 }
 
+/// f16 convolution gradients on tensor cores, with `wide` gathering channels-last images
+/// where the adapter runs it (forced; elsewhere the usual path, still checked): the input's
+/// gradient for stride 1 is a mirrored implicit convolution (no col2im), stride 2 and a
+/// channel count off 8 fall back. L = sum(conv(x, w) * r) is linear, so its gradients are
+/// sums the f64 reference adds up directly: dx from r and w, dw from r and x.
+#[test]
+fn channels_last_conv_gradients() {
+    use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+    let dev = device();
+    let dt = DType::F16;
+    let square = Operands {
+        a_strides: (128, 1),
+        b_strides: (128, 1),
+        offsets: (0, 0),
+        batch_strides: (0, 0),
+    };
+    let wide = forced(Config::CoopWide, || plan(&dev, dt, (128, 128, 128), &square)).unwrap()
+        == Config::CoopWide;
+    let mut rng = Rng::new(36);
+    // (n, c, h, w, o, k, stride, pad, dil)
+    for (n, c, h, w, o, k, stride, pad, dil) in [
+        (2, 8, 6, 7, 8, (3, 3), (1, 1), (1, 1), (1, 1)),
+        (1, 16, 9, 8, 24, (3, 3), (1, 1), (2, 2), (2, 2)),
+        (2, 8, 5, 3, 16, (1, 1), (1, 1), (0, 0), (1, 1)),
+        (1, 8, 7, 6, 8, (2, 2), (2, 2), (0, 1), (1, 1)),
+        (1, 8, 6, 6, 12, (3, 3), (1, 1), (1, 1), (1, 1)),
+    ] {
+        let name = format!("{:?}", (n, c, h, w, o, k, stride, pad, dil));
+        let ho = (h + 2 * pad.0 - dil.0 * (k.0 - 1) - 1) / stride.0 + 1;
+        let wo = (w + 2 * pad.1 - dil.1 * (k.1 - 1) - 1) / stride.1 + 1;
+        let (xv, wv, rv) = (
+            rng.vec(n * c * h * w),
+            rng.vec(o * c * k.0 * k.1),
+            rng.vec(n * o * ho * wo),
+        );
+        let x = tensor(&dev, &xv, &[n, c, h, w], dt).variable();
+        let wt = tensor(&dev, &wv, &[o, c, k.0, k.1], dt).variable();
+        let r = tensor(&dev, &rv, &[n, o, ho, wo], dt);
+        let opts = Conv2dOpts {
+            stride,
+            padding: pad,
+            dilation: dil,
+            ..Default::default()
+        };
+        dev.start_profiling().unwrap();
+        forced(Config::CoopWide, || {
+            x.conv2d(&wt, None, opts)
+                .unwrap()
+                .mul(&r)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap()
+        })
+        .unwrap();
+        let ran: Vec<String> = dev
+            .stop_profiling()
+            .unwrap()
+            .by_kernel()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        if wide {
+            let mirrored = stride == (1, 1) && o % 8 == 0;
+            assert_eq!(
+                ran.iter().any(|k| k.contains("col2im")),
+                !mirrored,
+                "{name}: kernels {ran:?}"
+            );
+        }
+        let (xr, wr, rr) = (rounded(&xv, dt), rounded(&wv, dt), rounded(&rv, dt));
+        let mut dx = vec![0.0f64; xv.len()];
+        let mut dw = vec![0.0f64; wv.len()];
+        for b in 0..n {
+            for oc in 0..o {
+                for oh in 0..ho {
+                    for ow in 0..wo {
+                        let g = rr[((b * o + oc) * ho + oh) * wo + ow];
+                        for ci in 0..c {
+                            for ki in 0..k.0 {
+                                for kj in 0..k.1 {
+                                    let ih = (oh * stride.0 + ki * dil.0) as isize - pad.0 as isize;
+                                    let iw = (ow * stride.1 + kj * dil.1) as isize - pad.1 as isize;
+                                    if ih < 0 || iw < 0 || ih as usize >= h || iw as usize >= w {
+                                        continue;
+                                    }
+                                    let xi = ((b * c + ci) * h + ih as usize) * w + iw as usize;
+                                    let wi = ((oc * c + ci) * k.0 + ki) * k.1 + kj;
+                                    dx[xi] += g * wr[wi];
+                                    dw[wi] += g * xr[xi];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let t = tol(dt);
+        assert_close_tol(
+            &x.grad().unwrap().to_f32_vec().unwrap(),
+            &dx,
+            (t.0 * 10.0, t.1),
+            &format!("f16 conv2d dx {name}"),
+        );
+        assert_close_tol(
+            &wt.grad().unwrap().to_f32_vec().unwrap(),
+            &dw,
+            (t.0 * 25.0, t.1 * 2.0),
+            &format!("f16 conv2d dw {name}"),
+        );
+    }
+}
+
 #[test]
 fn softmax_norm_loss_gradients() {
     let dev = device();

@@ -768,6 +768,102 @@ fn conv2d_implicit() {
     }
 }
 
+/// Convolutions as implicit products on tensor cores (`wide` gathering 16-byte runs of
+/// channels from the image copied channels last): f16, forced where the adapter runs `wide`
+/// (elsewhere the usual path, still checked). Channels that are a multiple of 8 and one group
+/// gather; the others (C = 12, two groups) must fall back to im2col and still be right.
+#[test]
+fn conv2d_channels_last() {
+    use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+    let dev = poisoned();
+    let dt = DType::F16;
+    let square = Operands {
+        a_strides: (128, 1),
+        b_strides: (128, 1),
+        offsets: (0, 0),
+        batch_strides: (0, 0),
+    };
+    let wide = forced(Config::CoopWide, || plan(&dev, dt, (128, 128, 128), &square)).unwrap()
+        == Config::CoopWide;
+    let mut rng = Rng::new(23);
+    // (n, c, h, w, o, k, stride, pad, dil, groups): 1x1, 3x3 padded, K past one 64-wide
+    // step with a partial last one (C = 24: K = 216), stride 2 with dilation, more than 128
+    // positions and output channels (partial tiles both ways), and the two fallbacks.
+    let cases = [
+        (1, 8, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+        (2, 8, 17, 13, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        (3, 24, 12, 9, 6, (3, 3), (2, 1), (1, 0), (2, 1), 1),
+        (2, 16, 13, 11, 130, (3, 2), (1, 1), (2, 1), (2, 2), 1),
+        (1, 8, 33, 35, 3, (5, 5), (1, 1), (2, 2), (1, 1), 1),
+        (2, 12, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        (2, 16, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    ];
+    for (n, c, h, w, o, k, stride, pad, dil, groups) in cases {
+        let x = rng.vec(n * c * h * w);
+        let wt = rng.vec(o * (c / groups) * k.0 * k.1);
+        let b = rng.vec(o);
+        let opts = Conv2dOpts {
+            stride,
+            padding: pad,
+            dilation: dil,
+            groups,
+            act: Some(Activation::Relu),
+        };
+        let name = format!("{:?}", (n, c, h, w, o, k, stride, pad, dil, groups));
+        let (tx, tw, tb) = (
+            tensor(&dev, &x, &[n, c, h, w], dt),
+            tensor(&dev, &wt, &[o, c / groups, k.0, k.1], dt),
+            tensor(&dev, &b, &[o], dt),
+        );
+        dev.start_profiling().unwrap();
+        let y = forced(Config::CoopWide, || tx.conv2d(&tw, Some(&tb), opts))
+            .unwrap()
+            .unwrap();
+        let ran: Vec<String> = dev
+            .stop_profiling()
+            .unwrap()
+            .by_kernel()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        if wide {
+            let gathers = c % 8 == 0 && groups == 1;
+            assert_eq!(
+                ran.iter().any(|k| k.contains("im2col")),
+                !gathers,
+                "{name}: kernels {ran:?}"
+            );
+        }
+        let win = cpu::Window {
+            n,
+            c,
+            h,
+            w,
+            k,
+            stride,
+            pad,
+            dil,
+        };
+        let want: Vec<f64> = cpu::conv2d(
+            &rounded(&x, dt),
+            &rounded(&wt, dt),
+            Some(&rounded(&b, dt)),
+            &win,
+            o,
+            groups,
+        )
+        .into_iter()
+        .map(|v| cpu::activation(Activation::Relu, v))
+        .collect();
+        assert_close_tol(
+            &y.to_f32_vec().unwrap(),
+            &want,
+            (tol(dt).0 * 10.0, tol(dt).1),
+            &format!("channels-last conv2d {name}"),
+        );
+    }
+}
+
 #[test]
 fn pooling() {
     let dev = poisoned();

@@ -150,14 +150,34 @@ pub(crate) struct Gemm<'a> {
     /// b's bias starts at (b % a_mod) * bias_bs.
     pub bias_rows: bool,
     pub bias_bs: usize,
-    /// An implicit convolution: op(B) is gathered from NCHW images (a batch element's image
-    /// starts at b's offset + (b % b_mod) * b_bs) with this window instead of read from a
-    /// column matrix; op(B)'s contiguous axis (b_strides) is the output positions. Only
-    /// `reg` gathers ([`gathers`]).
-    pub gather: Option<Geom>,
-    /// The gather reads each window mirrored (tap (ki, kj) as (KH - 1 - ki, KW - 1 - kj)):
-    /// an input gradient as a convolution with the weight flipped.
-    pub gather_mirrored: bool,
+    /// An implicit convolution: op(B) is gathered from images with this window instead of
+    /// read from a column matrix (see [`Gather`]).
+    pub gather: Option<Gather>,
+}
+
+/// An implicit convolution's image operand: op(B)[k, n] is what output position n's window
+/// reads at column-matrix row k, zero in the padding. A batch element's image starts at
+/// B's offset + (b % b_mod) * b_bs. Which kernel gathers decides the layout ([`gathers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gather {
+    /// The convolution's window over the images (its batch is the product's).
+    pub geom: Geom,
+    /// Each window read mirrored (tap (ki, kj) as (KH - 1 - ki, KW - 1 - kj)): an input
+    /// gradient as a convolution with the weight flipped.
+    pub mirrored: bool,
+    /// The layout, as [`gathers`] chose it.
+    pub layout: ImageLayout,
+}
+
+/// How the kernel that gathers an implicit convolution wants the images.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageLayout {
+    /// NCHW, K ordered (channel, tap), op(B) contiguous along N (the positions): `reg`,
+    /// which needs A's offset, batch stride, pitch and contiguous extent multiples of 4.
+    Planar,
+    /// NHWC, K ordered (tap, channel), op(B) contiguous along K: `wide`, on tensor cores,
+    /// which needs the channels, A's pitch and offsets multiples of 8 and one group.
+    ChannelsLast,
 }
 
 /// Which kernel and tile configuration a product runs with (reported by the bench).
@@ -466,17 +486,25 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     config
 }
 
-/// Whether a product whose op(B) is gathered from images (an implicit convolution, see
-/// [`Gemm::gather`]) runs on `dev` for `dtype`: only `reg` gathers, so only where `reg` is the
-/// GPU kernel (no tensor cores for the dtype, not a CPU adapter, where the products run
-/// without workgroup memory) or tests force it; and A's offset, batch stride, pitch and
-/// contiguous extent (`a_runs`) must be multiples of 4 for its 16-byte loads.
-pub(crate) fn gathers(dev: &Device, dtype: DType, a_runs: [usize; 4]) -> bool {
-    let reg = match FORCED.with(|c| c.get()) {
-        Some(c) => c == Config::Reg,
-        None => !dev.info().is_cpu() && !tensor_cores(dev, dtype),
-    };
-    reg && a_runs[2] > 0 && a_runs.iter().all(|v| v % 4 == 0)
+/// Which layout an implicit convolution's images (see [`Gather`]) take on `dev` for `dtype`,
+/// or None where no kernel gathers: `wide` (channels last) where the adapter runs it, else
+/// `reg` (planar) where it is the GPU kernel (no tensor cores for the dtype, not a CPU
+/// adapter); tests force either. The caller checks that layout's rules.
+pub(crate) fn gathers(dev: &Device, dtype: DType) -> Option<ImageLayout> {
+    let wide = wide_runs(dev, dtype);
+    match FORCED.with(|c| c.get()) {
+        Some(Config::Reg) => Some(ImageLayout::Planar),
+        Some(Config::CoopWide) if wide => Some(ImageLayout::ChannelsLast),
+        Some(_) => None,
+        None if wide => Some(ImageLayout::ChannelsLast),
+        None if !dev.info().is_cpu() && !tensor_cores(dev, dtype) => Some(ImageLayout::Planar),
+        None => None,
+    }
+}
+
+/// Whether `wide` runs on `dev` for `dtype` (given operands in runs of 8).
+fn wide_runs(dev: &Device, dtype: DType) -> bool {
+    tensor_cores(dev, dtype) && dev.caps().workgroup_storage >= 49152 && dev.caps().spirv
 }
 
 pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
@@ -515,8 +543,15 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         offsets: (g.offsets.0, g.offsets.1),
         batch_strides: (g.a_bs, g.b_bs),
     };
-    if g.gather.is_some() {
-        return run(dev, g, Config::Reg);
+    if let Some(im) = &g.gather {
+        return run(
+            dev,
+            g,
+            match im.layout {
+                ImageLayout::Planar => Config::Reg,
+                ImageLayout::ChannelsLast => Config::CoopWide,
+            },
+        );
     }
     let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
     let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
@@ -663,18 +698,24 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         ..Default::default()
     };
     let params = match &g.gather {
-        Some(im) => {
-            if config != Config::Reg {
+        Some(gather) => {
+            let ok = match gather.layout {
+                ImageLayout::Planar => config == Config::Reg,
+                ImageLayout::ChannelsLast => config == Config::CoopWide && tb,
+            };
+            if !ok {
                 return Err(Error::Internal(format!(
-                    "an implicit convolution's product planned for {config:?}, which does not gather"
+                    "an implicit convolution's product planned for {config:?}, which does not gather {:?} images",
+                    gather.layout
                 )));
             }
+            let im = &gather.geom;
             let (_, wo) = im.out().unwrap_or((0, 0));
             // Where tap (0, 0) reads at output position (0, 0), and the step between taps;
             // a mirrored window starts at its last tap and steps back.
             let (dh, dw) = (im.dil.0 as i32, im.dil.1 as i32);
             let (mut ph, mut pw) = (-(im.pad.0 as i32), -(im.pad.1 as i32));
-            let (dh, dw) = if g.gather_mirrored {
+            let (dh, dw) = if gather.mirrored {
                 ph += dh * (im.kh as i32 - 1);
                 pw += dw * (im.kw as i32 - 1);
                 (-dh, -dw)
@@ -743,7 +784,12 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         Config::CoopWide => (
             Kernel::MatmulWide,
             "main",
-            vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
+            vec![
+                ("TA", ta as u32),
+                ("TB", tb as u32),
+                ("FUSE", fuse),
+                ("GATHER", g.gather.is_some() as u32),
+            ],
         ),
         Config::CoopDirect => (
             Kernel::MatmulTc,

@@ -1,19 +1,26 @@
 //! 2-D convolution and pooling, NCHW.
 //!
 //! A convolution is a batched product per image and group: out[n, g] = w[g] x col[n, g],
-//! with col[n, g] the image's patches as a [Cg*KH*KW, HO*WO] column matrix. Where the GPU
-//! runs its products with `reg` (f32, and any dtype without tensor cores) the product reads
-//! col straight from the image (an implicit GEMM, `matmul::Gemm::gather`): forward, the
-//! weight's gradient, and for stride 1 the input's gradient (a convolution of the output
-//! gradient with the weight transposed and its windows mirrored). Elsewhere (tensor cores,
-//! CPU adapters, layouts `reg` cannot load, strided inputs' gradients) `im2col` writes col
-//! in chunks of images and `col2im` folds the input's gradient back.
+//! with col[n, g] the image's patches as a [Cg*KH*KW, HO*WO] column matrix. Where a GPU
+//! kernel can, the product reads col straight from the image (an implicit GEMM,
+//! `matmul::Gather`) instead of a column matrix in memory:
+//! - `reg` (f32, and any dtype without tensor cores) gathers from the NCHW image: the
+//!   forward, the weight's gradient, and for stride 1 the input's gradient (a convolution of
+//!   the output gradient with the weight transposed and its windows mirrored);
+//! - `wide` (f16 on tensor cores) gathers 16-byte runs of channels, so the image and the
+//!   weight are first copied channels last (NHWC, [O, KH, KW, C]; a copy of x is a ninth of
+//!   a 3x3 column matrix): the forward and the stride-1 input gradient, with one group and
+//!   channels in multiples of 8.
+//!
+//! Elsewhere (CPU adapters, layouts the kernels cannot load, strided inputs' gradients, the
+//! weight gradient on tensor cores) `im2col` writes col in chunks of images and `col2im`
+//! folds the input's gradient back.
 
 use super::activation::Activation;
 use super::elementwise::{float_only, same_device, same_dtype};
 use crate::error::{Error, Result};
 use crate::kernels::conv::{self as kc, Geom};
-use crate::kernels::matmul::{self as km, Act, Gemm};
+use crate::kernels::matmul::{self as km, Act, Gather, Gemm, ImageLayout};
 use crate::tensor::Tensor;
 use crate::tensor::graph::{Backward, record, record_fn, recording};
 use std::cell::Cell;
@@ -86,15 +93,20 @@ impl ConvDims {
     fn hw(&self) -> usize {
         self.ho * self.wo
     }
-    /// Whether the forward product reads the image implicitly: A is the weight
-    /// [Og, Cg*KH*KW] of each group.
-    fn implicit(&self, x: &Tensor) -> bool {
-        !IM2COL.with(|c| c.get())
-            && km::gathers(
-                x.device(),
-                x.dtype(),
-                [0, self.og() * self.cg_kk(), self.cg_kk(), self.cg_kk()],
-            )
+    /// How the forward product reads the image implicitly (A is the weight [Og, Cg*KH*KW]
+    /// of each group), or None where it goes through column matrices.
+    fn implicit(&self, x: &Tensor) -> Option<ImageLayout> {
+        if IM2COL.with(|c| c.get()) {
+            return None;
+        }
+        let k = self.cg_kk();
+        match km::gathers(x.device(), x.dtype())? {
+            ImageLayout::Planar => {
+                (k > 0 && [self.og() * k, k].iter().all(|v| v % 4 == 0)).then_some(ImageLayout::Planar)
+            }
+            ImageLayout::ChannelsLast => (self.groups == 1 && self.geom.c % 8 == 0 && k > 0)
+                .then_some(ImageLayout::ChannelsLast),
+        }
     }
 
     /// Images per implicit product: the product's batch (images x groups, times up to a
@@ -310,9 +322,19 @@ fn conv_forward(
 ) -> Result<Tensor> {
     let dev = x.device();
     let out = Tensor::uninit(dev, &[d.geom.n, d.o, d.ho, d.wo], x.dtype())?;
-    if d.implicit(x) {
+    if let Some(layout) = d.implicit(x) {
         let chunk = d.gather_chunk(x);
         let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
+        // Channels last: x as [N, H, W, C] and the weight as [O, KH, KW, C], so K runs
+        // (tap, channel) and a run of 8 of it is 16 bytes of one pixel.
+        let (x, w, b_strides) = match layout {
+            ImageLayout::Planar => (x.clone(), w.clone(), (d.hw(), 1)),
+            ImageLayout::ChannelsLast => (
+                x.permute(&[0, 2, 3, 1])?.contiguous()?,
+                w.permute(&[0, 2, 3, 1])?.contiguous()?,
+                (1, d.cg_kk()),
+            ),
+        };
         for n0 in (0..d.geom.n).step_by(chunk) {
             let cn = chunk.min(d.geom.n - n0);
             km::matmul(
@@ -331,7 +353,7 @@ fn conv_forward(
                     k: d.cg_kk(),
                     batch: cn * d.groups,
                     a_strides: (d.cg_kk(), 1),
-                    b_strides: (d.hw(), 1),
+                    b_strides,
                     a_bs: d.og() * d.cg_kk(),
                     b_bs: c / d.groups * hw_in,
                     a_mod: d.groups,
@@ -340,8 +362,11 @@ fn conv_forward(
                     offsets: (0, n0 * c * hw_in, n0 * d.o * d.hw()),
                     bias_rows: true,
                     bias_bs: d.og(),
-                    gather: Some(d.geom),
-                    gather_mirrored: d.mirrored,
+                    gather: Some(Gather {
+                        geom: d.geom,
+                        mirrored: d.mirrored,
+                        layout,
+                    }),
                 },
             )?;
         }
@@ -396,7 +421,6 @@ fn conv_forward(
                 bias_rows: true,
                 bias_bs: d.og(),
                 gather: None,
-                gather_mirrored: false,
             },
         )?;
         n0 += cn;
@@ -422,7 +446,7 @@ pub(crate) fn conv_grads(
     let mut v = Vec::new();
     if x.requires_grad() {
         let dx = match mirrored_dims(&d) {
-            Some(fd) if fd.implicit(&dy) => {
+            Some(fd) if fd.implicit(&dy).is_some() => {
                 conv_forward(&dy, &transposed(w, &d)?, None, Act::None, &fd)?
             }
             _ => input_grad_cols(w, &dy, &d, x)?,
@@ -520,7 +544,6 @@ fn input_grad_cols(w: &Tensor, dy: &Tensor, d: &ConvDims, x: &Tensor) -> Result<
                 bias_rows: false,
                 bias_bs: 0,
                 gather: None,
-                gather_mirrored: false,
             },
         )?;
         kc::col2im(
@@ -541,8 +564,11 @@ fn input_grad_cols(w: &Tensor, dy: &Tensor, d: &ConvDims, x: &Tensor) -> Result<
 /// chunks whose per-image products (and column matrices) fit the column budget.
 fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
     let (dev, dt) = (x.device(), x.dtype());
+    // Only `reg` gathers a weight gradient's columns (planar images, position-fast runs).
     let implicit = !IM2COL.with(|c| c.get())
-        && km::gathers(dev, dt, [0, d.og() * d.hw(), d.hw(), d.hw()]);
+        && km::gathers(dev, dt) == Some(ImageLayout::Planar)
+        && d.hw() > 0
+        && d.hw() % 4 == 0;
     let chunk = if implicit {
         let per_image = dt.bytes(d.o * d.cg_kk()).max(1);
         let cap = COL_BUDGET.min(dev.caps().max_binding);
@@ -596,8 +622,11 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
                 offsets: (n0 * d.o * d.hw(), b_off, 0),
                 bias_rows: false,
                 bias_bs: 0,
-                gather: implicit.then_some(d.geom),
-                gather_mirrored: false,
+                gather: implicit.then_some(Gather {
+                    geom: d.geom,
+                    mirrored: false,
+                    layout: ImageLayout::Planar,
+                }),
             },
         )?;
         let s = part.sum(0, false)?;

@@ -207,7 +207,6 @@ pub(crate) fn gemm(
             bias_rows: false,
             bias_bs: 0,
             gather: None,
-            gather_mirrored: false,
         },
     )?;
     Ok(out)
