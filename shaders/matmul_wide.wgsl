@@ -3,7 +3,9 @@
 // `Caps::spirv`), with the parameters, batching, split-K and fused epilogue of
 // matmul_tc.wgsl (MatmulParams), whose `main` and `direct` serve other adapters and layouts.
 // A workgroup of 4 subgroups (WG = 128, subgroup size 32) computes a 128 x 128 tile of C;
-// each subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32.
+// each subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32. RM = 64 (products
+// with M <= 64, such as a convolution's 64 output channels) makes the tile 64 x 128, each
+// subgroup's block 64 x 32: the rows past M are neither multiplied nor kept.
 //
 // 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
 // computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
@@ -58,10 +60,10 @@ const BN: u32 = 128u;
 
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
 //! requires spirv
-//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0
-//! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1
-//! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0
-//! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0
+//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0 RM=64,128
+//! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1 RM=64,128
+//! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128
+//! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128
 const KW: u32 = 64u;
 const PK8: u32 = 9u;
 const PMN8: u32 = 17u;
@@ -236,8 +238,9 @@ fn main(ids: Ids) {
   let kr = matmul_krange(ids.wid.z);
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
-  let wr = (sg / 2u) * 64u;
-  let wc = (sg % 2u) * 64u;
+  // RM = 64: the four subgroups side by side, 64 x 32 each.
+  let wr = select((sg / 2u) * 64u, 0u, RM == 64u);
+  let wc = select((sg % 2u) * 64u, sg * 32u, RM == 64u);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
   let ra = runs(TA == 0u, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
@@ -311,11 +314,11 @@ fn main(ids: Ids) {
     //! unroll s in 0..4
     //! unroll i in 0..4
     let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
-    let b$s$i = frag_b($s * 16u, wc + $i * 16u);
+    let b$s$i = frag_b($s * 16u, wc + select($i, $i % 2u, RM == 64u) * 16u);
     //! end
     //! unroll i in 0..4
     //! unroll j in 0..4
-    c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j);
+    if ((RM == 128u) | ($j < 2u)) { c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j); }
     //! end
     //! end
     //! end
@@ -333,6 +336,15 @@ fn main(ids: Ids) {
   // The loop ended with a barrier: every subgroup is done with the tiles, which now stage
   // the output, each subgroup's 64 x 32 halves in turn.
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  if (RM == 64u) {
+    //! unroll i in 0..4
+    coopStoreT(c$i0u, &Ts[sg * HALF + $i * 16u * PO], PO);
+    coopStoreT(c$i1u, &Ts[sg * HALF + $i * 16u * PO + 4u], PO);
+    //! end
+    workgroupBarrier();
+    write_half(sg, lane, c_base, m0, n0 + wc, bb);
+    return;
+  }
   //! unroll i in 0..4
   coopStoreT(c$i0u, &Ts[sg * HALF + $i * 16u * PO], PO);
   coopStoreT(c$i1u, &Ts[sg * HALF + $i * 16u * PO + 4u], PO);

@@ -552,7 +552,10 @@ fn channels_last_conv_gradients() {
         offsets: (0, 0),
         batch_strides: (0, 0),
     };
-    let wide = forced(Config::CoopWide, || plan(&dev, dt, (128, 128, 128), &square)).unwrap()
+    let wide = forced(Config::CoopWide, || {
+        plan(&dev, dt, (128, 128, 128), &square)
+    })
+    .unwrap()
         == Config::CoopWide;
     let mut rng = Rng::new(36);
     // (n, c, h, w, o, k, stride, pad, dil)

@@ -783,7 +783,10 @@ fn conv2d_channels_last() {
         offsets: (0, 0),
         batch_strides: (0, 0),
     };
-    let wide = forced(Config::CoopWide, || plan(&dev, dt, (128, 128, 128), &square)).unwrap()
+    let wide = forced(Config::CoopWide, || {
+        plan(&dev, dt, (128, 128, 128), &square)
+    })
+    .unwrap()
         == Config::CoopWide;
     let mut rng = Rng::new(23);
     // (n, c, h, w, o, k, stride, pad, dil, groups): 1x1, 3x3 padded, K past one 64-wide

@@ -229,7 +229,11 @@ fn transposed_views_copy_through_tiles() {
                     src += (rem % oshape[k]) * strides[perm[k]];
                     rem /= oshape[k];
                 }
-                assert_eq!(g.to_bits(), xv[src].to_bits(), "{dt} {shape:?} {perm:?} at {i}");
+                assert_eq!(
+                    g.to_bits(),
+                    xv[src].to_bits(),
+                    "{dt} {shape:?} {perm:?} at {i}"
+                );
             }
             if n > 1 {
                 assert!(

@@ -148,7 +148,9 @@ pub(crate) fn strided_layout(
         };
         return run(dev, "words", p, &[arg(x, DType::U32), arg(y, DType::U32)]);
     }
-    if dtype != DType::U32 && transpose(dev, x, xl.offset(), y, yl.offset(), dtype, &dims, &xs, &ys)? {
+    if dtype != DType::U32
+        && transpose(dev, x, xl.offset(), y, yl.offset(), dtype, &dims, &xs, &ys)?
+    {
         return Ok(());
     }
     strided(

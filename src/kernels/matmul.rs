@@ -751,9 +751,10 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
     };
     // `reg` halves its tile's rows where M fits in 64 (a 128-row tile would multiply as
     // many zero rows as real ones).
+    // So does `wide`.
     let reg_rows = if g.m <= 64 { 64 } else { 128 };
     let (tm, tn) = match config {
-        Config::Reg => (reg_rows, 128),
+        Config::Reg | Config::CoopWide => (reg_rows, 128),
         _ => config.tile(),
     };
     let groups = [
@@ -789,6 +790,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
                 ("TB", tb as u32),
                 ("FUSE", fuse),
                 ("GATHER", g.gather.is_some() as u32),
+                ("RM", reg_rows as u32),
             ],
         ),
         Config::CoopDirect => (

@@ -101,11 +101,12 @@ impl ConvDims {
         }
         let k = self.cg_kk();
         match km::gathers(x.device(), x.dtype())? {
-            ImageLayout::Planar => {
-                (k > 0 && [self.og() * k, k].iter().all(|v| v % 4 == 0)).then_some(ImageLayout::Planar)
+            ImageLayout::Planar => (k > 0 && [self.og() * k, k].iter().all(|v| v % 4 == 0))
+                .then_some(ImageLayout::Planar),
+            ImageLayout::ChannelsLast => {
+                (self.groups == 1 && self.geom.c.is_multiple_of(8) && k > 0)
+                    .then_some(ImageLayout::ChannelsLast)
             }
-            ImageLayout::ChannelsLast => (self.groups == 1 && self.geom.c % 8 == 0 && k > 0)
-                .then_some(ImageLayout::ChannelsLast),
         }
     }
 
@@ -568,7 +569,7 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
     let implicit = !IM2COL.with(|c| c.get())
         && km::gathers(dev, dt) == Some(ImageLayout::Planar)
         && d.hw() > 0
-        && d.hw() % 4 == 0;
+        && d.hw().is_multiple_of(4);
     let chunk = if implicit {
         let per_image = dt.bytes(d.o * d.cg_kk()).max(1);
         let cap = COL_BUDGET.min(dev.caps().max_binding);
@@ -598,7 +599,11 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
         let part = Tensor::uninit(dev, &[cn, d.o * d.cg_kk()], dt)?;
         let (b, b_bs, b_off) = match &col {
             Some(col) => (col.dense_block("conv2d backward")?, d.cg_kk() * d.hw(), 0),
-            None => (x.dense_block("conv2d backward")?, c / d.groups * hw_in, n0 * c * hw_in),
+            None => (
+                x.dense_block("conv2d backward")?,
+                c / d.groups * hw_in,
+                n0 * c * hw_in,
+            ),
         };
         km::matmul(
             dev,
