@@ -44,8 +44,9 @@
 // lane's 16 output rows, up to 5 more a row where N is not a multiple of 4 (outputs stored one
 // by one), and 5 for the bias (matmul.rs `Config::kchunk` keeps 256).
 //
-// GATHER = 1 (with TB = 1) makes the product an implicit convolution: op(B) is the column
-// matrix of NHWC images, never written. With K ordered (tap, channel) its k-fast runs of 8
+// GATHER = 1 makes the product an implicit convolution: op(B) is the column matrix of NHWC
+// images, never written. TB = 1 is a forward product (B = col, K x positions); TB = 0 a
+// weight gradient's (B = col^T, positions x K, see `Taps`). With K ordered (tap, channel) its k-fast runs of 8
 // are 8 channels of one input pixel, 16 bytes in the image, so they load as before, only
 // from a computed address. An invocation's 8 runs of B lie at 8 fixed output positions
 // (rows of op(B)^T) for the whole loop and at one K offset a step: the positions' input
@@ -60,7 +61,7 @@ const BN: u32 = 128u;
 
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
 //! requires spirv
-//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0 RM=64,128
+//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0,1 RM=64,128
 //! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1 RM=64,128
 //! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128
 //! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128
@@ -167,6 +168,69 @@ fn gathered(px: Pixels, k: u32, kend: u32) -> array<vec4<f32>, 8> {
   return o;
 }
 
+// A weight gradient's runs of B (GATHER = 1, TB = 0): op(B) is col^T, its K rows the output
+// positions and its columns (tap, channel), so an invocation's 8 runs (K rows lid / 16 + 8 i
+// of each step, columns from n0 + (lid % 16) 8) share one tap and channel run for the whole
+// loop and step through positions. Each run keeps its position's output row and column,
+// moved on by the step's 64 positions without dividing (`next_taps`).
+struct Taps {
+  oh: array<u32, 8>,
+  ow: array<u32, 8>,
+  // The tap's input offsets at output (0, 0), its channel run (image base included), and
+  // whether the column is inside N.
+  dy: i32,
+  dx: i32,
+  run: u32,
+  ok: bool,
+}
+
+fn taps(lid: u32, n0: u32, k0: u32, base8: u32) -> Taps {
+  var o: Taps;
+  let runs_px = p.n / p.im_kk / 8u;
+  let col = n0 + (lid % 16u) * 8u;
+  let tap = col / (runs_px * 8u);
+  let ki = tap / p.im_kw;
+  o.dy = i32(ki) * p.im_dh + p.im_ph;
+  o.dx = i32(tap - ki * p.im_kw) * p.im_dw + p.im_pw;
+  o.run = base8 + (col - tap * runs_px * 8u) / 8u;
+  o.ok = col < p.n;
+  //! unroll i in 0..8
+  let pos$i = k0 + lid / 16u + 8u * $i;
+  o.oh[$i] = pos$i / p.im_wo;
+  o.ow[$i] = pos$i - o.oh[$i] * p.im_wo;
+  //! end
+  return o;
+}
+
+// `t` a step (KW positions) on.
+fn next_taps(t: Taps) -> Taps {
+  var o = t;
+  let rows = KW / p.im_wo;
+  let cols = KW - rows * p.im_wo;
+  //! unroll i in 0..8
+  let ow$i = t.ow[$i] + cols;
+  let wrap$i = ow$i >= p.im_wo;
+  o.ow[$i] = select(ow$i, ow$i - p.im_wo, wrap$i);
+  o.oh[$i] = t.oh[$i] + rows + select(0u, 1u, wrap$i);
+  //! end
+  return o;
+}
+
+// The 8 runs at `t`'s positions, of which K row `k` is run 0's (runs at K >= kend load as
+// zero).
+fn gathered_taps(t: Taps, k: u32, kend: u32) -> array<vec4<f32>, 8> {
+  let runs_px = p.n / p.im_kk / 8u;
+  var o: array<vec4<f32>, 8>;
+  //! unroll i in 0..8
+  let y$i = i32(t.oh[$i] * p.im_sh) + t.dy;
+  let x$i = i32(t.ow[$i] * p.im_sw) + t.dx;
+  let ok$i = t.ok & (k + 8u * $i < kend) & (u32(y$i) < p.im_h) & (u32(x$i) < p.im_w);
+  let at$i = t.run + (u32(y$i) * p.im_w + u32(x$i)) * runs_px;
+  o[$i] = select(vec4<f32>(0.0), b[select(0u, at$i, ok$i)], ok$i);
+  //! end
+  return o;
+}
+
 // Epilogue staging: a subgroup's 64 x 32 half of its outputs as rows of PO = 9 runs of 4
 // f32 (8 used; the ninth staggers the rows across banks), HALF runs a subgroup.
 const PO: u32 = 9u;
@@ -257,16 +321,25 @@ fn main(ids: Ids) {
   var gb = rb.g0;
   var left = kr.y - kr.x;
   var px: Pixels;
-  if (GATHER == 1u) { px = pixels(lid, n0, b_base / 8u); }
+  var tp: Taps;
+  if (GATHER == 1u && TB == 1u) { px = pixels(lid, n0, b_base / 8u); }
+  if (GATHER == 1u && TB == 0u) { tp = taps(lid, n0, kr.x, b_base / 8u); }
   let kq = (lid % 8u) * 8u;
+  let kr16 = lid / 16u;
   //! unroll i in 0..8
   let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
   var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
   let okb$i = (GATHER == 0u) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
   var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
   //! end
-  if (GATHER == 1u) {
+  if (GATHER == 1u && TB == 1u) {
     let g = gathered(px, kr.x + kq, kr.y);
+    //! unroll i in 0..8
+    xb$i = g[$i];
+    //! end
+  }
+  if (GATHER == 1u && TB == 0u) {
+    let g = gathered_taps(tp, kr.x + kr16, kr.y);
     //! unroll i in 0..8
     xb$i = g[$i];
     //! end
@@ -295,8 +368,14 @@ fn main(ids: Ids) {
         xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
         //! end
       }
-      if (GATHER == 1u) {
+      if (GATHER == 1u && TB == 1u) {
         let g = gathered(px, k0 + KW + kq, kr.y);
+        //! unroll i in 0..8
+        xb$i = g[$i];
+        //! end
+      } else if (GATHER == 1u) {
+        tp = next_taps(tp);
+        let g = gathered_taps(tp, k0 + KW + kr16, kr.y);
         //! unroll i in 0..8
         xb$i = g[$i];
         //! end

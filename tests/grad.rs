@@ -539,7 +539,8 @@ fn implicit_conv_gradients() {
 /// f16 convolution gradients on tensor cores, with `wide` gathering channels-last images
 /// where the adapter runs it (forced; elsewhere the usual path, still checked): the input's
 /// gradient for stride 1 is a mirrored implicit convolution (no col2im), stride 2 and a
-/// channel count off 8 fall back. L = sum(conv(x, w) * r) is linear, so its gradients are
+/// channel count off 8 fall back; the weight's gathers channels-last columns where the
+/// output has a multiple of 8 positions (no im2col). L = sum(conv(x, w) * r) is linear, so its gradients are
 /// sums the f64 reference adds up directly: dx from r and w, dw from r and x.
 #[test]
 fn channels_last_conv_gradients() {
@@ -565,6 +566,9 @@ fn channels_last_conv_gradients() {
         (2, 8, 5, 3, 16, (1, 1), (1, 1), (0, 0), (1, 1)),
         (1, 8, 7, 6, 8, (2, 2), (2, 2), (0, 1), (1, 1)),
         (1, 8, 6, 6, 12, (3, 3), (1, 1), (1, 1), (1, 1)),
+        (2, 24, 10, 12, 16, (3, 3), (1, 1), (1, 1), (1, 1)),
+        (1, 8, 20, 4, 8, (3, 3), (1, 1), (1, 1), (1, 1)),
+        (1, 8, 16, 16, 8, (3, 3), (2, 2), (1, 1), (1, 1)),
     ] {
         let name = format!("{:?}", (n, c, h, w, o, k, stride, pad, dil));
         let ho = (h + 2 * pad.0 - dil.0 * (k.0 - 1) - 1) / stride.0 + 1;
@@ -603,10 +607,17 @@ fn channels_last_conv_gradients() {
             .map(|s| s.name)
             .collect();
         if wide {
+            // The weight's gradient gathers where dy's rows are runs of 8 positions.
             let mirrored = stride == (1, 1) && o % 8 == 0;
+            let gathered_dw = (ho * wo) % 8 == 0;
             assert_eq!(
                 ran.iter().any(|k| k.contains("col2im")),
                 !mirrored,
+                "{name}: kernels {ran:?}"
+            );
+            assert_eq!(
+                ran.iter().any(|k| k.contains("im2col")),
+                !gathered_dw,
                 "{name}: kernels {ran:?}"
             );
         }

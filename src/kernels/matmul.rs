@@ -175,8 +175,10 @@ pub enum ImageLayout {
     /// NCHW, K ordered (channel, tap), op(B) contiguous along N (the positions): `reg`,
     /// which needs A's offset, batch stride, pitch and contiguous extent multiples of 4.
     Planar,
-    /// NHWC, K ordered (tap, channel), op(B) contiguous along K: `wide`, on tensor cores,
-    /// which needs the channels, A's pitch and offsets multiples of 8 and one group.
+    /// NHWC, with the column matrix's rows ordered (tap, channel): `wide`, on tensor cores,
+    /// which needs the channels, A's pitch and offsets multiples of 8, one group, and op(A)
+    /// contiguous along K. op(B) is the column matrix (contiguous along K: a forward
+    /// product) or its transpose (contiguous along N: a weight gradient).
     ChannelsLast,
 }
 
@@ -701,7 +703,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         Some(gather) => {
             let ok = match gather.layout {
                 ImageLayout::Planar => config == Config::Reg,
-                ImageLayout::ChannelsLast => config == Config::CoopWide && tb,
+                ImageLayout::ChannelsLast => config == Config::CoopWide && !ta,
             };
             if !ok {
                 return Err(Error::Internal(format!(

@@ -9,11 +9,11 @@
 //!   the output gradient with the weight transposed and its windows mirrored);
 //! - `wide` (f16 on tensor cores) gathers 16-byte runs of channels, so the image and the
 //!   weight are first copied channels last (NHWC, [O, KH, KW, C]; a copy of x is a ninth of
-//!   a 3x3 column matrix): the forward and the stride-1 input gradient, with one group and
-//!   channels in multiples of 8.
+//!   a 3x3 column matrix): the forward, the stride-1 input gradient and the weight's
+//!   gradient, with one group and channels in multiples of 8.
 //!
-//! Elsewhere (CPU adapters, layouts the kernels cannot load, strided inputs' gradients, the
-//! weight gradient on tensor cores) `im2col` writes col in chunks of images and `col2im`
+//! Elsewhere (CPU adapters, layouts the kernels cannot load, strided inputs' gradients)
+//! `im2col` writes col in chunks of images and `col2im`
 //! folds the input's gradient back.
 
 use super::activation::Activation;
@@ -565,12 +565,23 @@ fn input_grad_cols(w: &Tensor, dy: &Tensor, d: &ConvDims, x: &Tensor) -> Result<
 /// chunks whose per-image products (and column matrices) fit the column budget.
 fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
     let (dev, dt) = (x.device(), x.dtype());
-    // Only `reg` gathers a weight gradient's columns (planar images, position-fast runs).
-    let implicit = !IM2COL.with(|c| c.get())
-        && km::gathers(dev, dt) == Some(ImageLayout::Planar)
-        && d.hw() > 0
-        && d.hw().is_multiple_of(4);
-    let chunk = if implicit {
+    let gathers = if IM2COL.with(|c| c.get()) || d.hw() == 0 {
+        None
+    } else {
+        km::gathers(dev, dt)
+    };
+    // `reg` gathers planar images (runs of 4 positions of dy); `wide` channels-last ones
+    // (runs of 8 channels, dy's rows in runs of 8 positions).
+    let layout = match gathers {
+        Some(ImageLayout::Planar) if d.hw().is_multiple_of(4) => Some(ImageLayout::Planar),
+        Some(ImageLayout::ChannelsLast)
+            if d.groups == 1 && d.geom.c.is_multiple_of(8) && d.hw().is_multiple_of(8) =>
+        {
+            Some(ImageLayout::ChannelsLast)
+        }
+        _ => None,
+    };
+    let chunk = if layout.is_some() {
         let per_image = dt.bytes(d.o * d.cg_kk()).max(1);
         let cap = COL_BUDGET.min(dev.caps().max_binding);
         ((cap / per_image) as usize).clamp(1, d.gather_chunk(x))
@@ -578,10 +589,16 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
         d.chunk(x)
     };
     let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
+    let (x, b_strides) = match layout {
+        Some(ImageLayout::ChannelsLast) => {
+            (x.permute(&[0, 2, 3, 1])?.contiguous()?, (d.cg_kk(), 1))
+        }
+        _ => (x.clone(), (1, d.hw())),
+    };
     let mut dw: Option<Tensor> = None;
     for n0 in (0..d.geom.n).step_by(chunk) {
         let cn = chunk.min(d.geom.n - n0);
-        let col = if implicit {
+        let col = if layout.is_some() {
             None
         } else {
             let col = Tensor::uninit(dev, &[cn, c * d.geom.kh * d.geom.kw, d.hw()], dt)?;
@@ -618,7 +635,7 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
                 k: d.hw(),
                 batch: cn * d.groups,
                 a_strides: (d.hw(), 1),
-                b_strides: (1, d.hw()),
+                b_strides,
                 a_bs: d.og() * d.hw(),
                 b_bs,
                 a_mod: cn * d.groups,
@@ -627,10 +644,10 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
                 offsets: (n0 * d.o * d.hw(), b_off, 0),
                 bias_rows: false,
                 bias_bs: 0,
-                gather: implicit.then_some(Gather {
+                gather: layout.map(|layout| Gather {
                     geom: d.geom,
                     mirrored: false,
-                    layout: ImageLayout::Planar,
+                    layout,
                 }),
             },
         )?;
@@ -640,10 +657,18 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
             None => s,
         });
     }
-    match dw {
-        Some(dw) => Ok(dw),
+    let dw = match dw {
+        Some(dw) => dw,
         // No images: the gradient of a sum over none.
-        None => Tensor::zeros(dev, &[d.o * d.cg_kk()], dt),
+        None => return Tensor::zeros(dev, &[d.o * d.cg_kk()], dt),
+    };
+    match layout {
+        // Columns ordered (tap, channel): back to [O, C, KH, KW].
+        Some(ImageLayout::ChannelsLast) => dw
+            .reshape(&[d.o, d.geom.kh, d.geom.kw, c])?
+            .permute(&[0, 3, 1, 2])?
+            .contiguous(),
+        _ => Ok(dw),
     }
 }
 
