@@ -149,8 +149,8 @@ fn pixels(lid: u32, n0: u32, base8: u32) -> Pixels {
   return o;
 }
 
-// The 8 runs of invocation `lid` for K index `k` (its run's first channel; runs at k >= kend
-// load as zero): one tap and channel run for all 8 pixels, one division pair a step.
+// The 8 runs at `px`'s pixels for K index `k`, the first of a run of 8 channels (zero where
+// k >= kend): one tap and channel run for all 8 pixels, one division pair a step.
 fn gathered(px: Pixels, k: u32, kend: u32) -> array<vec4<f32>, 8> {
   let runs_px = p.k / p.im_kk / 8u;
   let tap = k / (runs_px * 8u);
