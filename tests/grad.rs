@@ -544,20 +544,10 @@ fn implicit_conv_gradients() {
 /// sums the f64 reference adds up directly: dx from r and w, dw from r and x.
 #[test]
 fn channels_last_conv_gradients() {
-    use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+    use wgrad::kernels::matmul::{Config, forced};
     let dev = device();
     let dt = DType::F16;
-    let square = Operands {
-        a_strides: (128, 1),
-        b_strides: (128, 1),
-        offsets: (0, 0),
-        batch_strides: (0, 0),
-    };
-    let wide = forced(Config::CoopWide, || {
-        plan(&dev, dt, (128, 128, 128), &square)
-    })
-    .unwrap()
-        == Config::CoopWide;
+    let wide = runs_wide(&dev);
     let mut rng = Rng::new(36);
     // (n, c, h, w, o, k, stride, pad, dil)
     for (n, c, h, w, o, k, stride, pad, dil) in [

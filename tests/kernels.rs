@@ -684,17 +684,97 @@ fn conv2d_geometries() {
     }
 }
 
+/// (n, c, h, w, o, k, stride, pad, dil, groups) of a convolution case.
+type ConvCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    (usize, usize),
+    (usize, usize),
+    (usize, usize),
+    (usize, usize),
+    usize,
+);
+
+/// One conv2d forward with bias and ReLU, its products forced to `config`, against the f64
+/// reference; returns the kernels it ran.
+fn conv_case(
+    dev: &wgrad::Device,
+    rng: &mut Rng,
+    dt: DType,
+    case: ConvCase,
+    config: wgrad::kernels::matmul::Config,
+) -> Vec<String> {
+    let (n, c, h, w, o, k, stride, pad, dil, groups) = case;
+    let x = rng.vec(n * c * h * w);
+    let wt = rng.vec(o * (c / groups) * k.0 * k.1);
+    let b = rng.vec(o);
+    let opts = Conv2dOpts {
+        stride,
+        padding: pad,
+        dilation: dil,
+        groups,
+        act: Some(Activation::Relu),
+    };
+    let (tx, tw, tb) = (
+        tensor(dev, &x, &[n, c, h, w], dt),
+        tensor(dev, &wt, &[o, c / groups, k.0, k.1], dt),
+        tensor(dev, &b, &[o], dt),
+    );
+    dev.start_profiling().unwrap();
+    let y = wgrad::kernels::matmul::forced(config, || tx.conv2d(&tw, Some(&tb), opts))
+        .unwrap()
+        .unwrap();
+    let ran: Vec<String> = dev
+        .stop_profiling()
+        .unwrap()
+        .by_kernel()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let win = cpu::Window {
+        n,
+        c,
+        h,
+        w,
+        k,
+        stride,
+        pad,
+        dil,
+    };
+    let want: Vec<f64> = cpu::conv2d(
+        &rounded(&x, dt),
+        &rounded(&wt, dt),
+        Some(&rounded(&b, dt)),
+        &win,
+        o,
+        groups,
+    )
+    .into_iter()
+    .map(|v| cpu::activation(Activation::Relu, v))
+    .collect();
+    assert_close_tol(
+        &y.to_f32_vec().unwrap(),
+        &want,
+        (tol(dt).0 * 10.0, tol(dt).1),
+        &format!("conv2d {case:?} {dt} forced {config:?}"),
+    );
+    ran
+}
+
 /// Convolutions as implicit products (`reg` gathering its B operand from the image, forced
 /// here since lavapipe runs the CPU kernels): forward with bias and ReLU against the f64
 /// reference, and no column matrix written where the weight's layout allows the gather.
 #[test]
 fn conv2d_implicit() {
-    use wgrad::kernels::matmul::{Config, forced};
+    use wgrad::kernels::matmul::Config;
     let dev = poisoned();
     let mut rng = Rng::new(19);
-    // (n, c, h, w, o, k, stride, pad, dil, groups); C/G x KH x KW a multiple of 4 except the
-    // last (which must fall back to im2col and still be right).
-    let cases = [
+    // C/G x KH x KW a multiple of 4 except the last (which must fall back to im2col and still
+    // be right).
+    let cases: [ConvCase; 6] = [
         (1, 4, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
         (2, 4, 17, 13, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
         (3, 4, 12, 9, 6, (3, 2), (2, 1), (1, 0), (1, 1), 2),
@@ -703,66 +783,14 @@ fn conv2d_implicit() {
         (2, 3, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     ];
     for dt in DTYPES {
-        for (n, c, h, w, o, k, stride, pad, dil, groups) in cases {
-            let x = rng.vec(n * c * h * w);
-            let wt = rng.vec(o * (c / groups) * k.0 * k.1);
-            let b = rng.vec(o);
-            let opts = Conv2dOpts {
-                stride,
-                padding: pad,
-                dilation: dil,
-                groups,
-                act: Some(Activation::Relu),
-            };
-            let name = format!("{:?} {dt}", (n, c, h, w, o, k, stride, pad, dil, groups));
-            let (tx, tw, tb) = (
-                tensor(&dev, &x, &[n, c, h, w], dt),
-                tensor(&dev, &wt, &[o, c / groups, k.0, k.1], dt),
-                tensor(&dev, &b, &[o], dt),
-            );
-            dev.start_profiling().unwrap();
-            let y = forced(Config::Reg, || tx.conv2d(&tw, Some(&tb), opts))
-                .unwrap()
-                .unwrap();
-            let ran: Vec<String> = dev
-                .stop_profiling()
-                .unwrap()
-                .by_kernel()
-                .into_iter()
-                .map(|s| s.name)
-                .collect();
+        for case in cases {
+            let ran = conv_case(&dev, &mut rng, dt, case, Config::Reg);
+            let (c, k, groups) = (case.1, case.5, case.9);
             let implicit = (c / groups * k.0 * k.1) % 4 == 0;
             assert_eq!(
                 ran.iter().any(|k| k.contains("im2col")),
                 !implicit,
-                "{name}: kernels {ran:?}"
-            );
-            let win = cpu::Window {
-                n,
-                c,
-                h,
-                w,
-                k,
-                stride,
-                pad,
-                dil,
-            };
-            let want: Vec<f64> = cpu::conv2d(
-                &rounded(&x, dt),
-                &rounded(&wt, dt),
-                Some(&rounded(&b, dt)),
-                &win,
-                o,
-                groups,
-            )
-            .into_iter()
-            .map(|v| cpu::activation(Activation::Relu, v))
-            .collect();
-            assert_close_tol(
-                &y.to_f32_vec().unwrap(),
-                &want,
-                (tol(dt).0 * 10.0, tol(dt).1),
-                &format!("implicit conv2d {name}"),
+                "{case:?} {dt}: kernels {ran:?}"
             );
         }
     }
@@ -774,25 +802,15 @@ fn conv2d_implicit() {
 /// gather; the others (C = 12, two groups) must fall back to im2col and still be right.
 #[test]
 fn conv2d_channels_last() {
-    use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+    use wgrad::kernels::matmul::Config;
     let dev = poisoned();
     let dt = DType::F16;
-    let square = Operands {
-        a_strides: (128, 1),
-        b_strides: (128, 1),
-        offsets: (0, 0),
-        batch_strides: (0, 0),
-    };
-    let wide = forced(Config::CoopWide, || {
-        plan(&dev, dt, (128, 128, 128), &square)
-    })
-    .unwrap()
-        == Config::CoopWide;
+    let wide = runs_wide(&dev);
     let mut rng = Rng::new(23);
-    // (n, c, h, w, o, k, stride, pad, dil, groups): 1x1, 3x3 padded, K past one 64-wide
-    // step with a partial last one (C = 24: K = 216), stride 2 with dilation, more than 128
-    // positions and output channels (partial tiles both ways), and the two fallbacks.
-    let cases = [
+    // 1x1, 3x3 padded, K past one 64-wide step with a partial last one (C = 24: K = 216),
+    // stride 2 with dilation, more than 128 positions and output channels (partial tiles both
+    // ways), and the two fallbacks.
+    let cases: [ConvCase; 7] = [
         (1, 8, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
         (2, 8, 17, 13, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
         (3, 24, 12, 9, 6, (3, 3), (2, 1), (1, 0), (2, 1), 1),
@@ -801,69 +819,16 @@ fn conv2d_channels_last() {
         (2, 12, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
         (2, 16, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
     ];
-    for (n, c, h, w, o, k, stride, pad, dil, groups) in cases {
-        let x = rng.vec(n * c * h * w);
-        let wt = rng.vec(o * (c / groups) * k.0 * k.1);
-        let b = rng.vec(o);
-        let opts = Conv2dOpts {
-            stride,
-            padding: pad,
-            dilation: dil,
-            groups,
-            act: Some(Activation::Relu),
-        };
-        let name = format!("{:?}", (n, c, h, w, o, k, stride, pad, dil, groups));
-        let (tx, tw, tb) = (
-            tensor(&dev, &x, &[n, c, h, w], dt),
-            tensor(&dev, &wt, &[o, c / groups, k.0, k.1], dt),
-            tensor(&dev, &b, &[o], dt),
-        );
-        dev.start_profiling().unwrap();
-        let y = forced(Config::CoopWide, || tx.conv2d(&tw, Some(&tb), opts))
-            .unwrap()
-            .unwrap();
-        let ran: Vec<String> = dev
-            .stop_profiling()
-            .unwrap()
-            .by_kernel()
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
+    for case in cases {
+        let ran = conv_case(&dev, &mut rng, dt, case, Config::CoopWide);
         if wide {
-            let gathers = c % 8 == 0 && groups == 1;
+            let gathers = case.1 % 8 == 0 && case.9 == 1;
             assert_eq!(
                 ran.iter().any(|k| k.contains("im2col")),
                 !gathers,
-                "{name}: kernels {ran:?}"
+                "{case:?}: kernels {ran:?}"
             );
         }
-        let win = cpu::Window {
-            n,
-            c,
-            h,
-            w,
-            k,
-            stride,
-            pad,
-            dil,
-        };
-        let want: Vec<f64> = cpu::conv2d(
-            &rounded(&x, dt),
-            &rounded(&wt, dt),
-            Some(&rounded(&b, dt)),
-            &win,
-            o,
-            groups,
-        )
-        .into_iter()
-        .map(|v| cpu::activation(Activation::Relu, v))
-        .collect();
-        assert_close_tol(
-            &y.to_f32_vec().unwrap(),
-            &want,
-            (tol(dt).0 * 10.0, tol(dt).1),
-            &format!("channels-last conv2d {name}"),
-        );
     }
 }
 

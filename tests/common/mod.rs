@@ -144,3 +144,19 @@ pub fn broadcast_apply(
     };
     (0..n).map(|i| op(a[idx(i, sa)], b[idx(i, sb)])).collect()
 }
+
+/// Whether `dev` runs the `wide` tensor-core product for f16 (what `forced(CoopWide)` gets).
+pub fn runs_wide(dev: &wgrad::Device) -> bool {
+    use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+    let square = Operands {
+        a_strides: (128, 1),
+        b_strides: (128, 1),
+        offsets: (0, 0),
+        batch_strides: (0, 0),
+    };
+    forced(Config::CoopWide, || {
+        plan(dev, DType::F16, (128, 128, 128), &square)
+    })
+    .unwrap()
+        == Config::CoopWide
+}
