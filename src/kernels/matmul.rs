@@ -435,7 +435,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let runs_of_8 = tiled_ok && runs.iter().all(|v| v % 8 == 0);
     let direct_ok = runs_of_8 && [m, n, k].iter().all(|v| v % 16 == 0);
     // `wide` takes runs of 8 and the adapter's passing on wgrad's SPIR-V.
-    let wide_ok = runs_of_8 && dev.caps().spirv;
+    let wide_ok = runs_of_8 && wide_runs(dev, dtype);
     if config == Config::CoopWide && !wide_ok {
         config = Config::CoopTiled;
     }

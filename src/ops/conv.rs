@@ -323,84 +323,74 @@ fn conv_forward(
 ) -> Result<Tensor> {
     let dev = x.device();
     let out = Tensor::uninit(dev, &[d.geom.n, d.o, d.ho, d.wo], x.dtype())?;
-    if let Some(layout) = d.implicit(x) {
-        let chunk = d.gather_chunk(x);
-        let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
-        // Channels last: x as [N, H, W, C] and the weight as [O, KH, KW, C], so K runs
-        // (tap, channel) and a run of 8 of it is 16 bytes of one pixel.
-        let (x, w, b_strides) = match layout {
-            ImageLayout::Planar => (x.clone(), w.clone(), (d.hw(), 1)),
-            ImageLayout::ChannelsLast => (
-                x.permute(&[0, 2, 3, 1])?.contiguous()?,
-                w.permute(&[0, 2, 3, 1])?.contiguous()?,
-                (1, d.cg_kk()),
-            ),
-        };
-        for n0 in (0..d.geom.n).step_by(chunk) {
-            let cn = chunk.min(d.geom.n - n0);
-            km::matmul(
-                dev,
-                &Gemm {
-                    a: w.dense_block("conv2d")?,
-                    b: x.dense_block("conv2d")?,
-                    c: out.dense_block("conv2d")?,
-                    bias: match bias {
-                        Some(b) => Some(b.dense_block("conv2d")?),
-                        None => None,
-                    },
-                    dtype: x.dtype(),
-                    m: d.og(),
-                    n: d.hw(),
-                    k: d.cg_kk(),
-                    batch: cn * d.groups,
-                    a_strides: (d.cg_kk(), 1),
-                    b_strides,
-                    a_bs: d.og() * d.cg_kk(),
-                    b_bs: c / d.groups * hw_in,
-                    a_mod: d.groups,
-                    b_mod: cn * d.groups,
-                    act,
-                    offsets: (0, n0 * c * hw_in, n0 * d.o * d.hw()),
-                    bias_rows: true,
-                    bias_bs: d.og(),
-                    gather: Some(Gather {
-                        geom: d.geom,
-                        mirrored: d.mirrored,
-                        layout,
-                    }),
-                },
-            )?;
-        }
-        return Ok(out);
-    }
-    if d.mirrored {
+    let gather = d.implicit(x);
+    if d.mirrored && gather.is_none() {
         return Err(Error::Internal(
             "conv2d: a mirrored window needs the implicit product".into(),
         ));
     }
-    let chunk = d.chunk(x);
-    let mut n0 = 0;
-    while n0 < d.geom.n {
+    let chunk = match gather {
+        Some(_) => d.gather_chunk(x),
+        None => d.chunk(x),
+    };
+    // Channels last: x as [N, H, W, C] and the weight as [O, KH, KW, C], so K runs
+    // (tap, channel) and a run of 8 of it is 16 bytes of one pixel.
+    let (x, w) = match gather {
+        Some(ImageLayout::ChannelsLast) => (
+            x.permute(&[0, 2, 3, 1])?.contiguous()?,
+            w.permute(&[0, 2, 3, 1])?.contiguous()?,
+        ),
+        _ => (x.clone(), w.clone()),
+    };
+    let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
+    for n0 in (0..d.geom.n).step_by(chunk) {
         let cn = chunk.min(d.geom.n - n0);
-        let g = Geom { n: cn, ..d.geom };
-        let col = Tensor::uninit(
-            dev,
-            &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()],
-            x.dtype(),
-        )?;
-        kc::im2col(
-            dev,
-            &g,
-            n0,
-            x.dense_block("conv2d")?,
-            col.dense_block("conv2d")?,
-            x.dtype(),
-        )?;
+        // B: the images themselves where the product gathers, else this chunk's columns.
+        let col = match gather {
+            Some(_) => None,
+            None => {
+                let col = Tensor::uninit(
+                    dev,
+                    &[cn, d.geom.c * d.geom.kh * d.geom.kw, d.hw()],
+                    x.dtype(),
+                )?;
+                let g = Geom { n: cn, ..d.geom };
+                kc::im2col(
+                    dev,
+                    &g,
+                    n0,
+                    x.dense_block("conv2d")?,
+                    col.dense_block("conv2d")?,
+                    x.dtype(),
+                )?;
+                Some(col)
+            }
+        };
+        let (b, b_strides, b_bs, b_off) = match (&col, gather) {
+            (Some(col), _) => (
+                col.dense_block("conv2d")?,
+                (d.hw(), 1),
+                d.cg_kk() * d.hw(),
+                0,
+            ),
+            (None, Some(ImageLayout::ChannelsLast)) => (
+                x.dense_block("conv2d")?,
+                (1, d.cg_kk()),
+                c / d.groups * hw_in,
+                n0 * c * hw_in,
+            ),
+            (None, _) => (
+                x.dense_block("conv2d")?,
+                (d.hw(), 1),
+                c / d.groups * hw_in,
+                n0 * c * hw_in,
+            ),
+        };
         km::matmul(
             dev,
             &Gemm {
                 a: w.dense_block("conv2d")?,
-                b: col.dense_block("conv2d")?,
+                b,
                 c: out.dense_block("conv2d")?,
                 bias: match bias {
                     Some(b) => Some(b.dense_block("conv2d")?),
@@ -412,19 +402,22 @@ fn conv_forward(
                 k: d.cg_kk(),
                 batch: cn * d.groups,
                 a_strides: (d.cg_kk(), 1),
-                b_strides: (d.hw(), 1),
+                b_strides,
                 a_bs: d.og() * d.cg_kk(),
-                b_bs: d.cg_kk() * d.hw(),
+                b_bs,
                 a_mod: d.groups,
                 b_mod: cn * d.groups,
                 act,
-                offsets: (0, 0, n0 * d.o * d.hw()),
+                offsets: (0, b_off, n0 * d.o * d.hw()),
                 bias_rows: true,
                 bias_bs: d.og(),
-                gather: None,
+                gather: gather.map(|layout| Gather {
+                    geom: d.geom,
+                    mirrored: d.mirrored,
+                    layout,
+                }),
             },
         )?;
-        n0 += cn;
     }
     Ok(out)
 }
