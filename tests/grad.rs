@@ -577,25 +577,19 @@ fn channels_last_conv_gradients() {
             dilation: dil,
             ..Default::default()
         };
-        dev.start_profiling().unwrap();
-        forced(Config::CoopWide, || {
-            x.conv2d(&wt, None, opts)
-                .unwrap()
-                .mul(&r)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap()
-        })
-        .unwrap();
-        let ran: Vec<String> = dev
-            .stop_profiling()
+        let ((), ran) = ran_kernels(&dev, || {
+            forced(Config::CoopWide, || {
+                x.conv2d(&wt, None, opts)
+                    .unwrap()
+                    .mul(&r)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap()
+            })
             .unwrap()
-            .by_kernel()
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
+        });
         if wide {
             // The weight's gradient gathers where dy's rows are runs of 8 positions.
             let mirrored = stride == (1, 1) && o % 8 == 0;

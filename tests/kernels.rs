@@ -723,17 +723,11 @@ fn conv_case(
         tensor(dev, &wt, &[o, c / groups, k.0, k.1], dt),
         tensor(dev, &b, &[o], dt),
     );
-    dev.start_profiling().unwrap();
-    let y = wgrad::kernels::matmul::forced(config, || tx.conv2d(&tw, Some(&tb), opts))
-        .unwrap()
-        .unwrap();
-    let ran: Vec<String> = dev
-        .stop_profiling()
-        .unwrap()
-        .by_kernel()
-        .into_iter()
-        .map(|s| s.name)
-        .collect();
+    let (y, ran) = ran_kernels(dev, || {
+        wgrad::kernels::matmul::forced(config, || tx.conv2d(&tw, Some(&tb), opts))
+            .unwrap()
+            .unwrap()
+    });
     let win = cpu::Window {
         n,
         c,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, assert_close_tol, poisoned, tensor};
+use common::{Rng, assert_close, assert_close_tol, poisoned, ran_kernels, tensor};
 use wgrad::memory::EventKind;
 use wgrad::nn::{Module, MultiHeadAttention};
 use wgrad::ops::MatmulOpts;
@@ -212,9 +212,7 @@ fn transposed_views_copy_through_tiles() {
             let n: usize = shape.iter().product();
             let x = tensor(&dev, &rng.vec(n), shape, dt);
             let xv = x.to_f32_vec().unwrap();
-            dev.start_profiling().unwrap();
-            let y = x.permute(perm).unwrap().contiguous().unwrap();
-            let ran = dev.stop_profiling().unwrap().by_kernel();
+            let (y, ran) = ran_kernels(&dev, || x.permute(perm).unwrap().contiguous().unwrap());
             let got = y.to_f32_vec().unwrap();
             // The reference permutation, element by element.
             let oshape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
@@ -237,9 +235,9 @@ fn transposed_views_copy_through_tiles() {
             }
             if n > 1 {
                 assert!(
-                    ran.iter().any(|s| s.name.contains("transpose")),
+                    ran.iter().any(|k| k.contains("transpose")),
                     "{dt} {shape:?} {perm:?}: {:?}",
-                    ran.iter().map(|s| &s.name).collect::<Vec<_>>()
+                    ran
                 );
             }
         }

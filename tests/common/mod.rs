@@ -160,3 +160,17 @@ pub fn runs_wide(dev: &wgrad::Device) -> bool {
     .unwrap()
         == Config::CoopWide
 }
+
+/// Runs `f` under the profiler: its result and the names of the kernels it ran.
+pub fn ran_kernels<R>(dev: &wgrad::Device, f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    dev.start_profiling().unwrap();
+    let r = f();
+    let ran = dev
+        .stop_profiling()
+        .unwrap()
+        .by_kernel()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    (r, ran)
+}
