@@ -181,6 +181,29 @@ fn round_trips() {
     }
 }
 
+/// `sync` waits for work submitted before it too: a read-back submits its copy at once, so a
+/// `sync` right after has nothing of its own to submit, and must still leave the read-back
+/// complete (its future ready at the first poll, with no thread of its own to wait).
+#[test]
+fn sync_waits_for_earlier_submissions() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let dev = device();
+    let x: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let t = Tensor::from_slice(&dev, &x, &[x.len()]).unwrap();
+    let y = t.mul_scalar(3.0).unwrap();
+    for round in 0..3 {
+        let mut fut = std::pin::pin!(y.to_vec_async::<f32>().unwrap());
+        dev.flush().unwrap();
+        dev.sync().unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(v) => assert_eq!(v.unwrap()[4095], 3.0 * 4095.0),
+            Poll::Pending => panic!("round {round}: the read-back was not complete after sync"),
+        }
+    }
+}
+
 #[test]
 fn read_with_wrong_dtype_is_an_error() {
     let dev = device();

@@ -490,12 +490,12 @@ impl Device {
         Ok(())
     }
 
-    /// Submits everything queued and waits until the device has finished it.
+    /// Submits everything queued and waits until the device has finished it, and everything
+    /// submitted before. (Waiting only where this call submitted something returned at once
+    /// after a [`Device::flush`], with the device still busy.)
     pub fn sync(&self) -> Result<()> {
-        let idx = lock(&self.inner.stream).flush()?;
-        if let Some(idx) = idx {
-            self.wait(idx)?;
-        }
+        lock(&self.inner.stream).flush()?;
+        self.wait_all()?;
         self.check()
     }
 
