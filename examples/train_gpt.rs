@@ -991,7 +991,27 @@ fn run() -> Result<()> {
             );
         }
         say!("autotune  {}", wgrad::kernels::autotune_stats(&dev)?);
-        if replicas * ranks > 1 {
+        if replicas * ranks == 1 {
+            // The host's own time a step: steps queued one at a time onto an idle device, so that
+            // nothing inside waits for it (in the loop above the update waits for the last step's
+            // decision). The median of 5. The device runs while the host queues, so the step
+            // waits on the host only where this passes 100%.
+            let mut alone = (0..5)
+                .map(|_| -> Result<f64> {
+                    let t = Instant::now();
+                    train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?;
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    sync_all(&tr)?;
+                    Ok(ms)
+                })
+                .collect::<Result<Vec<f64>>>()?;
+            alone.sort_by(f64::total_cmp);
+            let host_ms = alone[alone.len() / 2];
+            say!(
+                "host      records and queues a step in {host_ms:.2} ms ({:.0}% of the step, overlapping the device's work)",
+                100.0 * host_ms / ms
+            );
+        } else {
             let per = |x: std::time::Duration| x.as_secs_f64() * 1e3 / c.bench as f64;
             say!(
                 "exchange  the host waited {:.2} ms a step for gradient read-backs, queued the sums for {:.2} ms, uploaded for {:.2} ms",
