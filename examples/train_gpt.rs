@@ -1007,6 +1007,14 @@ fn run() -> Result<()> {
                 .collect::<Result<Vec<f64>>>()?;
             alone.sort_by(f64::total_cmp);
             let host_ms = alone[alone.len() / 2];
+            let d = dev.dispatch_stats();
+            say!(
+                "dispatch  {} kernel launches, {} submits since the start; {:.1}% of launches reused a bind group ({} kept)",
+                d.dispatches,
+                d.submits,
+                100.0 * d.bind_groups_reused as f64 / d.dispatches.max(1) as f64,
+                d.bind_groups_kept
+            );
             say!(
                 "host      records and queues a step in {host_ms:.2} ms ({:.0}% of the step, overlapping the device's work)",
                 100.0 * host_ms / ms

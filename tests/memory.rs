@@ -59,6 +59,7 @@ fn steady_state_allocates_nothing() {
     let mut rng = Rng::new(2);
     let data = rng.vec(3 * 1000);
     let mut after_warmup = 0;
+    let mut binds_warm = dev.dispatch_stats();
     for it in 0..30 {
         let x = Tensor::from_slice(&dev, &data, &[3, 1000]).unwrap();
         let w = dev.randn(&[3, 1000], DType::F32).unwrap();
@@ -68,6 +69,7 @@ fn steady_state_allocates_nothing() {
         let _ = y.mean_all().unwrap().to_scalar().unwrap();
         if it == 4 {
             after_warmup = dev.memory_stats().total_device_allocs();
+            binds_warm = dev.dispatch_stats();
         }
     }
     let s = dev.memory_stats();
@@ -78,6 +80,28 @@ fn steady_state_allocates_nothing() {
         dev.memory_report()
     );
     assert!(s.hit_rate() > 0.9, "{}", dev.memory_report());
+    // The same launches on the same blocks: every bind group is reused.
+    let b = dev.dispatch_stats();
+    assert_eq!(
+        b.bind_groups_created, binds_warm.bind_groups_created,
+        "{b:?}"
+    );
+    assert_eq!(
+        b.bind_groups_reused - binds_warm.bind_groups_reused,
+        b.dispatches - binds_warm.dispatches,
+        "{b:?}"
+    );
+    // Pages going back to the driver take their bind groups with them.
+    assert!(b.bind_groups_kept > 0);
+    dev.sync().unwrap();
+    dev.empty_cache();
+    let after = dev.dispatch_stats();
+    assert_eq!(
+        after.bind_groups_kept,
+        0,
+        "{after:?}\n{}",
+        dev.memory_report()
+    );
 }
 
 /// Past the budget an allocation fails with a clear error; live tensors survive, and after

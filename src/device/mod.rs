@@ -9,6 +9,7 @@
 //! layer, which keeps its cache in the device's [`Device::kernel_state`] slot.
 
 mod adapter;
+pub(crate) mod bind_cache;
 mod options;
 pub mod profile;
 mod readback;
@@ -23,6 +24,7 @@ use crate::error::{Error, Result, fmt_bytes};
 use crate::memory::staging::DownloadPool;
 use crate::memory::{Block, Event, MemoryPool, MemoryReport, MemoryStats, PoolConfig};
 use adapter::{DEVICE_LIFECYCLE, lock};
+use bind_cache::BindCache;
 use readback::MapState;
 use std::any::Any;
 use std::fmt;
@@ -394,6 +396,8 @@ impl Device {
         };
         let limit = bytes(opts.memory_limit)?;
         let release_threshold = bytes(opts.release_threshold)?;
+        let binds = Arc::new(Mutex::new(BindCache::default()));
+        let forget = Arc::clone(&binds);
         let memory = MemoryPool::new(
             device.clone(),
             PoolConfig {
@@ -403,6 +407,7 @@ impl Device {
                 no_cache: opts.no_cache,
                 trace: opts.trace,
                 release_threshold,
+                on_page_release: Some(Box::new(move |b: &wgpu::Buffer| lock(&forget).forget(b))),
             },
         );
         let info = DeviceInfo {
@@ -417,7 +422,13 @@ impl Device {
             caps: caps.clone(),
             missing,
         };
-        let stream = Stream::new(device.clone(), queue, caps.uniform_align, memory.epoch());
+        let stream = Stream::new(
+            device.clone(),
+            queue,
+            caps.uniform_align,
+            memory.epoch(),
+            binds,
+        );
         let downloads = DownloadPool::new(device.clone());
         Ok(Device {
             inner: Arc::new(DeviceInner {
@@ -538,6 +549,22 @@ impl Device {
     pub(crate) fn alloc(&self, bytes: u64) -> Result<Block> {
         self.check()?;
         self.inner.memory.alloc(bytes)
+    }
+
+    /// Counters of the host's side of launching kernels, since the device opened.
+    pub fn dispatch_stats(&self) -> DispatchStats {
+        let (dispatches, submits, binds) = {
+            let st = lock(&self.inner.stream);
+            (st.dispatch_total, st.submits, Arc::clone(&st.binds))
+        };
+        let b = lock(&binds);
+        DispatchStats {
+            dispatches,
+            submits,
+            bind_groups_created: b.created,
+            bind_groups_reused: b.reused,
+            bind_groups_kept: b.len() as u64,
+        }
     }
 
     /// Counters of the memory pool and staging buffers.
@@ -779,6 +806,21 @@ impl Device {
             _t: PhantomData,
         })
     }
+}
+
+/// What [`Device::dispatch_stats`] counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Kernel launches recorded.
+    pub dispatches: u64,
+    /// Batches submitted to the queue.
+    pub submits: u64,
+    /// Bind groups created (a launch on memory no earlier launch of its layout bound).
+    pub bind_groups_created: u64,
+    /// Launches that reused a kept bind group.
+    pub bind_groups_reused: u64,
+    /// Bind groups kept now.
+    pub bind_groups_kept: u64,
 }
 
 /// What [`Device::track`] measured.

@@ -11,11 +11,13 @@
 //! earlier one reusing the same slots is ordered after it on the queue, so no slot is
 //! overwritten while a kernel still reads it.
 
+use super::adapter::lock;
+use super::bind_cache::{BindCache, BindKey};
 use super::profile::{GpuTimer, KernelEvent, Profiling};
 use crate::error::{Error, Result};
 use crate::memory::staging::{CHUNK_SIZE, UploadBelt};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Dispatches per submit.
@@ -42,7 +44,9 @@ pub(crate) fn layout_entries(n_storage: usize) -> Vec<wgpu::BindGroupLayoutEntry
         visibility: wgpu::ShaderStages::COMPUTE,
         ty: wgpu::BindingType::Buffer {
             ty: wgpu::BufferBindingType::Uniform,
-            has_dynamic_offset: false,
+            // The block's place in the parameter buffer is given at dispatch, so one bind
+            // group serves every launch on the same memory (see bind_cache.rs).
+            has_dynamic_offset: true,
             min_binding_size: None,
         },
         count: None,
@@ -80,6 +84,8 @@ enum Cmd {
     Dispatch {
         pipeline: wgpu::ComputePipeline,
         bind_group: wgpu::BindGroup,
+        /// Where the dispatch's parameter block starts in the parameter buffer.
+        params_offset: u32,
         groups: [u32; 3],
     },
     Copy {
@@ -109,6 +115,9 @@ pub(crate) struct Stream {
     pub(crate) prof: Option<Profiling>,
     /// The clock profiles and the memory trace share.
     epoch: Instant,
+    /// Bind groups for reuse, shared with the memory pool, which drops the entries of pages
+    /// it releases.
+    pub(crate) binds: Arc<Mutex<BindCache>>,
 }
 
 impl Stream {
@@ -117,6 +126,7 @@ impl Stream {
         queue: wgpu::Queue,
         param_align: u64,
         epoch: Instant,
+        binds: Arc<Mutex<BindCache>>,
     ) -> Self {
         let param_align = param_align.max(16) as usize;
         let cap = (MAX_BATCH * param_align.max(256)) as u64;
@@ -140,6 +150,7 @@ impl Stream {
             dispatch_total: 0,
             prof: None,
             epoch,
+            binds,
         }
     }
 
@@ -200,33 +211,44 @@ impl Stream {
         self.params.extend_from_slice(bytes);
         self.params.resize(start + padded, 0);
 
-        let mut entries = Vec::with_capacity(storage.len() + 1);
-        entries.push(wgpu::BindGroupEntry {
-            binding: PARAMS_BINDING,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.params_buf,
-                offset: start as u64,
-                size: wgpu::BufferSize::new(padded as u64),
-            }),
-        });
-        for (i, s) in storage.iter().enumerate() {
+        let key = BindKey {
+            layout: pipe.layout.clone(),
+            params: padded as u64,
+            storage: storage
+                .iter()
+                .map(|s| (s.buffer.clone(), s.offset, s.size.max(4)))
+                .collect(),
+        };
+        let bind_group = lock(&self.binds).get_or(key, |key| {
+            let mut entries = Vec::with_capacity(key.storage.len() + 1);
             entries.push(wgpu::BindGroupEntry {
-                binding: storage_binding(i),
+                binding: PARAMS_BINDING,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: s.buffer,
-                    offset: s.offset,
-                    size: wgpu::BufferSize::new(s.size.max(4)),
+                    buffer: &self.params_buf,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(key.params),
                 }),
             });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipe.layout,
-            entries: &entries,
+            for (i, (buffer, offset, size)) in key.storage.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: storage_binding(i),
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset: *offset,
+                        size: wgpu::BufferSize::new(*size),
+                    }),
+                });
+            }
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &key.layout,
+                entries: &entries,
+            })
         });
         self.cmds.push(Cmd::Dispatch {
             pipeline: pipe.pipeline.clone(),
             bind_group,
+            params_offset: start as u32,
             groups,
         });
         self.dispatches += 1;
@@ -419,11 +441,12 @@ impl Stream {
                     while let Some(Cmd::Dispatch {
                         pipeline,
                         bind_group,
+                        params_offset,
                         groups,
                     }) = self.cmds.get(i)
                     {
                         pass.set_pipeline(pipeline);
-                        pass.set_bind_group(0, bind_group, &[]);
+                        pass.set_bind_group(0, bind_group, &[*params_offset]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         i += 1;
                         if timer.is_some() {

@@ -44,6 +44,7 @@ const TRACE_CAPACITY: usize = 1 << 20;
 /// The pool. One per device; blocks hold an `Arc` to it so they can return themselves.
 pub(crate) struct MemoryPool {
     device: wgpu::Device,
+    on_page_release: Option<PageHook>,
     state: Mutex<PoolState>,
     epoch: Instant,
 }
@@ -101,7 +102,13 @@ pub(crate) struct PoolConfig {
     pub trace: bool,
     /// Bytes of empty cached pages kept; more go back to the driver as they empty.
     pub release_threshold: u64,
+    /// Told of each page's buffer as it goes back to the driver (the device drops the bind
+    /// groups that would keep it alive).
+    pub on_page_release: Option<PageHook>,
 }
+
+/// See [`PoolConfig::on_page_release`].
+pub(crate) type PageHook = Box<dyn Fn(&wgpu::Buffer) + Send + Sync>;
 
 impl MemoryPool {
     pub(crate) fn new(device: wgpu::Device, cfg: PoolConfig) -> Arc<Self> {
@@ -113,6 +120,7 @@ impl MemoryPool {
         };
         Arc::new(MemoryPool {
             device,
+            on_page_release: cfg.on_page_release,
             state: Mutex::new(PoolState {
                 arena: Arena::new(acfg),
                 buffers: HashMap::new(),
@@ -278,7 +286,9 @@ impl MemoryPool {
     }
 
     fn drop_page(&self, st: &mut PoolState, page: PageId, size: u64) {
-        st.buffers.remove(&page);
+        if let (Some(b), Some(hook)) = (st.buffers.remove(&page), &self.on_page_release) {
+            hook(&b);
+        }
         st.stats.device_frees += 1;
         st.stats.reserved -= size;
         self.event(st, EventKind::PageFree, size);

@@ -1,0 +1,67 @@
+//! Bind groups kept for reuse, keyed by what they bind.
+//!
+//! Why: a training step repeats the same launches on the same memory (the pool hands the
+//! same blocks back each step), and creating a bind group per dispatch cost the host about
+//! 5 us each, 2.1 ms of an f16 GPT step of 434 dispatches on an H100 (BENCHMARKS.md). The
+//! kernel's parameters are bound with a dynamic offset into the stream's parameter buffer, so
+//! a bind group depends only on the pipeline's layout, the parameter block's size and the
+//! storage ranges, and the next step finds it here.
+//!
+//! Lifetime: an entry holds its buffers alive. The memory pool calls [`BindCache::forget`]
+//! whenever it returns a page to the driver, so no entry outlives its memory; the cache is
+//! also cleared past [`MAX_ENTRIES`] (workloads whose shapes keep changing), which costs
+//! only re-creation.
+
+use std::collections::HashMap;
+
+/// Entries kept before the cache is cleared.
+pub(crate) const MAX_ENTRIES: usize = 8192;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct BindKey {
+    pub layout: wgpu::BindGroupLayout,
+    /// Bytes of the parameter block (the binding's size; its offset is dynamic).
+    pub params: u64,
+    /// (buffer, offset, size) of each storage binding, in binding order.
+    pub storage: Vec<(wgpu::Buffer, u64, u64)>,
+}
+
+#[derive(Default)]
+pub(crate) struct BindCache {
+    map: HashMap<BindKey, wgpu::BindGroup>,
+    /// Bind groups created / found, for the tests and the profiler's curious.
+    pub created: u64,
+    pub reused: u64,
+}
+
+impl BindCache {
+    /// The bind group for `key`, made by `make` the first time.
+    pub(crate) fn get_or(
+        &mut self,
+        key: BindKey,
+        make: impl FnOnce(&BindKey) -> wgpu::BindGroup,
+    ) -> wgpu::BindGroup {
+        if let Some(bg) = self.map.get(&key) {
+            self.reused += 1;
+            return bg.clone();
+        }
+        if self.map.len() >= MAX_ENTRIES {
+            self.map.clear();
+        }
+        self.created += 1;
+        let bg = make(&key);
+        self.map.insert(key, bg.clone());
+        bg
+    }
+
+    /// Drops every entry that binds `buffer` (a page going back to the driver). Bind groups
+    /// already recorded in a batch keep their own handles until it is submitted.
+    pub(crate) fn forget(&mut self, buffer: &wgpu::Buffer) {
+        self.map
+            .retain(|k, _| !k.storage.iter().any(|(b, ..)| b == buffer));
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
