@@ -1,11 +1,14 @@
 //! Choosing between kernel variants by measuring them, once per shape and adapter. Off by
-//! default: on an H100 it measured no gain on the GPT's products (the size rules already
-//! pick the faster kernel there), and a first run paid 1.3-2.4 s, most of it compiling the
-//! pipelines of the variants that lost (BENCHMARKS.md). `WGRAD_AUTOTUNE=on` turns it on.
+//! default: on an H100 it has never beaten the size rules on the GPT's products (every f32
+//! shape class kept `reg`; f16 products run `wide`, which nothing measured came near), and
+//! a first run pays up to the budget compiling the pipelines of the variants that lose
+//! (0.66 s with the driver's shader cache cold, 0.15 s warm; 0.5 ms once every shape is in
+//! the file; BENCHMARKS.md). `WGRAD_AUTOTUNE=on` turns it on.
 //!
 //! Policy, when on:
 //! - Where the size rules leave two kernels that both take a product's operands (the
-//!   tensor-core `main` and `direct` products; the f32 `reg` and 64 x 64 tiled products), the
+//!   tensor-core `main` and `direct` products where `wide` does not run; the f32 `reg` and
+//!   64 x 64 tiled products), the
 //!   first product of that shape class on a device runs each variant on its own operands
 //!   (every variant computes the same product, and the winner's run is the one that stands)
 //!   and keeps the faster. The rules' choice stays unless the other is at least 5% faster,
@@ -14,9 +17,10 @@
 //!   `WGRAD_CACHE_DIR`, else `$XDG_CACHE_HOME/wgrad`, else `$HOME/.cache/wgrad`, and read on
 //!   the first product of the next run: shapes found there are not measured again. A cache
 //!   that cannot be read or written only costs the measurement again.
-//! - No new measurement starts once measuring has taken [`BUDGET`] on a device (the rules
-//!   decide from then on; the next run measures the rest). One measurement that compiles
-//!   new pipelines can run past it.
+//! - Measuring stays within [`BUDGET`] a device: no new measurement starts past half of it,
+//!   and one that reaches it between variants stops, leaving the rules' choice (the rules
+//!   decide from then on; the next run measures the rest). Compiling the variants' pipelines
+//!   is most of the cost, so only one variant's compile can run past the budget.
 //! - Products below [`MIN_FLOPS`] and CPU adapters are not measured (timings there are noise
 //!   or the rules are already right). `WGRAD_AUTOTUNE=all` also measures those (tests).
 //!
@@ -216,7 +220,7 @@ pub(crate) fn choose<C: Copy>(
         s.stats.spent += t0.elapsed();
         return Ok((c, false));
     }
-    if s.stats.spent >= BUDGET {
+    if s.stats.spent >= BUDGET / 2 {
         return Ok((rules, false));
     }
     // Each variant: one run to build its pipeline, one timed to size the trial, then enough
@@ -225,6 +229,12 @@ pub(crate) fn choose<C: Copy>(
     let mut best: Option<(usize, f64)> = None;
     let order: Vec<usize> = (1..variants.len()).chain([0]).collect();
     for &i in &order {
+        if s.stats.spent + t0.elapsed() >= BUDGET {
+            // Out of time (compiles cost more than the trials): the rules decide, and a later
+            // run measures this shape.
+            s.stats.spent += t0.elapsed();
+            return Ok((rules, false));
+        }
         let c = variants[i].0;
         let mut go = || run(c);
         time(dev, 1, &mut go)?;
