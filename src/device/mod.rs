@@ -501,9 +501,8 @@ impl Device {
         Ok(())
     }
 
-    /// Submits everything queued and waits until the device has finished it, and everything
-    /// submitted before. (Waiting only where this call submitted something returned at once
-    /// after a [`Device::flush`], with the device still busy.)
+    /// Submits everything queued, then waits until the device has finished all submitted
+    /// work, including what an earlier [`Device::flush`] (or a read-back) sent.
     pub fn sync(&self) -> Result<()> {
         lock(&self.inner.stream).flush()?;
         self.wait_all()?;

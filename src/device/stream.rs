@@ -9,7 +9,9 @@
 //! an aligned slot; the host fills a byte vector while recording and, at submit, the vector is
 //! copied into the uniform buffer by the first command of the batch. A batch that runs after an
 //! earlier one reusing the same slots is ordered after it on the queue, so no slot is
-//! overwritten while a kernel still reads it.
+//! overwritten while a kernel still reads it. The slot is bound with a dynamic offset, so a
+//! dispatch's bind group names only memory and is kept for the next launch on the same memory
+//! (`bind_cache.rs`).
 
 use super::adapter::lock;
 use super::bind_cache::{BindCache, BindKey};

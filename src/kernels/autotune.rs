@@ -8,10 +8,9 @@
 //! Policy, when on:
 //! - Where the size rules leave two kernels that both take a product's operands (the
 //!   tensor-core `main` and `direct` products where `wide` does not run; the f32 `reg` and
-//!   64 x 64 tiled products), the
-//!   first product of that shape class on a device runs each variant on its own operands
-//!   (every variant computes the same product, and the winner's run is the one that stands)
-//!   and keeps the faster. The rules' choice stays unless the other is at least 5% faster,
+//!   64 x 64 tiled products), the first product of that shape class on a device runs each
+//!   variant on its own operands (every variant computes the same product, and the winner's
+//!   run is the one that stands) and keeps the faster. The rules' choice stays unless the other is at least 5% faster,
 //!   so timing noise does not flip choices.
 //! - Choices are written to a file per adapter, driver and wgrad version, under
 //!   `WGRAD_CACHE_DIR`, else `$XDG_CACHE_HOME/wgrad`, else `$HOME/.cache/wgrad`, and read on
