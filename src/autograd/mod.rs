@@ -1,8 +1,8 @@
 //! Reverse-mode automatic differentiation: the walk over the recorded graph.
 //!
-//! Ops record a node ([`Backward`](crate::tensor::graph::Backward), implemented in each op's
+//! Ops record a node ([`Backward`], implemented in each op's
 //! own file beside its forward pass) on their output only when an input requires gradients
-//! and recording is enabled (see [`no_grad`]), so inference pays nothing. [`backward`] walks
+//! and recording is enabled (see [`no_grad`]), so inference pays nothing. `backward` walks
 //! the graph from the root in reverse topological order. Each node is *taken* when its
 //! gradient is computed, which drops the references it held to saved activations: memory is
 //! released as the walk goes, not when the whole backward pass ends.

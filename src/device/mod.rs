@@ -6,7 +6,7 @@
 //! Files: `options` (how to open one, the environment), `adapter` (which adapter, and the
 //! lock around driver calls that create and destroy devices), `stream` (ordered, batched
 //! command recording), `readback` (results coming back). Pipelines are built by the kernels
-//! layer, which keeps its cache in the device's [`Device::kernel_state`] slot.
+//! layer, which keeps its cache in the device's `Device::kernel_state` slot.
 
 mod adapter;
 pub(crate) mod bind_cache;

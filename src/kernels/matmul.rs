@@ -157,7 +157,7 @@ pub(crate) struct Gemm<'a> {
 
 /// An implicit convolution's image operand: op(B)[k, n] is what output position n's window
 /// reads at column-matrix row k, zero in the padding. A batch element's image starts at
-/// B's offset + (b % b_mod) * b_bs. Which kernel gathers decides the layout ([`gathers`]).
+/// B's offset + (b % b_mod) * b_bs. Which kernel gathers decides the layout (`gathers`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gather {
     /// The convolution's window over the images (its batch is the product's).
@@ -165,7 +165,7 @@ pub struct Gather {
     /// Each window read mirrored (tap (ki, kj) as (KH - 1 - ki, KW - 1 - kj)): an input
     /// gradient as a convolution with the weight flipped.
     pub mirrored: bool,
-    /// The layout, as [`gathers`] chose it.
+    /// The layout, as `gathers` chose it.
     pub layout: ImageLayout,
 }
 

@@ -1,7 +1,7 @@
 //! Host side of `shaders/reduce.wgsl`: reductions along one axis in chunked passes.
 //!
-//! Loop budget: a `rows` invocation strides over at most [`ROWS_CHUNK`] elements in steps of
-//! 256 (32 iterations); a `cols` invocation walks at most [`COLS_CHUNK`] elements. Longer axes
+//! Loop budget: a `rows` invocation strides over at most `ROWS_CHUNK` elements in steps of
+//! 256 (32 iterations); a `cols` invocation walks at most `COLS_CHUNK` elements. Longer axes
 //! get partial results per chunk and further passes over the partials (each pass divides the
 //! length by the chunk, so three passes cover any length that fits u32 indexing).
 

@@ -1,7 +1,7 @@
 //! The bookkeeping half of the caching allocator: pages, blocks, best fit, split, coalesce.
 //!
 //! This file knows nothing of wgpu, so its invariants can be property-tested on the CPU. A page
-//! is one large device buffer (owned by [`super::MemoryPool`]); a block is an aligned byte range
+//! is one large device buffer (owned by the memory pool, `super::MemoryPool`); a block is an aligned byte range
 //! inside a page. Two pools keep small and large requests apart, as PyTorch's caching allocator
 //! does, so that a long-lived small tensor does not pin a large page:
 //!

@@ -12,7 +12,7 @@
 //!
 //! The budget is ours to enforce: wgpu reports out-of-memory unreliably and cannot say how much
 //! memory is free. Past the budget a request first releases cached pages, then waits for the
-//! device, then fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory), leaving every
+//! device, then fails with [`Error::OutOfMemory`], leaving every
 //! live tensor intact.
 //!
 //! Why a release threshold: a cache that keeps every page holds the peak of a step for the

@@ -12,7 +12,7 @@ use crate::tensor::Tensor;
 pub struct Conv2d {
     /// [out, in / groups, kh, kw].
     pub weight: Tensor,
-    /// [out].
+    /// \[out\].
     pub bias: Option<Tensor>,
     /// Stride, padding, dilation, groups.
     pub opts: Conv2dOpts,
@@ -59,7 +59,7 @@ impl Module for Conv2d {
 pub struct Conv1d {
     /// [out, in / groups, k].
     pub weight: Tensor,
-    /// [out].
+    /// \[out\].
     pub bias: Option<Tensor>,
     /// Step along the length.
     pub stride: usize,

@@ -12,7 +12,7 @@ use crate::tensor::Tensor;
 pub struct Linear {
     /// [out, in].
     pub weight: Tensor,
-    /// [out].
+    /// \[out\].
     pub bias: Option<Tensor>,
 }
 

@@ -116,12 +116,12 @@ impl BatchNorm2d {
         })
     }
 
-    /// The running mean (f32, [C]).
+    /// The running mean (f32, \[C\]).
     pub fn running_mean(&self) -> &Tensor {
         &self.running_mean
     }
 
-    /// The running unbiased variance (f32, [C]).
+    /// The running unbiased variance (f32, \[C\]).
     pub fn running_var(&self) -> &Tensor {
         &self.running_var
     }

@@ -1,6 +1,6 @@
 //! 2-D convolution and pooling, NCHW.
 //!
-//! A convolution is a batched product per image and group: out[n, g] = w[g] x col[n, g],
+//! A convolution is a batched product per image and group: `out[n, g] = w[g] x col[n, g]`,
 //! with col[n, g] the image's patches as a [Cg*KH*KW, HO*WO] column matrix. Where a GPU
 //! kernel can, the product reads col straight from the image (an implicit GEMM,
 //! `matmul::Gather`) instead of a column matrix in memory:
@@ -184,7 +184,7 @@ fn conv_dims(x: &Tensor, w: &Tensor, o: &Conv2dOpts) -> Result<ConvDims> {
 }
 
 impl Tensor {
-    /// 2-D convolution of an NCHW input with an OIHW weight, optional bias [O].
+    /// 2-D convolution of an NCHW input with an OIHW weight, optional bias \[O\].
     pub fn conv2d(
         &self,
         weight: &Tensor,

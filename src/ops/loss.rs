@@ -29,7 +29,7 @@ fn cross_entropy_grad(x: &Tensor, labels: &Tensor, stats: &Tensor, g: Tensor) ->
 }
 
 impl Tensor {
-    /// Per-row cross-entropy of logits [rows, classes] against u32 class labels [rows]. A
+    /// Per-row cross-entropy of logits \[rows, classes\] against u32 class labels \[rows\]. A
     /// label outside 0..classes gives a NaN loss for its row, or an error naming the label on a
     /// checked device ([`DeviceOptions::checked`](crate::DeviceOptions::checked)).
     pub fn cross_entropy_rows(&self, labels: &Tensor) -> Result<Tensor> {
@@ -80,7 +80,7 @@ impl Tensor {
         Ok(loss.with_node(rec))
     }
 
-    /// Mean cross-entropy of logits [rows, classes] against u32 labels [rows].
+    /// Mean cross-entropy of logits \[rows, classes\] against u32 labels \[rows\].
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
         self.cross_entropy_rows(labels)?.mean_all()
     }

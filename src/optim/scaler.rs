@@ -37,7 +37,7 @@ pub struct StepReport {
     pub clip: f32,
 }
 
-/// A guarded step's control block on the device ([`Ctl`] slots, f32): the loss scaler's state
+/// A guarded step's control block on the device (`Ctl` slots, f32): the loss scaler's state
 /// and the last step's decision, which the optimizer's update kernels read.
 pub struct Control(Tensor);
 
@@ -73,7 +73,7 @@ impl Control {
 
     /// The multiplier the step's update applies to the gradients (1/scale times the clip
     /// coefficient, and 0 for a step skipped because a gradient held inf or NaN), as a
-    /// one-element f32 view [1] on the device, for optimizers outside this crate, whose
+    /// one-element f32 view \[1\] on the device, for optimizers outside this crate, whose
     /// `step_with` receives the block. A skipped step must be skipped through
     /// [`Control::stepped`] (`Tensor::where_cond`): its gradients hold inf or NaN, which a
     /// multiplier of 0 turns into NaN.
@@ -82,7 +82,7 @@ impl Control {
     }
 
     /// 1 when the step updates the parameters, 0 when it was skipped, as a one-element f32
-    /// view [1] on the device.
+    /// view \[1\] on the device.
     pub fn stepped(&self) -> Result<Tensor> {
         self.0.narrow(0, Ctl::Stepped as usize, 1)
     }
@@ -317,7 +317,7 @@ impl GradScaler {
             .ok_or_else(|| Error::Internal("loss scaler state".into()))
     }
 
-    /// The current loss scale on `dev`, as a one-element f32 tensor [1] on the device: a
+    /// The current loss scale on `dev`, as a one-element f32 tensor \[1\] on the device: a
     /// view of the scaler's state, so it follows the scale as steps change it. (The state
     /// lives on the device of the first call.)
     pub fn scale_tensor(&mut self, dev: &Device) -> Result<Tensor> {

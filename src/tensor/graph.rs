@@ -9,7 +9,7 @@ use super::Tensor;
 use crate::error::Result;
 use std::cell::Cell;
 
-/// An op's backward pass and what it saved for it (beyond its inputs, which the [`Node`]
+/// An op's backward pass and what it saved for it (beyond its inputs, which the `Node`
 /// holds). Saved outputs are held *detached* (same storage, no node), never as the output
 /// tensor itself, which would make a reference cycle. A closure
 /// `|inputs, out, g| -> Result<Vec<Option<Tensor>>>` is one.
