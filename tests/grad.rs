@@ -377,6 +377,39 @@ fn matmul_gradients() {
     );
 }
 
+/// Finite-difference check of conv2d with bias (and `opts.act`) on random x, w and bias of
+/// the window's shape, against the f64 reference.
+fn check_conv2d(
+    dev: &Device,
+    rng: &mut Rng,
+    name: &str,
+    win: cpu::Window,
+    o: usize,
+    opts: Conv2dOpts,
+) {
+    let (n, c, h, w, k, groups) = (win.n, win.c, win.h, win.w, win.k, opts.groups);
+    check(
+        dev,
+        name,
+        &[
+            (v(rng, n * c * h * w), vec![n, c, h, w], true),
+            (
+                v(rng, o * c / groups * k.0 * k.1),
+                vec![o, c / groups, k.0, k.1],
+                true,
+            ),
+            (v(rng, o), vec![o], true),
+        ],
+        &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
+        &move |x| {
+            cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups)
+                .into_iter()
+                .map(|v| opts.act.map_or(v, |a| cpu::activation(a, v)))
+                .collect()
+        },
+    );
+}
+
 #[test]
 fn conv_and_pool_gradients() {
     let dev = device();
@@ -405,25 +438,13 @@ fn conv_and_pool_gradients() {
                 groups,
                 act,
             };
-            check(
+            check_conv2d(
                 &dev,
+                &mut rng,
                 &format!("conv2d groups={groups} {act:?}"),
-                &[
-                    (v(&mut rng, n * c * h * w), vec![n, c, h, w], true),
-                    (
-                        v(&mut rng, o * c / groups * k.0 * k.1),
-                        vec![o, c / groups, k.0, k.1],
-                        true,
-                    ),
-                    (v(&mut rng, o), vec![o], true),
-                ],
-                &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
-                &move |x| {
-                    let y = cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups);
-                    y.into_iter()
-                        .map(|v| act.map_or(v, |a| cpu::activation(a, v)))
-                        .collect()
-                },
+                win,
+                o,
+                opts,
             );
         }
     }
@@ -511,25 +532,13 @@ fn implicit_conv_gradients() {
             act: Some(Activation::Relu),
         };
         forced(Config::Reg, || {
-            check(
+            check_conv2d(
                 &dev,
+                &mut rng,
                 &format!("implicit conv2d {:?}", (n, c, h, w, o, k, stride, pad, dil)),
-                &[
-                    (v(&mut rng, n * c * h * w), vec![n, c, h, w], true),
-                    (
-                        v(&mut rng, o * c / groups * k.0 * k.1),
-                        vec![o, c / groups, k.0, k.1],
-                        true,
-                    ),
-                    (v(&mut rng, o), vec![o], true),
-                ],
-                &move |t| t[0].conv2d(&t[1], Some(&t[2]), opts),
-                &move |x| {
-                    cpu::conv2d(&x[0], &x[1], Some(&x[2]), &win, o, groups)
-                        .into_iter()
-                        .map(|v| cpu::activation(Activation::Relu, v))
-                        .collect()
-                },
+                win,
+                o,
+                opts,
             )
         })
         .unwrap();
