@@ -22,7 +22,9 @@
 // NaN propagates as in PyTorch: a NaN anywhere in the reduced range makes max and min NaN,
 // and argmax / argmin point at the first NaN.
 //
-// Bindings: signature lines. Params: outer, len, inner, op (RED_SUM, RED_MAX, RED_MIN),
+// Bindings: signature lines. Params: outer, len, inner, op (RED_SUM, RED_MAX, RED_MIN,
+// RED_AMAX: the max of |x|, whose partial results are non-negative, so a later pass folds
+// them with the same op),
 // scale (applied to sums in the final pass; 1 in partial passes), chunk, nchunks, init (the
 // starting value: -inf for max, +inf for min, passed in because WGSL rejects an infinite
 // constant), merge.
@@ -56,6 +58,7 @@ fn fold(acc: f32, v: f32) -> f32 {
   if (p.op == RED_SUM) { return acc + v; }
   if (isnan_(acc) || isnan_(v)) { return bitcast<f32>(0x7fc00000u + (bitcast<u32>(v) & 0u)); }
   if (p.op == RED_MAX) { return max(acc, v); }
+  if (p.op == RED_AMAX) { return max(acc, abs(v)); }
   return min(acc, v);
 }
 
@@ -95,7 +98,7 @@ fn main(ids: Ids) {
   } else {
     // Subgroup and workgroup max/min do not promise to keep NaN: count NaNs separately.
     nan = block_sum(select(0.0, 1.0, isnan_(acc)), ids);
-    if (p.op == RED_MAX) { r = block_max(acc, ids); } else { r = -block_max(-acc, ids); }
+    if (p.op == RED_MIN) { r = -block_max(-acc, ids); } else { r = block_max(acc, ids); }
     if (nan > 0.0) { r = bitcast<f32>(0x7fc00000u + (bitcast<u32>(r) & 0u)); }
   }
   if (ids.lid == 0u) { st_y(o * p.nchunks + c, r); }

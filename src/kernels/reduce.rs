@@ -26,6 +26,8 @@ crate::codes! {
         Max = "MAX",
         /// Minimum (NaN wins).
         Min = "MIN",
+        /// Largest magnitude, max |x| (NaN wins; the scales of split f32 products).
+        AbsMax = "AMAX",
     }
 }
 
@@ -60,6 +62,7 @@ fn init(op: ReduceOp) -> f32 {
         ReduceOp::Sum => 0.0,
         ReduceOp::Max => f32::NEG_INFINITY,
         ReduceOp::Min => f32::INFINITY,
+        ReduceOp::AbsMax => 0.0,
     }
 }
 
@@ -266,8 +269,8 @@ pub(crate) fn arg_reduce(
     len: usize,
     inner: usize,
 ) -> Result<()> {
-    if op == ReduceOp::Sum {
-        return Err(Error::Internal("arg_reduce of a sum".into()));
+    if matches!(op, ReduceOp::Sum | ReduceOp::AbsMax) {
+        return Err(Error::Internal(format!("arg_reduce of {op:?}")));
     }
     u32_len("argmax", outer * len * inner)?;
     let rows = rows_path(dev, inner);

@@ -93,8 +93,17 @@ impl Tensor {
                 let saved = out.detach();
                 record_fn(name, self, move |x, g| extremum_grad(x, a, &saved, g))
             }
+            // Internal (`abs_max`), never differentiated.
+            ReduceOp::AbsMax => None,
         };
         Ok(out.with_node(rec))
+    }
+
+    /// max |x| along `axis`, with NaN winning; not recorded (the scales of split f32
+    /// products, `ops::matmul`).
+    pub(crate) fn abs_max(&self, axis: isize) -> Result<Tensor> {
+        self.detach()
+            .reduce_axis(axis, false, ReduceOp::AbsMax, 1.0, "abs_max")
     }
 
     /// Sum along `axis` (negative counts from the end).
