@@ -22,8 +22,8 @@ pub mod train;
 
 pub use autograd::no_grad;
 pub use device::{
-    AdapterChoice, Device, DeviceOptions, DispatchStats, MemoryLimit, Profile, Readback,
-    ShaderChecks,
+    AdapterChoice, Device, DeviceOptions, DispatchStats, MatmulPrecision, MemoryLimit, Profile,
+    Readback, ShaderChecks,
 };
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -278,14 +278,24 @@ fn select_reduce_layout_gradients() {
 
 #[test]
 fn matmul_gradients() {
-    let dev = device();
+    matmul_gradient_cases(&device());
+}
+
+/// The same checks with every f32 product split into f16 parts (`MatmulPrecision::High`,
+/// forced on every adapter), forward and backward.
+#[test]
+fn split_f32_matmul_gradients() {
+    wgrad::ops::matmul::split_everywhere(|| matmul_gradient_cases(&device()));
+}
+
+fn matmul_gradient_cases(dev: &Device) {
     let mut rng = Rng::new(33);
     let (m, n, k) = (5, 7, 3);
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let sa = if ta { vec![k, m] } else { vec![m, k] };
         let sb = if tb { vec![n, k] } else { vec![k, n] };
         check(
-            &dev,
+            dev,
             &format!("matmul ta={ta} tb={tb} +bias relu"),
             &[
                 (away(&mut rng, m * k), sa, true),
@@ -319,7 +329,7 @@ fn matmul_gradients() {
         );
     }
     check(
-        &dev,
+        dev,
         "matmul gelu (unfused when recording)",
         &[
             (v(&mut rng, 12), vec![3, 4], true),
@@ -350,7 +360,7 @@ fn matmul_gradients() {
     );
     // Batched with B broadcast over the batch.
     check(
-        &dev,
+        dev,
         "batched matmul",
         &[
             (v(&mut rng, 2 * 3 * 4), vec![2, 3, 4], true),

@@ -545,6 +545,206 @@ fn matmul_split_for_even_waves() {
     }
 }
 
+/// The f32 product of `MatmulPrecision::High` (three f16 products of split operands), forced
+/// on every adapter: against an f64 reference of the f32 inputs, within 2^-18 of each
+/// output's sum |a||b| (f16 operands would miss by 2^-11, exact f32 products meet 2^-22):
+/// every transpose, awkward sizes, the fused epilogues, batches that broadcast an operand,
+/// lines of magnitudes 1e30 and 1e-30 side by side, and non-finite inputs.
+#[test]
+fn matmul_split_f32() {
+    use wgrad::ops::matmul::split_everywhere;
+    let dev = poisoned();
+    let mut rng = Rng::new(23);
+    let bound = 2f64.powi(-18);
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        dev: &wgrad::Device,
+        a: &[f32],
+        b: &[f32],
+        bias: Option<&[f32]>,
+        (m, n, k): (usize, usize, usize),
+        (ta, tb): (bool, bool),
+        act: Option<Activation>,
+        bound: f64,
+    ) -> Vec<f32> {
+        let sa: Vec<usize> = if ta { vec![k, m] } else { vec![m, k] };
+        let sb: Vec<usize> = if tb { vec![n, k] } else { vec![k, n] };
+        let tbias = bias.map(|v| tensor(dev, v, &[n], DType::F32));
+        let got = split_everywhere(|| {
+            tensor(dev, a, &sa, DType::F32).matmul_with(
+                &tensor(dev, b, &sb, DType::F32),
+                MatmulOpts {
+                    trans_a: ta,
+                    trans_b: tb,
+                    bias: tbias.as_ref(),
+                    act,
+                },
+            )
+        })
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+        let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        let abs = |v: &[f32]| v.iter().map(|&x| x.abs() as f64).collect::<Vec<_>>();
+        let rb = bias.map(f);
+        let want = cpu::matmul(&f(a), &f(b), rb.as_deref(), m, n, k, ta, tb, act);
+        let mag = cpu::matmul(&abs(a), &abs(b), None, m, n, k, ta, tb, None);
+        let mut worst = 0f64;
+        for i in 0..m * n {
+            let (g, w) = (got[i] as f64, want[i]);
+            // Outside f32's normal range the f32 result itself is inf or rounded to 0.
+            if !w.is_finite() || !(1e-35..=1e35).contains(&mag[i]) {
+                continue;
+            }
+            worst = worst.max((g - w).abs() / mag[i].max(1e-300));
+            // GELU and ReLU change values by at most their input's error.
+            assert!(
+                (g - w).abs() <= bound * mag[i] + 1e-300,
+                "split f32 {m}x{n}x{k} ta={ta} tb={tb} {act:?} at {i}: {g} vs {w} (sum |a||b| {})",
+                mag[i]
+            );
+        }
+        eprintln!("split f32 {m}x{n}x{k} ta={ta} tb={tb}: worst error / sum |a||b| {worst:.2e}");
+        got
+    }
+    for (m, n, k) in [
+        (1, 1, 1),
+        (3, 17, 5),
+        (17, 127, 33),
+        (127, 3, 1000),
+        (130, 129, 65),
+        (1000, 17, 3),
+        (64, 72, 200),
+        // 3 K = 210,000 past lavapipe's loop cap: the product's K splits, and so does the
+        // reduction that finds each line's scale.
+        (2, 3, 70_000),
+    ] {
+        for t in [(false, false), (false, true), (true, false), (true, true)] {
+            let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+            check(&dev, &a, &b, None, (m, n, k), t, None, bound);
+        }
+    }
+    for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+        let (m, n, k) = (33, 65, 17);
+        let (a, b, c) = (rng.vec(m * k), rng.vec(k * n), rng.vec(n));
+        check(&dev, &a, &b, Some(&c), (m, n, k), (false, true), act, bound);
+    }
+    // Lines far outside f16's range, and far apart: each keeps its own relative precision
+    // (with the outputs past f32's range skipped).
+    let (m, n, k) = (4, 3, 129);
+    let mut a = rng.vec(m * k);
+    let mut b = rng.vec(k * n);
+    for j in 0..k {
+        a[j] *= 1e30;
+        a[k + j] *= 1e-30;
+        a[2 * k + j] *= 1e-20;
+        b[j * n] *= 1e-30;
+        b[j * n + 1] *= 1e30;
+    }
+    check(&dev, &a, &b, None, (m, n, k), (false, false), None, bound);
+    // An inf in row 1 of A and a NaN in column 2 of B: NaN there (the f32 product gives inf
+    // or NaN), every other output accurate.
+    let (m, n, k) = (3, 4, 20);
+    let mut a = rng.vec(m * k);
+    let mut b = rng.vec(k * n);
+    a[k + 5] = f32::INFINITY;
+    b[7 * n + 2] = f32::NAN;
+    let got = check(&dev, &a, &b, None, (m, n, k), (false, false), None, bound);
+    for i in 0..m {
+        for j in 0..n {
+            let bad = i == 1 || j == 2;
+            assert_eq!(
+                got[i * n + j].is_finite(),
+                !bad,
+                "non-finite input at ({i}, {j})"
+            );
+        }
+    }
+    // Batches: [2, 3, M, K] x [3, K, N] (B shared over the first axis) and [4, M, K] x [K, N].
+    for (sa, sb) in [
+        (vec![2usize, 3, 9, 21], vec![3usize, 21, 10]),
+        (vec![4, 17, 12], vec![12, 33]),
+    ] {
+        let (na, nb): (usize, usize) = (sa.iter().product(), sb.iter().product());
+        let (a, b) = (rng.vec(na), rng.vec(nb));
+        let got = split_everywhere(|| {
+            tensor(&dev, &a, &sa, DType::F32).matmul(&tensor(&dev, &b, &sb, DType::F32))
+        })
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+        let want = tensor(&dev, &a, &sa, DType::F32)
+            .matmul(&tensor(&dev, &b, &sb, DType::F32))
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let k = sa[sa.len() - 1];
+        assert_close_tol(
+            &got,
+            &want.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            (1e-5 * (k as f64).sqrt(), 1e-5),
+            &format!("split f32 batched {sa:?} x {sb:?}"),
+        );
+    }
+}
+
+/// `MatmulPrecision::High` as a device setting: small products (and every product on a
+/// device without f16 tensor cores) stay exactly the f32 product; on a GPU with them, a
+/// product past the size threshold takes the split path, within its error.
+#[test]
+fn matmul_precision_setting() {
+    use wgrad::MatmulPrecision;
+    let dev = poisoned();
+    assert_eq!(dev.matmul_precision(), MatmulPrecision::Highest);
+    let mut rng = Rng::new(29);
+    let product = |(m, n, k): (usize, usize, usize), a: &[f32], b: &[f32]| {
+        tensor(&dev, a, &[m, k], DType::F32)
+            .matmul(&tensor(&dev, b, &[k, n], DType::F32))
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+    };
+    let small = (128, 96, 256);
+    let (a, b) = (rng.vec(small.0 * small.2), rng.vec(small.2 * small.1));
+    let exact = product(small, &a, &b);
+    dev.set_matmul_precision(MatmulPrecision::High);
+    assert_eq!(dev.matmul_precision(), MatmulPrecision::High);
+    let (high, ran) = ran_kernels(&dev, || product(small, &a, &b));
+    assert!(!ran.iter().any(|k| k.contains("Split")), "{ran:?}");
+    assert_eq!(high, exact, "a small product under High is the f32 product");
+    // 2^32 multiply-adds: too slow for a CPU adapter, which never splits anyway.
+    if !dev.info().is_cpu() {
+        let (m, n, k) = (2048, 2048, 1024);
+        let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+        let (high, ran) = ran_kernels(&dev, || product((m, n, k), &a, &b));
+        let split = ran.iter().any(|k| k.contains("Split"));
+        eprintln!("matmul_precision_setting: split path {split} ({ran:?})");
+        let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        // Sampled rows against f64 (the whole reference is 4e9 multiply-adds).
+        for i in (0..m).step_by(97) {
+            let want = cpu::matmul(
+                &f(&a[i * k..(i + 1) * k]),
+                &f(&b),
+                None,
+                1,
+                n,
+                k,
+                false,
+                false,
+                None,
+            );
+            let tol = if split {
+                2f64.powi(-18) * k as f64
+            } else {
+                1e-4 * (k as f64).sqrt()
+            };
+            assert_close_tol(&high[i * n..(i + 1) * n], &want, (tol, 0.0), "High, large");
+        }
+    }
+    dev.set_matmul_precision(MatmulPrecision::Highest);
+    assert!(MatmulPrecision::parse("high").is_ok() && MatmulPrecision::parse("fast").is_err());
+}
+
 #[test]
 fn matmul_batched_broadcast() {
     let dev = poisoned();

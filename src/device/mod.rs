@@ -16,7 +16,7 @@ mod readback;
 pub(crate) mod stream;
 
 pub use adapter::AdapterSummary;
-pub use options::{AdapterChoice, DeviceOptions, MemoryLimit, ShaderChecks};
+pub use options::{AdapterChoice, DeviceOptions, MatmulPrecision, MemoryLimit, ShaderChecks};
 pub use profile::Profile;
 pub use readback::Readback;
 
@@ -31,7 +31,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use stream::{Pipeline, Slice, Stream};
@@ -176,6 +176,8 @@ pub(crate) struct Parts {
     pub(crate) poison: bool,
     pub(crate) checked: bool,
     pub(crate) shader_checks: ShaderChecks,
+    /// [`MatmulPrecision::High`] when set.
+    matmul_high: AtomicBool,
     /// The GL instance this device came from (Vulkan, Metal and DX12 share a static one).
     _gl_instance: Option<wgpu::Instance>,
     /// What to keep the wgpu device under when this one closes (see [`IDLE`]).
@@ -446,6 +448,7 @@ impl Device {
                     poison: opts.poison,
                     checked: opts.checked,
                     shader_checks: opts.shader_checks,
+                    matmul_high: AtomicBool::new(opts.matmul_precision == MatmulPrecision::High),
                     _gl_instance: gl_instance,
                     reuse,
                 }),
@@ -471,6 +474,22 @@ impl Device {
     /// Whether index inputs are checked on the host ([`DeviceOptions::checked`]).
     pub fn is_checked(&self) -> bool {
         self.inner.checked
+    }
+
+    /// How f32 matrix products are computed from now on (see [`MatmulPrecision`]).
+    pub fn set_matmul_precision(&self, p: MatmulPrecision) {
+        self.inner
+            .matmul_high
+            .store(p == MatmulPrecision::High, Ordering::Relaxed);
+    }
+
+    /// How f32 matrix products are computed ([`Device::set_matmul_precision`]).
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        if self.inner.matmul_high.load(Ordering::Relaxed) {
+            MatmulPrecision::High
+        } else {
+            MatmulPrecision::Highest
+        }
     }
 
     /// The wgpu device, for the kernels layer's pipeline building.

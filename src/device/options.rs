@@ -62,6 +62,35 @@ pub enum AdapterChoice {
     Index(usize),
 }
 
+/// How f32 matrix products are computed (PyTorch's `set_float32_matmul_precision`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulPrecision {
+    /// In f32 throughout (the default).
+    #[default]
+    Highest,
+    /// On tensor cores where the device has f16 ones: each f32 operand, scaled by a power of
+    /// two per row (A) or column (B), is split into two f16 parts, and three f16 products
+    /// with f32 accumulation (hi x hi + hi x lo + lo x hi) stand for the f32 one. About 22
+    /// of f32's 24 significant bits survive; BENCHMARKS.md has the error measured against
+    /// an f64 reference. Elsewhere, and for small products (where the extra passes cost more
+    /// than they save), this is `Highest`. Convolutions keep their f32 products.
+    High,
+}
+
+impl MatmulPrecision {
+    /// Parses `highest` or `high`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "highest" => Ok(MatmulPrecision::Highest),
+            "high" => Ok(MatmulPrecision::High),
+            other => Err(Error::invalid(
+                "matmul precision",
+                format!("{other:?} is not highest or high"),
+            )),
+        }
+    }
+}
+
 /// How to open a device. `DeviceOptions::from_env()` reads the `WGRAD_*` variables.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceOptions {
@@ -96,13 +125,17 @@ pub struct DeviceOptions {
     /// kernels that need it are then not used, and those that prefer it are compiled by
     /// wgpu (`WGRAD_DISABLE=spirv`).
     pub disable_spirv: bool,
+    /// How f32 matrix products are computed (`WGRAD_MATMUL_PRECISION=highest|high`); it can
+    /// be changed later with [`Device::set_matmul_precision`](crate::Device::set_matmul_precision).
+    pub matmul_precision: MatmulPrecision,
 }
 
 impl DeviceOptions {
     /// Options from the environment:
     /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`,
     /// `WGRAD_RELEASE_THRESHOLD=512MiB|5%`, `WGRAD_NO_CACHE=1`,
-    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv`.
+    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv`,
+    /// `WGRAD_MATMUL_PRECISION=highest|high`.
     /// wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -147,6 +180,10 @@ impl DeviceOptions {
             disable_subgroups: has("subgroups") || has("subgroup"),
             disable_coop_matrix: has("coop"),
             disable_spirv: has("spirv"),
+            matmul_precision: var("WGRAD_MATMUL_PRECISION")
+                .map(|v| MatmulPrecision::parse(&v))
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 }

@@ -127,8 +127,11 @@ pub(crate) struct Gemm<'a> {
     pub b: &'a Block,
     pub c: &'a Block,
     pub bias: Option<&'a Block>,
-    /// Dtype of a, b, bias and c.
+    /// Dtype of a, b and bias.
     pub dtype: DType,
+    /// Dtype of c: `dtype`, or f32 from f16 operands (the split products of
+    /// `MatmulPrecision::High`, which keep the raw f32 sums).
+    pub c_dtype: DType,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -282,6 +285,12 @@ fn tensor_cores(dev: &Device, dtype: DType) -> bool {
         && c.subgroups
         && c.subgroup_min == 32
         && c.subgroup_max == 32
+}
+
+/// Whether `dev` has f16 tensor cores, which the split f32 products of
+/// `MatmulPrecision::High` run on.
+pub(crate) fn f16_tensor_cores(dev: &Device) -> bool {
+    tensor_cores(dev, DType::F16)
 }
 
 /// The configuration `matmul` picks for these sizes on `dev`.
@@ -751,7 +760,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
     };
     let (out, out_dtype, p) = match &part {
         Some(b) => (b, DType::F32, MatmulParams { c_off: 0, ..params }),
-        None => (g.c, g.dtype, params),
+        None => (g.c, g.c_dtype, params),
     };
     // `reg` halves its tile's rows where M fits in 64 (a 128-row tile would multiply as
     // many zero rows as real ones).
@@ -860,7 +869,11 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
                 wg: 256,
                 consts: &[],
                 params: MatmulParams { raw: 0, ..params },
-                args: &[arg(part, DType::F32), arg(bias, g.dtype), arg(g.c, g.dtype)],
+                args: &[
+                    arg(part, DType::F32),
+                    arg(bias, g.dtype),
+                    arg(g.c, g.c_dtype),
+                ],
                 groups: grid_1d(g.batch * g.m * g.n, 256),
             },
         )?;

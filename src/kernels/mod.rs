@@ -49,6 +49,7 @@ pub(crate) mod optim;
 pub mod reduce;
 pub(crate) mod scan;
 pub(crate) mod softmax;
+pub(crate) mod split;
 
 use crate::device::Device;
 use crate::device::stream::Slice;
@@ -163,6 +164,8 @@ families! {
     Scan => "scan.wgsl", scan::ScanParams, codes [], enables [];
     /// Gather, scatter-add and index-select along an axis; top-k ranks.
     Index => "index.wgsl", index::IndexParams, codes [], enables [];
+    /// f32 operands split into f16 parts for products on tensor cores, and the scaling back.
+    Split => "split.wgsl", split::SplitParams, codes [matmul::Act::CODES], enables [];
 }
 
 impl Kernel {

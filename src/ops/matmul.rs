@@ -6,10 +6,14 @@
 
 use super::activation::Activation;
 use super::elementwise::{broadcast_shape, float_only, same_device, same_dtype};
+use crate::device::{Device, MatmulPrecision};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as km, Act, Gemm};
+use crate::kernels::split::{self as ks, pad8};
 use crate::tensor::Tensor;
 use crate::tensor::graph::{Backward, record, recording};
+use std::cell::Cell;
 
 /// Everything `Tensor::matmul_with` can fuse.
 #[derive(Clone, Copy, Debug, Default)]
@@ -180,6 +184,10 @@ pub(crate) fn gemm(
     let (b, vb) = fit(b, vb, trans_b)?;
     let mut out_shape = batch_shape.clone();
     out_shape.extend_from_slice(&[m, n]);
+    if dtype == DType::F32 && split_wanted(a.device(), m, n, k, batch) {
+        let ops = [(&a, &va, trans_a), (&b, &vb, trans_b)];
+        return split_gemm(ops, bias.as_ref(), act, batch, &out_shape);
+    }
     let out = Tensor::uninit(a.device(), &out_shape, dtype)?;
     km::matmul(
         a.device(),
@@ -192,6 +200,7 @@ pub(crate) fn gemm(
                 None => None,
             },
             dtype,
+            c_dtype: dtype,
             m,
             n,
             k,
@@ -207,6 +216,152 @@ pub(crate) fn gemm(
             bias_rows: false,
             bias_bs: 0,
             gather: None,
+        },
+    )?;
+    Ok(out)
+}
+
+thread_local! {
+    /// Set by [`split_everywhere`].
+    static SPLIT_EVERYWHERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every f32 product on this thread computed as `MatmulPrecision::High` does
+/// on tensor cores, whatever the adapter, the device's setting and the size: tests check the
+/// split path on adapters without tensor cores (where the f16 product runs on the other
+/// kernels, with the same f32 accumulation).
+#[doc(hidden)]
+pub fn split_everywhere<R>(f: impl FnOnce() -> R) -> R {
+    let before = SPLIT_EVERYWHERE.with(|c| c.replace(true));
+    let r = f();
+    SPLIT_EVERYWHERE.with(|c| c.set(before));
+    r
+}
+
+/// The multiply-adds from which a split f32 product pays for its extra passes (the operands'
+/// scales and parts, the final scaling). On an H100 (BENCHMARKS.md, 2026-11-24) the split ran
+/// 1.3-1.4x faster than `reg` at 4096^3 and 8192^3 and 1.2x at 16384 x 1536 x 384, but 3-4%
+/// slower at 16384 x 384 x 384 and 1024^3 (2.4e9 and 1.1e9).
+const MIN_SPLIT_MACS: usize = 1 << 32;
+
+/// Whether an f32 product of these sizes runs as three f16 products: `MatmulPrecision::High`
+/// on a device with f16 tensor cores, for products big enough that the extra passes cost
+/// less than they save.
+fn split_wanted(dev: &Device, m: usize, n: usize, k: usize, batch: usize) -> bool {
+    if m == 0 || n == 0 || k == 0 || batch == 0 {
+        return false;
+    }
+    if SPLIT_EVERYWHERE.with(|c| c.get()) {
+        return true;
+    }
+    dev.matmul_precision() == MatmulPrecision::High
+        && km::f16_tensor_cores(dev)
+        && m >= 64
+        && n >= 64
+        && k >= 64
+        && m.saturating_mul(n).saturating_mul(k).saturating_mul(batch) >= MIN_SPLIT_MACS
+}
+
+/// An f32 product as three f16 products (`MatmulPrecision::High`, shaders/split.wgsl): each
+/// operand's lines (rows of op(A), columns of op(B)) scaled by a power of two and split into
+/// f16 parts hi + lo, then [Ah | Ah | Al] x [Bh ; Bl ; Bh] on the f16 kernels with f32 sums,
+/// and the scaling undone with the bias and activation applied. `ops` are A and B as `fit`
+/// left them, with their transposes.
+fn split_gemm(
+    ops: [(&Tensor, &MatView, bool); 2],
+    bias: Option<&Tensor>,
+    act: Act,
+    batch: usize,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    let op = "matmul";
+    let dev = ops[0].0.device();
+    let mut parts = Vec::with_capacity(2);
+    for (i, (t, v, trans)) in ops.into_iter().enumerate() {
+        let second = i == 1;
+        // Lines are A's rows (t's rows, or its columns when transposed) and B's columns.
+        let (lines, len, (line_stride, k_stride)) = if second {
+            (v.cols, v.rows, (v.strides.1, v.strides.0))
+        } else {
+            (v.rows, v.cols, v.strides)
+        };
+        let axis = if trans != second { -2 } else { -1 };
+        let amax = t.abs_max(axis)?;
+        let nmat = if batch > 1 && v.batch_stride != 0 {
+            batch
+        } else {
+            1
+        };
+        let o = ks::Operand {
+            x: t.block(),
+            amax: amax.dense_block(op)?,
+            nmat,
+            lines,
+            k: len,
+            offset: v.offset,
+            mat_stride: v.batch_stride,
+            line_stride,
+            k_stride,
+            second,
+        };
+        let hl = Tensor::uninit(dev, &[o.parts_len()], DType::F16)?;
+        let ex = Tensor::uninit(dev, &[nmat * lines], DType::F32)?;
+        ks::parts(dev, &o, hl.dense_block(op)?, ex.dense_block(op)?)?;
+        // Where the product finds element (row, k) of op(A) or (k, column) of op(B) in the
+        // parts, which keep the operand's fast axis: (stride of lines, stride of k).
+        let (l8, k3) = (pad8(lines), 3 * pad8(len));
+        let (sl, sk) = if o.kfast() { (k3, 1) } else { (1, l8) };
+        let mat = if nmat > 1 { l8 * k3 } else { 0 };
+        parts.push((hl, ex, (sl, sk), mat, nmat > 1));
+    }
+    let (m, n, k) = (ops[0].1.rows, ops[1].1.cols, ops[0].1.cols);
+    let (m8, n8) = (pad8(m), pad8(n));
+    let cp = Tensor::uninit(dev, &[batch, m8, n8], DType::F32)?;
+    let (pa, pb) = (&parts[0], &parts[1]);
+    km::matmul(
+        dev,
+        &Gemm {
+            a: pa.0.block(),
+            b: pb.0.block(),
+            c: cp.dense_block(op)?,
+            bias: None,
+            dtype: DType::F16,
+            c_dtype: DType::F32,
+            m: m8,
+            n: n8,
+            k: 3 * pad8(k),
+            batch,
+            a_strides: pa.2,
+            b_strides: (pb.2.1, pb.2.0),
+            a_bs: pa.3,
+            b_bs: pb.3,
+            a_mod: batch,
+            b_mod: batch,
+            act: Act::None,
+            offsets: (0, 0, 0),
+            bias_rows: false,
+            bias_bs: 0,
+            gather: None,
+        },
+    )?;
+    let out = Tensor::uninit(dev, out_shape, DType::F32)?;
+    ks::join(
+        dev,
+        &ks::Join {
+            cp: cp.dense_block(op)?,
+            ea: pa.1.dense_block(op)?,
+            eb: pb.1.dense_block(op)?,
+            bias: match bias {
+                Some(t) => Some(t.dense_block(op)?),
+                None => None,
+            },
+            c: out.dense_block(op)?,
+            batch,
+            m,
+            n,
+            ea_bs: if pa.4 { m } else { 0 },
+            eb_bs: if pb.4 { n } else { 0 },
+            act,
         },
     )?;
     Ok(out)
