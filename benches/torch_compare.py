@@ -6,6 +6,9 @@
 Same sizes, same dtypes, same GPU, same run. PyTorch is timed with CUDA events: warm-up, then
 the median of 5 loops sized to ~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad
 computes). The last column, wgrad/torch, is wgrad's rate over PyTorch's (1.0 = parity).
+Rows of wgrad's `MatmulPrecision::High` (f32 products split into f16 parts on tensor cores)
+are compared with fp32 (their accuracy class); a line under each gives PyTorch's own "high"
+precision, TF32 (10-bit mantissas, far less accurate), for scale.
 """
 import json, sys
 import torch
@@ -52,7 +55,7 @@ def bench(row):
     if name == "layer_norm":
         x = r(d[0], d[1]); g = torch.ones(d[1], device=dev, dtype=dt); b = torch.zeros(d[1], device=dev, dtype=dt)
         return median_ms(lambda: F.layer_norm(x, (d[1],), g, b, 1e-5))
-    if name == "matmul A^T B":
+    if name.startswith("matmul A^T B"):
         m, n, k = d
         a, b = r(k, m), r(k, n)
         return median_ms(lambda: a.t() @ b)
@@ -60,7 +63,7 @@ def bench(row):
         m, n, k = d
         a, b = r(m, k), r(k, n)
         return median_ms(lambda: a @ b)
-    if name == "linear+bias+relu":
+    if name.startswith("linear+bias+relu"):
         m, n, k = d
         x, w, b = r(m, k), r(n, k), torch.zeros(n, device=dev, dtype=dt)
         return median_ms(lambda: F.relu(F.linear(x, w, b)))
@@ -104,6 +107,11 @@ def main():
         ratio = t / row["ms"]
         out.append(dict(row, torch_ms=t, torch_rate=trate, ratio=ratio))
         print(f"{row['name']:<28} {row['shape']:<26} {row['dtype']:<5} {row['ms']:>10.4f} {t:>10.4f} {row['rate']:>12.1f} {trate:>12.1f} {row['unit']:<8} {ratio:>11.3f} {row['check']:>8}")
+        if "High" in row["name"]:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            t32 = bench(row)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            print(f"{'  PyTorch TF32':<28} {row['shape']:<26} {'':<5} {'':>10} {t32:>10.4f} {'':>12} {row['rate'] * row['ms'] / t32:>12.1f} {row['unit']:<8} {t32 / row['ms']:>11.3f}")
     if "--out" in sys.argv:
         json.dump(out, open(sys.argv[sys.argv.index("--out") + 1], "w"), indent=1)
 

@@ -15,7 +15,7 @@
 use std::time::Instant;
 use wgrad::kernels::matmul::{Config, Operands, chosen, forced, plan};
 use wgrad::ops::{Conv2dOpts, MatmulOpts};
-use wgrad::{DType, Device, Result, Tensor};
+use wgrad::{DType, Device, MatmulPrecision, Result, Tensor};
 
 struct Row {
     name: String,
@@ -370,15 +370,18 @@ fn main() -> Result<()> {
                 let ta = Tensor::from_f32(&dev, &av, &[m, k], dt)?;
                 let tb = Tensor::from_f32(&dev, &bv, &[k, n], dt)?;
                 let ms = time(&dev, a.ms, || ta.matmul(&tb).map(drop))?;
-                let c = ta.matmul(&tb)?.to_f32_vec()?;
                 let (ra, rb) = (to_dtype(&av, dt), to_dtype(&bv, dt));
-                let check = max_rel((0..64).map(|t| {
-                    let (i, j) = ((t * 7919) % m, (t * 104_729) % n);
-                    (
-                        c[i * n + j] as f64,
-                        (0..k).map(|p| ra[i * k + p] * rb[p * n + j]).sum(),
-                    )
-                }));
+                // The largest error of 64 sampled outputs against f64 sums.
+                let checked = |c: &[f32]| {
+                    max_rel((0..64).map(|t| {
+                        let (i, j) = ((t * 7919) % m, (t * 104_729) % n);
+                        (
+                            c[i * n + j] as f64,
+                            (0..k).map(|p| ra[i * k + p] * rb[p * n + j]).sum(),
+                        )
+                    }))
+                };
+                let check = checked(&ta.matmul(&tb)?.to_f32_vec()?);
                 // The kernel that ran: the size rules' choice, or the tuner's where it measured.
                 let cfg = match chosen(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false))
                 {
@@ -487,6 +490,35 @@ fn main() -> Result<()> {
                     rows,
                     gemm_row("matmul A^T B", (m, n, k), dt, ms, "-".into()),
                 );
+                // f32 on f16 tensor cores (`MatmulPrecision::High`): the same three products
+                // as three f16 products of split operands, with the same check.
+                let f16_tc = matches!(
+                    plan(
+                        &dev,
+                        DType::F16,
+                        (m, n, k),
+                        &Operands::dense(m, n, k, false, false)
+                    ),
+                    Config::CoopTiled | Config::CoopWide | Config::CoopDirect
+                );
+                if dt == DType::F32 && f16_tc {
+                    dev.set_matmul_precision(MatmulPrecision::High);
+                    let high = (|| -> Result<()> {
+                        let ms = time(&dev, a.ms, || ta.matmul(&tb).map(drop))?;
+                        let check = checked(&ta.matmul(&tb)?.to_f32_vec()?);
+                        let name = "matmul High (split f32)";
+                        emit(rows, gemm_row(name, (m, n, k), dt, ms, check));
+                        let ms = time(&dev, a.ms, lin)?;
+                        let name = "linear+bias+relu High (split f32)";
+                        emit(rows, gemm_row(name, (m, n, k), dt, ms, "-".into()));
+                        let ms = time(&dev, a.ms, atb)?;
+                        let name = "matmul A^T B High (split f32)";
+                        emit(rows, gemm_row(name, (m, n, k), dt, ms, "-".into()));
+                        Ok(())
+                    })();
+                    dev.set_matmul_precision(MatmulPrecision::Highest);
+                    high?;
+                }
                 Ok(())
             });
         }
