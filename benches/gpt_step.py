@@ -92,9 +92,12 @@ def main():
     for k, v in dict(steps=20, layers=6, heads=6, width=384, context=256, batch=64, vocab=65).items():
         p.add_argument(f"--{k}", type=int, default=v)
     p.add_argument("--dropout", type=float, default=0.2)
+    # PyTorch's "high" matmul precision (TF32) for the f32 step, to set beside wgrad's
+    # MatmulPrecision::High (split f32, more accurate than TF32); off by default.
+    p.add_argument("--tf32", action="store_true")
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     run(a, half=False)
     run(a, half=True)
