@@ -15,18 +15,18 @@
 // applied as one change of exponent (`ldexp`): the two scales multiplied first, or applied
 // one after the other, could leave f32's range where the result does not.
 //
-//   parts  One thread per 4 elements of a padded operand: writes their three f16 parts, and (at
-//          k = 0) the line's -log2(s), an integer kept as f32. The parts keep the operand's orientation (a k-fast operand
-//          gives k-fast parts), so the product reads them with the same transposes, and both
-//          extents are padded to multiples of 8 with zeros: the tensor-core product then takes
-//          its 16-byte runs whatever the shape. Padding lines past L are zeros too (their
-//          outputs are computed and dropped).
+//   parts  One thread per 4 elements of a padded operand: writes their three f16 parts, and
+//          (at k = 0) the line's -log2(s), an integer kept as f32. The parts keep the
+//          operand's orientation (a k-fast operand gives k-fast parts), so the product reads
+//          them with the same transposes, and both extents are padded to multiples of 8 with
+//          zeros: the tensor-core product then takes its 16-byte runs whatever the shape.
+//          Padding lines past L are zeros too (their outputs are computed and dropped).
 //   join   One thread per output element: C = act(C' / (s_a s_b) + bias), from the padded C'.
 //
-// Non-finite inputs: a line whose largest magnitude (`amax`, computed by the host as the max
-// of |x| along K, which keeps NaN) is inf or NaN gets parts of 0 and a 1 / s of NaN, so its
-// outputs are NaN where an f32 product would give inf or NaN (-log2(s) is NaN). Finite values cannot overflow:
-// after scaling they are below 2^15. A line of zeros gets s = 1.
+// Non-finite inputs: a line whose largest magnitude (`amax`, the host's max of |x| along K,
+// which keeps NaN) is inf or NaN gets parts of 0 and a -log2(s) of NaN, so its outputs are
+// NaN where an f32 product would give inf or NaN. Finite values cannot overflow: after
+// scaling they are below 2^15. A line of zeros gets s = 1.
 //
 // Layouts (parts): x is read at x_off + mat x_bs + line s_line + k s_k. With kfast the parts
 // are [mat, lines8, 3 k8] (k fastest), else [mat, 3 k8, lines8] (lines fastest); a thread's
