@@ -262,6 +262,18 @@ fn split_wanted(dev: &Device, m: usize, n: usize, k: usize, batch: usize) -> boo
         && m.saturating_mul(n).saturating_mul(k).saturating_mul(batch) >= MIN_SPLIT_MACS
 }
 
+/// One operand's parts as the product reads them.
+struct Parts {
+    /// The three f16 parts (kernels::split).
+    hl: Tensor,
+    /// Each line's -log2(scale), f32 [matrices, lines].
+    ex: Tensor,
+    /// Strides of the parts' lines and of K.
+    strides: (usize, usize),
+    /// Elements between consecutive matrices of a batch (0: one matrix for the batch).
+    mat_stride: usize,
+}
+
 /// An f32 product as three f16 products (`MatmulPrecision::High`, shaders/split.wgsl): each
 /// operand's lines (rows of op(A), columns of op(B)) scaled by a power of two and split into
 /// f16 parts hi + lo, then [Ah | Ah | Al] x [Bh ; Bl ; Bh] on the f16 kernels with f32 sums,
@@ -310,9 +322,12 @@ fn split_gemm(
         // Where the product finds element (row, k) of op(A) or (k, column) of op(B) in the
         // parts, which keep the operand's fast axis: (stride of lines, stride of k).
         let (l8, k3) = (pad8(lines), 3 * pad8(len));
-        let (sl, sk) = if o.kfast() { (k3, 1) } else { (1, l8) };
-        let mat = if nmat > 1 { l8 * k3 } else { 0 };
-        parts.push((hl, ex, (sl, sk), mat, nmat > 1));
+        parts.push(Parts {
+            hl,
+            ex,
+            strides: if o.kfast() { (k3, 1) } else { (1, l8) },
+            mat_stride: if nmat > 1 { l8 * k3 } else { 0 },
+        });
     }
     let (m, n, k) = (ops[0].1.rows, ops[1].1.cols, ops[0].1.cols);
     let (m8, n8) = (pad8(m), pad8(n));
@@ -321,8 +336,8 @@ fn split_gemm(
     km::matmul(
         dev,
         &Gemm {
-            a: pa.0.block(),
-            b: pb.0.block(),
+            a: pa.hl.block(),
+            b: pb.hl.block(),
             c: cp.dense_block(op)?,
             bias: None,
             dtype: DType::F16,
@@ -331,10 +346,10 @@ fn split_gemm(
             n: n8,
             k: 3 * pad8(k),
             batch,
-            a_strides: pa.2,
-            b_strides: (pb.2.1, pb.2.0),
-            a_bs: pa.3,
-            b_bs: pb.3,
+            a_strides: pa.strides,
+            b_strides: (pb.strides.1, pb.strides.0),
+            a_bs: pa.mat_stride,
+            b_bs: pb.mat_stride,
             a_mod: batch,
             b_mod: batch,
             act: Act::None,
@@ -349,8 +364,8 @@ fn split_gemm(
         dev,
         &ks::Join {
             cp: cp.dense_block(op)?,
-            ea: pa.1.dense_block(op)?,
-            eb: pb.1.dense_block(op)?,
+            ea: pa.ex.dense_block(op)?,
+            eb: pb.ex.dense_block(op)?,
             bias: match bias {
                 Some(t) => Some(t.dense_block(op)?),
                 None => None,
@@ -359,8 +374,8 @@ fn split_gemm(
             batch,
             m,
             n,
-            ea_bs: if pa.4 { m } else { 0 },
-            eb_bs: if pb.4 { n } else { 0 },
+            ea_bs: if pa.mat_stride != 0 { m } else { 0 },
+            eb_bs: if pb.mat_stride != 0 { n } else { 0 },
             act,
         },
     )?;
