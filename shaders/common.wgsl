@@ -393,3 +393,82 @@ fn bf16_round(v: f32) -> u32 {
   if ((b & 0x7fffffffu) > 0x7f800000u) { return (b >> 16u) | 0x40u; }
   return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
 }
+
+//! fn coop_get0u
+// Element access on cooperative matrices, which WGSL lacks: stubs whose bodies wgrad's own
+// SPIR-V gives (kernels/spirv.rs `element_access`; a kernel calling them must `//! requires
+// spirv`, and the pipeline refuses one that is not). coop_get<E>u(m) is element E of this
+// invocation's share of a 16 x 16 f32 accumulator (8 elements with subgroups of 32);
+// coop_set<E>u(m, x) returns m with it replaced by x; coop_seta<E>u the same for an f16 A
+// operand. Which row and column element E holds is the driver's layout, measured by
+// kernels/coop_layout.rs before any kernel relies on it.
+fn coop_get0u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set0u
+fn coop_set0u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta0u
+fn coop_seta0u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get1u
+fn coop_get1u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set1u
+fn coop_set1u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta1u
+fn coop_seta1u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get2u
+fn coop_get2u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set2u
+fn coop_set2u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta2u
+fn coop_seta2u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get3u
+fn coop_get3u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set3u
+fn coop_set3u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta3u
+fn coop_seta3u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get4u
+fn coop_get4u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set4u
+fn coop_set4u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta4u
+fn coop_seta4u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get5u
+fn coop_get5u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set5u
+fn coop_set5u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta5u
+fn coop_seta5u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get6u
+fn coop_get6u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set6u
+fn coop_set6u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta6u
+fn coop_seta6u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }
+
+//! fn coop_get7u
+fn coop_get7u(m: coop_mat16x16<f32, C>) -> f32 { return 0.0; }
+
+//! fn coop_set7u
+fn coop_set7u(m: coop_mat16x16<f32, C>, x: f32) -> coop_mat16x16<f32, C> { return m; }
+
+//! fn coop_seta7u
+fn coop_seta7u(m: coop_mat16x16<f16, A>, x: f16) -> coop_mat16x16<f16, A> { return m; }

@@ -1871,3 +1871,30 @@ fn contiguous_run_copies() {
         }
     }
 }
+
+/// The cooperative-matrix layout probe (kernels/coop_layout.rs): on a device with
+/// cooperative matrices and wgrad's own SPIR-V it finds a layout (every position held once,
+/// every element read back as written); elsewhere it finds none. Prints what it found.
+#[test]
+fn coop_layout_probe() {
+    use wgrad::kernels::coop_layout::{CoopLayout, layout};
+    let dev = device();
+    let c = dev.caps();
+    let found = layout(&dev).expect("probe");
+    let able =
+        c.coop_elements && c.f16 && c.subgroups && c.subgroup_min == 32 && c.subgroup_max == 32;
+    match &found {
+        Some(l) => eprintln!(
+            "cooperative-matrix layout: quad rows {}; C lane 0 {:?}, lane 5 {:?}; A lane 0 {:?}, lane 5 {:?}",
+            *l == CoopLayout::quad_rows(),
+            l.c[0],
+            l.c[5],
+            l.a[0],
+            l.a[5]
+        ),
+        None => eprintln!("cooperative-matrix layout: none (able: {able})"),
+    }
+    assert_eq!(found.is_some(), able);
+    // Measured once: the second call returns the kept result.
+    assert_eq!(layout(&dev).expect("again"), found);
+}

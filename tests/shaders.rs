@@ -191,7 +191,7 @@ fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {
 /// know cooperative matrices, Debian 12's among them), the result validated as Vulkan 1.3
 /// SPIR-V.
 fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, what: &str) {
-    use wgrad::kernels::spirv::{SpirvTarget, compile, dont_unroll, f16_operands};
+    use wgrad::kernels::spirv::{SpirvTarget, compile, dont_unroll, element_access, f16_operands};
     let mut words = compile(
         src,
         SpirvTarget {
@@ -204,15 +204,27 @@ fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, what: &str) {
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     let changed = f16_operands(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
-    // A `requires spirv` kernel carries both operands as f32 matrices; a `prefers spirv`
-    // one has none.
-    let want = if carriers { 2 } else { 0 };
+    // A `requires spirv` product carries both operands as f32 matrices; a `prefers spirv`
+    // kernel has none, nor has one that needs wgrad's SPIR-V only for element access.
+    let carried = src.contains("coop_mat16x16<f32, A>") && src.contains("coop_mat16x16<f32, B>");
+    let want = if carriers && carried { 2 } else { 0 };
     assert_eq!(
         changed, want,
         "{what}: retyped {changed} operand matrix types"
     );
     // Retyping twice finds nothing left to do.
     assert_eq!(f16_operands(&mut words).ok(), Some(0), "{what}");
+    // Every element-access stub the composer included gets its body, and no debug name
+    // is left (OpName, OpMemberName).
+    let stubs = src.matches("fn coop_get").count() + src.matches("fn coop_set").count();
+    let rewritten = element_access(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(rewritten, stubs, "{what}: element-access stubs");
+    let mut at = 5;
+    while at < words.len() {
+        let op = words[at] & 0xffff;
+        assert!(op != 5 && op != 6, "{what}: a debug name left");
+        at += (words[at] >> 16) as usize;
+    }
     let loops = dont_unroll(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(loops >= 1, "{what}: no loop marked");
     let Ok(val) = std::env::var("WGRAD_SPIRV_VAL") else {

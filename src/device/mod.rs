@@ -55,6 +55,10 @@ pub struct Caps {
     /// PASSTHROUGH_SHADERS): the tensor-core product whose operand staging WGSL cannot
     /// express, and kernels that run faster with their loops kept rolled (`kernels::spirv`).
     pub spirv: bool,
+    /// Kernels may read and write the elements of cooperative matrices (wgrad's own SPIR-V;
+    /// where they lie is measured once, `kernels::coop_layout`). Off with
+    /// `WGRAD_DISABLE=elements`.
+    pub coop_elements: bool,
     /// Largest storage binding (and page), bytes.
     pub max_binding: u64,
     /// Largest buffer, bytes.
@@ -369,6 +373,7 @@ impl Device {
             timestamps: want.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_matrix_16: coop_16,
             spirv,
+            coop_elements: coop_16 && spirv && !opts.disable_coop_elements,
             max_binding: limits
                 .max_storage_buffer_binding_size
                 .min(limits.max_buffer_size),

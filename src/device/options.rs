@@ -127,6 +127,10 @@ pub struct DeviceOptions {
     /// kernels that need it are then not used, and those that prefer it are compiled by
     /// wgpu (`WGRAD_DISABLE=spirv`).
     pub disable_spirv: bool,
+    /// Do not let kernels read and write the elements of cooperative matrices in registers
+    /// (`WGRAD_DISABLE=elements`): the tensor-core attention then keeps its scores in
+    /// workgroup memory, as on drivers whose element layout it does not know.
+    pub disable_coop_elements: bool,
     /// How f32 matrix products are computed (`WGRAD_MATMUL_PRECISION=highest|high`); it can
     /// be changed later with [`Device::set_matmul_precision`](crate::Device::set_matmul_precision).
     pub matmul_precision: MatmulPrecision,
@@ -136,7 +140,7 @@ impl DeviceOptions {
     /// Options from the environment:
     /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`,
     /// `WGRAD_RELEASE_THRESHOLD=512MiB|5%`, `WGRAD_NO_CACHE=1`,
-    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv`,
+    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv,elements`,
     /// `WGRAD_MATMUL_PRECISION=highest|high`.
     /// wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
@@ -182,6 +186,7 @@ impl DeviceOptions {
             disable_subgroups: has("subgroups") || has("subgroup"),
             disable_coop_matrix: has("coop"),
             disable_spirv: has("spirv"),
+            disable_coop_elements: has("elements"),
             matmul_precision: var("WGRAD_MATMUL_PRECISION")
                 .map(|v| MatmulPrecision::parse(&v))
                 .transpose()?

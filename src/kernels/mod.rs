@@ -37,6 +37,7 @@ pub mod spirv;
 
 pub mod attention;
 pub mod conv;
+pub mod coop_layout;
 pub(crate) mod copy;
 pub mod elementwise;
 pub(crate) mod embedding;
@@ -68,6 +69,8 @@ use std::sync::OnceLock;
 pub(crate) struct State {
     pub(crate) pipelines: pipeline::Cache,
     pub(crate) tuner: autotune::Tuner,
+    /// The cooperative-matrix layout, once measured (`coop_layout::layout`).
+    pub(crate) coop_layout: OnceLock<Option<coop_layout::CoopLayout>>,
 }
 
 pub(crate) fn state(dev: &Device) -> Result<&State> {
@@ -166,6 +169,9 @@ families! {
     Index => "index.wgsl", index::IndexParams, codes [], enables [];
     /// f32 operands split into f16 parts for products on tensor cores, and the scaling back.
     Split => "split.wgsl", split::SplitParams, codes [matmul::Act::CODES], enables [];
+    /// Where a driver puts the elements of a cooperative matrix (one probe).
+    CoopLayout => "coop_layout.wgsl", coop_layout::LayoutParams, codes [],
+        enables ["wgpu_cooperative_matrix"];
 }
 
 impl Kernel {

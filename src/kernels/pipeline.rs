@@ -110,6 +110,13 @@ fn build(
 ) -> Result<Pipeline> {
     let d = dev.wgpu();
     // Compiled before the error scope opens: a failure here is wgrad's, not wgpu's.
+    // The element-access stubs have bodies only in wgrad's own SPIR-V (`spirv::element_access`):
+    // compiled by wgpu they would return zeros.
+    if !own_spirv && (src.contains("fn coop_get") || src.contains("fn coop_set")) {
+        return Err(Error::Internal(format!(
+            "kernel {label} reads cooperative-matrix elements but is not compiled by wgrad"
+        )));
+    }
     let words = if own_spirv {
         let c = dev.caps();
         if !c.spirv {
@@ -127,6 +134,7 @@ fn build(
         };
         let words = spirv::compile(src, target).and_then(|mut w| {
             spirv::f16_operands(&mut w)?;
+            spirv::element_access(&mut w)?;
             spirv::dont_unroll(&mut w)?;
             Ok(w)
         });
@@ -161,8 +169,9 @@ fn build(
         // SAFETY: the words are naga's output for WGSL that naga validated, compiled with
         // the bounds checks wgpu itself would add (`spirv::compile`); the rewrites after it
         // change the component type of operand matrices that carry f16 bits
-        // (`spirv::f16_operands`, whose precondition tests/shaders.rs checks per kernel) and
-        // loop-unrolling hints (`spirv::dont_unroll`).
+        // (`spirv::f16_operands`, whose precondition tests/shaders.rs checks per kernel),
+        // give the element-access stubs their one-instruction bodies
+        // (`spirv::element_access`) and set loop-unrolling hints (`spirv::dont_unroll`).
         Some(words) => unsafe {
             d.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                 label: Some(label),

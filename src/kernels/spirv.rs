@@ -89,10 +89,17 @@ pub fn compile(src: &str, t: SpirvTarget) -> Result<Vec<u32>> {
     } else {
         naga::proc::BoundsCheckPolicy::Unchecked
     };
+    // Element-access stubs are found by name (`element_access`), so such a module keeps
+    // its debug names until that pass drops them.
+    let names = src.contains("fn coop_get") || src.contains("fn coop_set");
     let opts = spv::Options {
         // SPIR-V 1.6 needs Vulkan 1.3, which every driver with cooperative matrices has.
         lang_version: if t.coop { (1, 6) } else { (1, 3) },
-        flags: spv::WriterFlags::empty(),
+        flags: if names {
+            spv::WriterFlags::DEBUG
+        } else {
+            spv::WriterFlags::empty()
+        },
         capabilities: Some(spv_caps.into_iter().collect()),
         bounds_check_policies: naga::proc::BoundsCheckPolicies {
             index: check,
@@ -196,4 +203,113 @@ pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
         }
     }
     Ok(changed)
+}
+
+/// An element-access stub's role by its name: `coop_get<E>u` reads element E of the
+/// invocation's share of a cooperative matrix, `coop_set<E>` and `coop_seta<E>` return the
+/// matrix with element E replaced (`true` for a read).
+fn stub(name: &str) -> Option<(bool, u32)> {
+    let rest = name.strip_prefix("coop_")?;
+    let (get, index) = if let Some(d) = rest.strip_prefix("get") {
+        (true, d)
+    } else if let Some(d) = rest.strip_prefix("seta") {
+        (false, d)
+    } else {
+        (false, rest.strip_prefix("set")?)
+    };
+    // `//! unroll` spells the index as a WGSL literal: `coop_get3u`.
+    Some((get, index.strip_suffix('u').unwrap_or(index).parse().ok()?))
+}
+
+/// A SPIR-V literal string (UTF-8, NUL-terminated, packed little-endian into words).
+fn literal(words: &[u32]) -> String {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Gives the element-access stubs of common.wgsl their bodies, which WGSL cannot write:
+/// `coop_get<E>(m)` becomes OpCompositeExtract of element E of the invocation's share of
+/// `m`, and `coop_set<E>(m, x)` (`coop_seta<E>`) OpCompositeInsert of x there, as
+/// SPV_KHR_cooperative_matrix allows. Which row and column an element holds is the driver's
+/// choice: kernels that read or write elements run only where `kernels::coop_layout`
+/// measured the layout they assume. Drops the module's debug names, which `compile` emitted
+/// only to find the stubs (some would name ids of the bodies replaced here). Returns how
+/// many stubs it rewrote.
+pub fn element_access(words: &mut Vec<u32>) -> Result<usize> {
+    const OP_NAME: u32 = 5;
+    const OP_MEMBER_NAME: u32 = 6;
+    const OP_FUNCTION: u32 = 54;
+    const OP_FUNCTION_PARAMETER: u32 = 55;
+    const OP_FUNCTION_END: u32 = 56;
+    const OP_COMPOSITE_EXTRACT: u32 = 81;
+    const OP_COMPOSITE_INSERT: u32 = 82;
+    const OP_LABEL: u32 = 248;
+    const OP_RETURN_VALUE: u32 = 254;
+    let bad = |why: &str| Error::Internal(format!("SPIR-V module: {why}"));
+    let insts = instructions(words)?;
+    let len = |at: usize| (words[at] >> 16) as usize;
+    let names: std::collections::HashMap<u32, String> = insts
+        .iter()
+        .filter(|&&(op, at)| op == OP_NAME && len(at) >= 3)
+        .map(|&(_, at)| (words[at + 1], literal(&words[at + 2..at + len(at)])))
+        .collect();
+    if !names.values().any(|n| stub(n).is_some()) {
+        return Ok(0);
+    }
+    let mut bound = words[3];
+    let mut out = Vec::with_capacity(words.len());
+    out.extend_from_slice(&words[..5]);
+    let mut rewritten = 0;
+    let mut i = 0;
+    while i < insts.len() {
+        let (op, at) = insts[i];
+        i += 1;
+        if op == OP_NAME || op == OP_MEMBER_NAME {
+            continue;
+        }
+        out.extend_from_slice(&words[at..at + len(at)]);
+        let role = (op == OP_FUNCTION && len(at) == 5)
+            .then(|| names.get(&words[at + 2]).and_then(|n| stub(n)))
+            .flatten();
+        let Some((get, index)) = role else {
+            continue;
+        };
+        // OpFunction: result type, id, control, function type; then its parameters and
+        // its first block's label, kept; the rest of the body is replaced.
+        let result_type = words[at + 1];
+        let mut params = Vec::new();
+        while let Some(&(op, at)) = insts.get(i) {
+            if op != OP_FUNCTION_PARAMETER {
+                break;
+            }
+            params.push(words[at + 2]);
+            out.extend_from_slice(&words[at..at + len(at)]);
+            i += 1;
+        }
+        match insts.get(i) {
+            Some(&(OP_LABEL, at)) => out.extend_from_slice(&words[at..at + len(at)]),
+            _ => return Err(bad("an element-access stub without a body")),
+        }
+        while insts.get(i).is_some_and(|&(op, _)| op != OP_FUNCTION_END) {
+            i += 1;
+        }
+        if i == insts.len() {
+            return Err(bad("an element-access stub without its end"));
+        }
+        let id = bound;
+        bound += 1;
+        match (get, params.as_slice()) {
+            (true, &[m]) => out.extend([5 << 16 | OP_COMPOSITE_EXTRACT, result_type, id, m, index]),
+            (false, &[m, x]) => {
+                out.extend([6 << 16 | OP_COMPOSITE_INSERT, result_type, id, x, m, index])
+            }
+            _ => return Err(bad("an element-access stub with the wrong parameters")),
+        }
+        out.extend([2 << 16 | OP_RETURN_VALUE, id]);
+        rewritten += 1;
+    }
+    out[3] = bound;
+    *words = out;
+    Ok(rewritten)
 }
