@@ -1,6 +1,9 @@
 // attention_coop.wgsl: the attention forward and backward passes of attention.wgsl on
 // cooperative matrices (tensor cores): f16 Q, K, V, f32 accumulation. Same result, same saved
-// log-sum-exp; the backward kernels are described after the forward's.
+// log-sum-exp; the backward kernels are described after the forward's. The `_reg` entries at
+// the end (fwd_reg, bwd_q_reg, bwd_kv_reg) do the same work with the scores in registers,
+// where the driver's cooperative-matrix layout is known (kernels/coop_layout.rs): 2-3x faster
+// on an H100. The entries described first serve every other adapter with tensor cores.
 //
 // Requirements (checked by the host, which otherwise uses attention.wgsl): f16 storage with
 // SHADER_F16, 16x16x16 f16 -> f32 cooperative matrices, subgroups of 32, head dimension D equal
@@ -182,6 +185,17 @@ fn unseen(qi: u32, kj: u32) -> vec4<bool> {
   return (qs >= vec4<u32>(p.sq)) | vec4<bool>(kj >= p.skv) | (vec4<bool>(CAUSAL != 0u) & (vec4<u32>(kj + p.sq) > qs + vec4<u32>(p.skv)));
 }
 
+// Whether row `qi` does not see key `kj` (past SKV, or causally masked), one element.
+fn hidden1(kj: u32, qi: u32) -> bool {
+  return (kj >= p.skv) | ((CAUSAL != 0u) & (kj + p.sq > qi + p.skv));
+}
+
+// A register kernel's column of element e in a 16-wide tile, for the lane whose first
+// column is cl = 2 (lane % 4) (kernels/coop_layout.rs `quad_rows`).
+fn el_col(cl: u32, e: u32) -> u32 {
+  return cl + (e % 2u) + 8u * ((e / 2u) % 2u);
+}
+
 // attn_keep for rows row .. row + 3 (numbered across heads) and key kj.
 fn keep_rows(row: u32, kj: u32) -> vec4<f32> {
   if (DROP == 0u) { return vec4<f32>(1.0); }
@@ -249,6 +263,17 @@ fn kv_run(of_v: bool, base: u32, pitch: u32, k0: u32, i: u32) -> vec4<f16> {
 }
 fn put_kv(i: u32, h: vec4<f16>) {
   KVs[(i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u)] = h;
+}
+
+// The register kernels (fwd_reg, bwd_q_reg) stage a block of 64 keys of K and of V at once,
+// each in a buffer of its own (pitch KP), from the runs `kv_run` loaded: run i goes where
+// `put_kv` puts it.
+var<workgroup> Kb: array<vec4<f16>, 16u * KP>;
+var<workgroup> Vb: array<vec4<f16>, 16u * KP>;
+fn put_kb_vb(i: u32, hk: vec4<f16>, hv: vec4<f16>) {
+  let at = (i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u);
+  Kb[at] = hk;
+  Vb[at] = hv;
 }
 
 // fwd at DMAX = 64 (TWO) keeps V in a buffer of its own, Vs, beside K in KVs: a block's V and
@@ -841,5 +866,471 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
   }
+  //! end
+}
+
+//! entry fwd_reg(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
+//! requires spirv
+//! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1 HOLD=1
+//! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1 HOLD=0
+// ----- fwd_reg: the forward with the softmax in registers -----
+//
+// The same result as `fwd` (and attention.wgsl), where the driver's cooperative-matrix layout
+// is the one kernels/coop_layout.rs calls quad rows (NVIDIA's): the host checks it with one
+// measurement per device. `fwd` sends every block of scores through workgroup memory (stored
+// from the accumulators, read by the lanes, written back as f16 weights, loaded as fragments:
+// four passes over 4 KiB a subgroup and two barriers) because WGSL cannot touch an
+// accumulator's elements. Here the lanes work on their own elements of the score tiles
+// (common.wgsl `coop_get<E>u`), as FlashAttention-2 does in registers:
+//
+//   element e of lane l of a 16 x 16 tile is row l / 4 + 8 (e / 4), column 2 (l % 4) + e % 2
+//   + 8 ((e / 2) % 2), in the accumulator and in the A operand alike;
+//
+// so a lane holds two rows of each tile, each row's 16 columns lie in the four lanes of a
+// quad (maxima combine with two shuffles), and the weights P of a score tile become the A
+// operand of P V element by element, with nothing moved between lanes. The running maximum
+// moves with every block (FlashAttention's exact rescaling: the output accumulators'
+// elements are multiplied by each row's factor in registers, which is cheap here), in base 2
+// (scores scaled by log2(e) once; the log-sum-exp is converted back).
+//
+// Workgroup: 128 threads, 64 query rows of one head, subgroup s rows 16 s .. 16 s + 15 with
+// their Q tiles in registers, as `fwd`. Keys by blocks of 64: each block of K and of V staged
+// in workgroup memory once (Kb, Vb; KP pitch as `fwd`), with HOLD = 1 (DMAX = 64) the next
+// block's runs loaded into registers while the current one multiplies (at 128 the
+// accumulators need those registers); two barriers a block. Workgroup memory: 18,432
+// bytes at DMAX = 64, 34,816 at 128.
+//
+// Outputs: each lane stores its own elements of O / l (rows past SQ are not stored), and the
+// first lane of each quad its rows' log-sum-exp.
+// Loops (per invocation): one per block of 64 keys (at most 64 for the 4096 keys the host
+// allows), everything inside unrolled.
+
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let sg = ids.lid / 32u;
+  let lane = ids.lid % 32u;
+  let r0 = q0 + sg * 16u;
+  let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
+  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let ob = head_base(bh, p.o_off, p.o_sb, p.o_sh);
+  // Rows past SQ load the (bounds-checked) tile anyway; their results are never stored.
+  let qr = min(r0, p.sq - 16u);
+  //! unroll dd in 0..ND
+  let qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * QS + $dd * 16u], QS);
+  //! end
+  let kend = causal_end(q0, BR);
+  // The lane's two rows (elements 0..3 and 4..7 of every tile) and its columns' offsets in
+  // a tile (elements e and e + 4 share one).
+  let row0 = r0 + lane / 4u;
+  let row1 = row0 + 8u;
+  let cl = 2u * (lane % 4u);
+  // Scores in base 2: s scale log2(e).
+  let scale2 = p.scale * 1.4426950408889634;
+  var m0 = p.ninf;
+  var m1 = p.ninf;
+  // This lane's part of its rows' sums (the quad's four parts are added at the end).
+  var l0 = 0.0;
+  var l1 = 0.0;
+  //! unroll dd in 0..ND
+  var ot$dd = coop_mat16x16<f32, C>();
+  //! end
+  // The first block's runs of K and V (see `kv_run`).
+  let pre = HOLD == 1u;
+  //! unroll t in 0..ND
+  var ka$t = vec4<f16>();
+  var kz$t = vec4<f16>();
+  var va$t = vec4<f16>();
+  var vz$t = vec4<f16>();
+  if (pre) {
+    ka$t = kv_run(false, kb, KS, 0u, ids.lid + 2u * $t * WG);
+    kz$t = kv_run(false, kb, KS, 0u, ids.lid + (2u * $t + 1u) * WG);
+    va$t = kv_run(true, vb, VS, 0u, ids.lid + 2u * $t * WG);
+    vz$t = kv_run(true, vb, VS, 0u, ids.lid + (2u * $t + 1u) * WG);
+  }
+  //! end
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    //! unroll t in 0..ND
+    if (!pre) {
+      ka$t = kv_run(false, kb, KS, k0, ids.lid + 2u * $t * WG);
+      kz$t = kv_run(false, kb, KS, k0, ids.lid + (2u * $t + 1u) * WG);
+      va$t = kv_run(true, vb, VS, k0, ids.lid + 2u * $t * WG);
+      vz$t = kv_run(true, vb, VS, k0, ids.lid + (2u * $t + 1u) * WG);
+    }
+    put_kb_vb(ids.lid + 2u * $t * WG, ka$t, va$t);
+    put_kb_vb(ids.lid + (2u * $t + 1u) * WG, kz$t, vz$t);
+    //! end
+    workgroupBarrier();
+    // The next block's runs, in flight while this one multiplies (past the last block they
+    // reread the last key, never used).
+    if (pre) {
+      //! unroll t in 0..ND
+      ka$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
+      kz$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+      va$t = kv_run(true, vb, VS, k0 + BC, ids.lid + 2u * $t * WG);
+      vz$t = kv_run(true, vb, VS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+      //! end
+    }
+    // Scores: four 16 x 16 tiles (keys k0 + 16 kc ..).
+    //! unroll kc in 0..4
+    var s$kc = coop_mat16x16<f32, C>();
+    //! unroll dd in 0..ND
+    s$kc = coopMultiplyAdd(qt$dd, coopLoad<coop_mat16x16<f16, B>>(&Kb[($kc * 16u * KP + $dd * 16u) / 4u], KP / 4u), s$kc);
+    //! end
+    //! end
+    // The lane's scores, scaled, hidden ones -inf; the block's maximum of each of its rows.
+    var b0 = p.ninf;
+    var b1 = p.ninf;
+    //! unroll kc in 0..4
+    //! unroll e in 0..8
+    let x$kc$e = select(coop_get$e(s$kc) * scale2, p.ninf, hidden1(k0 + $kc * 16u + el_col(cl, $e), select(row0, row1, $e >= 4u)));
+    //! end
+    b0 = max(b0, max(max(x$kc0u, x$kc1u), max(x$kc2u, x$kc3u)));
+    b1 = max(b1, max(max(x$kc4u, x$kc5u), max(x$kc6u, x$kc7u)));
+    //! end
+    b0 = max(b0, subgroupShuffleXor(b0, 1u));
+    b0 = max(b0, subgroupShuffleXor(b0, 2u));
+    b1 = max(b1, subgroupShuffleXor(b1, 1u));
+    b1 = max(b1, subgroupShuffleXor(b1, 2u));
+    let n0 = max(m0, b0);
+    let n1 = max(m1, b1);
+    // A row with no visible key yet keeps m = -inf, factor 1 and weights 0 (exp2 of -inf
+    // minus -inf would be NaN).
+    let a0 = select(1.0, exp2(m0 - n0), n0 != p.ninf);
+    let a1 = select(1.0, exp2(m1 - n1), n1 != p.ninf);
+    let z0 = select(n0, 0.0, n0 == p.ninf);
+    let z1 = select(n1, 0.0, n1 == p.ninf);
+    m0 = n0;
+    m1 = n1;
+    l0 = l0 * a0;
+    l1 = l1 * a1;
+    //! unroll dd in 0..ND
+    //! unroll e in 0..8
+    ot$dd = coop_set$e(ot$dd, coop_get$e(ot$dd) * select(a0, a1, $e >= 4u));
+    //! end
+    //! end
+    // Weights: P = exp2(x - m) as the f16 A operand of P V; dropped ones 0 (their factor
+    // 1 / (1 - p) is applied once at the end), counted in the sums before dropout.
+    //! unroll kc in 0..4
+    var pt$kc = coop_mat16x16<f16, A>();
+    //! unroll e in 0..8
+    {
+      let w = exp2(x$kc$e - select(z0, z1, $e >= 4u));
+      if ($e < 4u) { l0 = l0 + w; } else { l1 = l1 + w; }
+      let kw = select(w, 0.0, (DROP != 0u) & (attn_keep(bh * p.sq + select(row0, row1, $e >= 4u), k0 + $kc * 16u + el_col(cl, $e)) == 0.0));
+      pt$kc = coop_seta$e(pt$kc, f16(kw));
+    }
+    //! end
+    //! unroll dd in 0..ND
+    ot$dd = coopMultiplyAdd(pt$kc, coopLoadT<coop_mat16x16<f16, B>>(&Vb[($kc * 16u * KP + $dd * 16u) / 4u], KP / 4u), ot$dd);
+    //! end
+    //! end
+    // Everyone is done with Kb and Vb before the next block's runs go in.
+    workgroupBarrier();
+  }
+  l0 = l0 + subgroupShuffleXor(l0, 1u);
+  l0 = l0 + subgroupShuffleXor(l0, 2u);
+  l1 = l1 + subgroupShuffleXor(l1, 1u);
+  l1 = l1 + subgroupShuffleXor(l1, 2u);
+  if (lane % 4u == 0u) {
+    if (row0 < p.sq) { st_lse(bh * p.sq + row0, (m0 + log2(l0)) * 0.6931471805599453); }
+    if (row1 < p.sq) { st_lse(bh * p.sq + row1, (m1 + log2(l1)) * 0.6931471805599453); }
+  }
+  // Dropout's 1 / (1 - p) for the kept weights, applied once here (P holds 0 or the weight).
+  let kept = select(1.0, p.drop_scale, (DROP != 0u) & (p.drop_thr != 0u));
+  let f0 = kept / l0;
+  let f1 = kept / l1;
+  //! unroll dd in 0..ND
+  //! unroll e in 0..8
+  {
+    let rr = select(row0, row1, $e >= 4u);
+    if (rr < p.sq) {
+      st_o(ob + rr * p.o_ss + $dd * 16u + el_col(cl, $e), coop_get$e(ot$dd) * select(f0, f1, $e >= 4u));
+    }
+  }
+  //! end
+  //! end
+}
+
+//! entry bwd_q_reg(q: f16, k: f16 vec4, v: f16 vec4, dout: f16, lse: f32, delta: f32, dq: data mut)
+//! requires spirv
+//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1 HOLD=1
+//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1 HOLD=0
+// bwd_q with the element work in registers, as fwd_reg (same layout condition): subgroup s
+// keeps its 16 queries' Q and dO tiles and the dQ accumulators; per block of 64 keys (K and
+// V staged together in Kb, Vb) and per pair of 16-key tiles, S = Q K^T and dP = dO V^T stay
+// in the accumulators, each lane forms its elements of dS = P (z dP - delta) with P =
+// exp(scale S - lse) (z dropout's factor), and dS becomes the A operand of dQ += dS K
+// element by element. dQ is scaled and stored by its elements. With HOLD = 1 (DMAX = 64) the
+// next block's runs load into registers while this one multiplies; at 128 the accumulators
+// need those registers, and each block loads and stores in one step. Workgroup memory as
+// fwd_reg.
+// Loops (per invocation): one per block of 64 keys, everything inside unrolled.
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let sg = ids.lid / 32u;
+  let lane = ids.lid % 32u;
+  let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
+  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
+  let dqb = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh);
+  let qr = min(q0 + sg * 16u, p.sq - 16u);
+  //! unroll dd in 0..ND
+  let qt$dd = coopLoadT<coop_mat16x16<f16, A>>(&q[qb + qr * QS + $dd * 16u], QS);
+  let gt$dd = coopLoadT<coop_mat16x16<f16, A>>(&dout[gb + qr * GS + $dd * 16u], GS);
+  var dqt$dd = coop_mat16x16<f32, C>();
+  //! end
+  let kend = causal_end(q0, BR);
+  let row0 = q0 + sg * 16u + lane / 4u;
+  let row1 = row0 + 8u;
+  let cl = 2u * (lane % 4u);
+  let scale2 = p.scale * 1.4426950408889634;
+  // The lane's rows' log-sum-exp (base 2) and delta.
+  let ls0 = ld_lse(bh * p.sq + min(row0, p.sq - 1u)) * 1.4426950408889634;
+  let ls1 = ld_lse(bh * p.sq + min(row1, p.sq - 1u)) * 1.4426950408889634;
+  let dl0 = ld_delta(bh * p.sq + min(row0, p.sq - 1u));
+  let dl1 = ld_delta(bh * p.sq + min(row1, p.sq - 1u));
+  let pre = HOLD == 1u;
+  //! unroll t in 0..ND
+  var ka$t = vec4<f16>();
+  var kz$t = vec4<f16>();
+  var va$t = vec4<f16>();
+  var vz$t = vec4<f16>();
+  if (pre) {
+    ka$t = kv_run(false, kb, KS, 0u, ids.lid + 2u * $t * WG);
+    kz$t = kv_run(false, kb, KS, 0u, ids.lid + (2u * $t + 1u) * WG);
+    va$t = kv_run(true, vb, VS, 0u, ids.lid + 2u * $t * WG);
+    vz$t = kv_run(true, vb, VS, 0u, ids.lid + (2u * $t + 1u) * WG);
+  }
+  //! end
+  for (var k0 = 0u; k0 < kend; k0 = k0 + BC) {
+    //! unroll t in 0..ND
+    if (!pre) {
+      ka$t = kv_run(false, kb, KS, k0, ids.lid + 2u * $t * WG);
+      kz$t = kv_run(false, kb, KS, k0, ids.lid + (2u * $t + 1u) * WG);
+      va$t = kv_run(true, vb, VS, k0, ids.lid + 2u * $t * WG);
+      vz$t = kv_run(true, vb, VS, k0, ids.lid + (2u * $t + 1u) * WG);
+    }
+    put_kb_vb(ids.lid + 2u * $t * WG, ka$t, va$t);
+    put_kb_vb(ids.lid + (2u * $t + 1u) * WG, kz$t, vz$t);
+    //! end
+    workgroupBarrier();
+    if (pre) {
+      //! unroll t in 0..ND
+      ka$t = kv_run(false, kb, KS, k0 + BC, ids.lid + 2u * $t * WG);
+      kz$t = kv_run(false, kb, KS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+      va$t = kv_run(true, vb, VS, k0 + BC, ids.lid + 2u * $t * WG);
+      vz$t = kv_run(true, vb, VS, k0 + BC, ids.lid + (2u * $t + 1u) * WG);
+      //! end
+    }
+    //! unroll h in 0..2
+    //! unroll c in 0..2
+    {
+    var s$c = coop_mat16x16<f32, C>();
+    var dp$c = coop_mat16x16<f32, C>();
+    //! unroll dd in 0..ND
+    s$c = coopMultiplyAdd(qt$dd, coopLoad<coop_mat16x16<f16, B>>(&Kb[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), s$c);
+    dp$c = coopMultiplyAdd(gt$dd, coopLoad<coop_mat16x16<f16, B>>(&Vb[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), dp$c);
+    //! end
+    var ds$c = coop_mat16x16<f16, A>();
+    //! unroll e in 0..8
+    {
+      let key = k0 + (2u * $h + $c) * 16u + el_col(cl, $e);
+      let rr = select(row0, row1, $e >= 4u);
+      let pw = exp2(coop_get$e(s$c) * scale2 - select(ls0, ls1, $e >= 4u));
+      let z = select(1.0, attn_keep(bh * p.sq + rr, key), DROP != 0u);
+      let d = pw * (coop_get$e(dp$c) * z - select(dl0, dl1, $e >= 4u));
+      ds$c = coop_seta$e(ds$c, f16(select(d, 0.0, (rr >= p.sq) | hidden1(key, rr))));
+    }
+    //! end
+    //! unroll dd in 0..ND
+    dqt$dd = coopMultiplyAdd(ds$c, coopLoadT<coop_mat16x16<f16, B>>(&Kb[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), dqt$dd);
+    //! end
+    }
+    //! end
+    //! end
+    // Everyone is done with Kb and Vb before the next block's runs go in.
+    workgroupBarrier();
+  }
+  //! unroll dd in 0..ND
+  //! unroll e in 0..8
+  {
+    let rr = select(row0, row1, $e >= 4u);
+    if (rr < p.sq) { st_dq(dqb + rr * p.dq_ss + $dd * 16u + el_col(cl, $e), coop_get$e(dqt$dd) * p.scale); }
+  }
+  //! end
+  //! end
+}
+
+//! entry bwd_kv_reg(q: f16 vec4, k: f16 vec4, v: f16 vec4, dout: f16 vec4, lse: f32, delta: f32, dk: data mut, dv: data mut)
+//! requires spirv
+//! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1 HOLD=1
+//! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1 HOLD=1
+// bwd_kv with the element work in registers, as fwd_reg (same layout condition). Workgroup
+// (x, y) = (block of 64 keys, head); subgroup s owns keys 16 s .. 16 s + 15, their K and V
+// tiles as A operands and the dK, dV accumulators. Per block of 64 queries (Q, dO staged in
+// Qr, Gr, pitch KP; their log-sum-exp, base 2, and delta in Lr, Dr) and per 16-query tile,
+// S^T = K Q^T and dP^T = V dO^T stay in the accumulators (rows keys, columns queries), each
+// lane forms its elements of P^T (with dropout's factor z: z P^T) and dS^T = P^T (z dP^T -
+// delta), and those become the A operands of dV += (z P)^T dO and dK += dS^T Q element by
+// element. HOLD = 1 (the host's choice at both head dimensions) holds the K and V tiles in
+// registers across the loop and loads the next block's runs while a block multiplies; with
+// HOLD = 0 the tiles are loaded again for each pair of query tiles (from memory, where they
+// stay cached) and each block loads and stores its runs in one step, for fewer registers.
+// Workgroup memory: 18,944 bytes at DMAX = 64, 35,328 at 128.
+// Loops (per invocation): one per block of 64 queries, everything inside unrolled.
+var<workgroup> Qr: array<vec4<f16>, 16u * KP>;
+var<workgroup> Gr: array<vec4<f16>, 16u * KP>;
+var<workgroup> Lr: array<f32, 64u>;
+var<workgroup> Dr: array<f32, 64u>;
+
+// Run i of the 64 staged rows of Q (or dO, `of_g`) from row q0 (clamped to the last row:
+// those are masked).
+fn qg_run(of_g: bool, base: u32, q0: u32, i: u32) -> vec4<f16> {
+  let r = min(q0 + i / (DMAX / 4u), p.sq - 1u);
+  if (of_g) { return dout[(base + r * GS) / 4u + i % (DMAX / 4u)]; }
+  return q[(base + r * QS) / 4u + i % (DMAX / 4u)];
+}
+
+// The 16 keys from kr of K (of V), head column tile dd, as an A operand (two functions: a
+// cooperative load behind a parameter's branch would not be in uniform control flow).
+fn k_a(base: u32, kr: u32, dd: u32) -> coop_mat16x16<f16, A> {
+  return coopLoadT<coop_mat16x16<f16, A>>(&k[(base + kr * KS + dd * 16u) / 4u], KS / 4u);
+}
+fn v_a(base: u32, kr: u32, dd: u32) -> coop_mat16x16<f16, A> {
+  return coopLoadT<coop_mat16x16<f16, A>>(&v[(base + kr * VS + dd * 16u) / 4u], VS / 4u);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let k0 = ids.wid.x * BC;
+  let sg = ids.lid / 32u;
+  let lane = ids.lid % 32u;
+  let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
+  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
+  let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
+  let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);
+  // Keys past SKV load the last (in-range) tile; they are masked and never stored.
+  let kr = min(k0 + sg * 16u, p.skv - 16u);
+  let pre = HOLD == 1u;
+  //! unroll dd in 0..ND
+  var dkt$dd = coop_mat16x16<f32, C>();
+  var dvt$dd = coop_mat16x16<f32, C>();
+  var ka$dd = coop_mat16x16<f16, A>();
+  var va$dd = coop_mat16x16<f16, A>();
+  if (pre) {
+    ka$dd = k_a(kb, kr, $dd);
+    va$dd = v_a(vb, kr, $dd);
+  }
+  //! end
+  // The lane's two keys (rows of its elements) and first column.
+  let key0 = k0 + sg * 16u + lane / 4u;
+  let key1 = key0 + 8u;
+  let cl = 2u * (lane % 4u);
+  let scale2 = p.scale * 1.4426950408889634;
+  let qstart = causal_start(k0, 64u);
+  //! unroll t in 0..ND
+  var qa$t = vec4<f16>();
+  var qz$t = vec4<f16>();
+  var ga$t = vec4<f16>();
+  var gz$t = vec4<f16>();
+  if (pre) {
+    qa$t = qg_run(false, qb, qstart, ids.lid + 2u * $t * WG);
+    qz$t = qg_run(false, qb, qstart, ids.lid + (2u * $t + 1u) * WG);
+    ga$t = qg_run(true, gb, qstart, ids.lid + 2u * $t * WG);
+    gz$t = qg_run(true, gb, qstart, ids.lid + (2u * $t + 1u) * WG);
+  }
+  //! end
+  for (var q0 = qstart; q0 < p.sq; q0 = q0 + 64u) {
+    //! unroll t in 0..ND
+    if (!pre) {
+      qa$t = qg_run(false, qb, q0, ids.lid + 2u * $t * WG);
+      qz$t = qg_run(false, qb, q0, ids.lid + (2u * $t + 1u) * WG);
+      ga$t = qg_run(true, gb, q0, ids.lid + 2u * $t * WG);
+      gz$t = qg_run(true, gb, q0, ids.lid + (2u * $t + 1u) * WG);
+    }
+    {
+      let i = ids.lid + 2u * $t * WG;
+      let j = ids.lid + (2u * $t + 1u) * WG;
+      let ai = (i / (DMAX / 4u)) * (KP / 4u) + i % (DMAX / 4u);
+      let aj = (j / (DMAX / 4u)) * (KP / 4u) + j % (DMAX / 4u);
+      Qr[ai] = qa$t;
+      Qr[aj] = qz$t;
+      Gr[ai] = ga$t;
+      Gr[aj] = gz$t;
+    }
+    //! end
+    if (ids.lid < 64u) {
+      let qs = min(q0 + ids.lid, p.sq - 1u);
+      Lr[ids.lid] = ld_lse(bh * p.sq + qs) * 1.4426950408889634;
+      Dr[ids.lid] = ld_delta(bh * p.sq + qs);
+    }
+    workgroupBarrier();
+    if (pre) {
+      //! unroll t in 0..ND
+      qa$t = qg_run(false, qb, q0 + 64u, ids.lid + 2u * $t * WG);
+      qz$t = qg_run(false, qb, q0 + 64u, ids.lid + (2u * $t + 1u) * WG);
+      ga$t = qg_run(true, gb, q0 + 64u, ids.lid + 2u * $t * WG);
+      gz$t = qg_run(true, gb, q0 + 64u, ids.lid + (2u * $t + 1u) * WG);
+      //! end
+    }
+    //! unroll h in 0..2
+    if (!pre) {
+      //! unroll dd in 0..ND
+      ka$dd = k_a(kb, kr, $dd);
+      va$dd = v_a(vb, kr, $dd);
+      //! end
+    }
+    //! unroll c in 0..2
+    {
+    var st$c = coop_mat16x16<f32, C>();
+    var dpt$c = coop_mat16x16<f32, C>();
+    //! unroll dd in 0..ND
+    st$c = coopMultiplyAdd(ka$dd, coopLoad<coop_mat16x16<f16, B>>(&Qr[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), st$c);
+    dpt$c = coopMultiplyAdd(va$dd, coopLoad<coop_mat16x16<f16, B>>(&Gr[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), dpt$c);
+    //! end
+    var pz$c = coop_mat16x16<f16, A>();
+    var ds$c = coop_mat16x16<f16, A>();
+    //! unroll e in 0..8
+    {
+      let col = (2u * $h + $c) * 16u + el_col(cl, $e);
+      let qi = q0 + col;
+      let kj = select(key0, key1, $e >= 4u);
+      let hide = (qi >= p.sq) | hidden1(kj, qi);
+      let pw = select(exp2(coop_get$e(st$c) * scale2 - Lr[col]), 0.0, hide);
+      let z = select(1.0, attn_keep(bh * p.sq + qi, kj), DROP != 0u);
+      pz$c = coop_seta$e(pz$c, f16(pw * z));
+      ds$c = coop_seta$e(ds$c, f16(pw * (coop_get$e(dpt$c) * z - Dr[col])));
+    }
+    //! end
+    //! unroll dd in 0..ND
+    dvt$dd = coopMultiplyAdd(pz$c, coopLoadT<coop_mat16x16<f16, B>>(&Gr[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), dvt$dd);
+    dkt$dd = coopMultiplyAdd(ds$c, coopLoadT<coop_mat16x16<f16, B>>(&Qr[((2u * $h + $c) * 16u * KP + $dd * 16u) / 4u], KP / 4u), dkt$dd);
+    //! end
+    }
+    //! end
+    //! end
+    // Everyone is done with Qr, Gr, Lr and Dr before the next block's go in.
+    workgroupBarrier();
+  }
+  //! unroll dd in 0..ND
+  //! unroll e in 0..8
+  {
+    let kj = select(key0, key1, $e >= 4u);
+    if (kj < p.skv) {
+      st_dk(dkb + kj * p.dk_ss + $dd * 16u + el_col(cl, $e), coop_get$e(dkt$dd) * p.scale);
+      st_dv(dvb + kj * p.dv_ss + $dd * 16u + el_col(cl, $e), coop_get$e(dvt$dd));
+    }
+  }
+  //! end
   //! end
 }

@@ -133,6 +133,16 @@ pub(crate) struct Dims {
 }
 
 impl Dims {
+    /// fwd_reg's constants: `coop_consts`, then HOLD, whether the next block's runs load
+    /// into registers while a block multiplies: at head dimension 128 the accumulators need
+    /// those registers (on an H100 the forward ran 2x16x4096x128 in 1.71 ms without, 1.92-2.02
+    /// with).
+    fn fwd_reg_consts(&self) -> Vec<(&'static str, u32)> {
+        let mut c = self.coop_consts(false).to_vec();
+        c.push(("HOLD", (self.d == 64) as u32));
+        c
+    }
+
     fn params(&self) -> Result<AttnParams> {
         let [q_off, q_sb, q_sh, q_ss] = self.q.words()?;
         let [k_off, k_sb, k_sh, k_ss] = self.k.words()?;
@@ -211,6 +221,19 @@ impl Dims {
             ("CAUSAL", self.causal as u32),
             ("DROP", (drop_threshold(self.dropout) != 0) as u32),
         ]
+    }
+}
+
+impl Dims {
+    /// The backward register kernels' constants: `coop_consts`, then HOLD. bwd_kv_reg
+    /// (`for_q` false) then keeps its K and V tiles in registers across its loop, which
+    /// measured best at both head dimensions (fwd + bwd causal 2x16x4096x128 on an H100:
+    /// 3.67-3.70 ms against 4.12-4.14 loading them per pair of query tiles); bwd_q_reg loads
+    /// the next block ahead, as fwd_reg does, except at 128 (3.57 ms against 3.62-3.67).
+    fn reg_consts(&self, for_q: bool) -> Vec<(&'static str, u32)> {
+        let mut c = self.coop_consts(true).to_vec();
+        c.push(("HOLD", !(for_q && self.d == 128) as u32));
+        c
     }
 }
 
@@ -406,6 +429,14 @@ fn chunked(
     Ok(())
 }
 
+/// Whether the tensor-core kernels may work on their accumulators' elements in registers
+/// (the `_reg` entries of attention_coop.wgsl): the driver's cooperative-matrix layout is the
+/// one they are written for.
+fn reg_layout(dev: &Device) -> Result<bool> {
+    use super::coop_layout::{CoopLayout, layout};
+    Ok(layout(dev)?.is_some_and(|l| l == CoopLayout::quad_rows()))
+}
+
 /// o = attention(q, k, v), lse (f32 [bh, sq]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
@@ -425,13 +456,19 @@ pub(crate) fn forward(
         && a.o.coop_aligned()
         && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
+        // The softmax in registers where the driver's layout is the one it assumes.
+        let reg = reg_layout(dev)?;
         return launch(
             dev,
             &Launch {
                 kernel: Kernel::AttentionCoop,
-                entry: "fwd",
+                entry: if reg { "fwd_reg" } else { "fwd" },
                 wg: 128,
-                consts: &a.coop_consts(false),
+                consts: &if reg {
+                    a.fwd_reg_consts()
+                } else {
+                    a.coop_consts(false).to_vec()
+                },
                 params: p,
                 args: &[
                     arg(q, dtype),
@@ -570,8 +607,19 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         && [g.dq_at, g.dk_at, g.dv_at].iter().all(|l| l.coop_aligned())
         && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
-        let consts = a.coop_consts(true);
+        // The element work in registers where the driver's layout is the one it assumes.
+        let reg = reg_layout(dev)?;
+        let (kv, q) = if reg {
+            ("bwd_kv_reg", "bwd_q_reg")
+        } else {
+            ("bwd_kv", "bwd_q")
+        };
         let coop = |entry: &'static str, out: &[Arg<'_>], rows: usize| {
+            let consts = if reg {
+                a.reg_consts(entry == q)
+            } else {
+                a.coop_consts(true).to_vec()
+            };
             let mut args = common.to_vec();
             args.extend_from_slice(out);
             launch(
@@ -587,8 +635,8 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
                 },
             )
         };
-        coop("bwd_kv", &[arg(g.dk, dtype), arg(g.dv, dtype)], a.skv)?;
-        return coop("bwd_q", &[arg(g.dq, dtype)], a.sq);
+        coop(kv, &[arg(g.dk, dtype), arg(g.dv, dtype)], a.skv)?;
+        return coop(q, &[arg(g.dq, dtype)], a.sq);
     }
     let mut kv = common.to_vec();
     kv.push(arg(g.dk, dtype));
@@ -692,6 +740,15 @@ mod tests {
                 let sig = Kernel::AttentionCoop.entry(entry).expect("entry");
                 assert!(
                     sig.accepts_consts(&a.coop_consts(backward)),
+                    "{entry} d={d}"
+                );
+            }
+            let sig = Kernel::AttentionCoop.entry("fwd_reg").expect("entry");
+            assert!(sig.accepts_consts(&a.fwd_reg_consts()), "fwd_reg d={d}");
+            for entry in ["bwd_kv_reg", "bwd_q_reg"] {
+                let sig = Kernel::AttentionCoop.entry(entry).expect("entry");
+                assert!(
+                    sig.accepts_consts(&a.reg_consts(entry == "bwd_q_reg")),
                     "{entry} d={d}"
                 );
             }
