@@ -109,7 +109,6 @@ fn build(
     own_spirv: bool,
 ) -> Result<Pipeline> {
     let d = dev.wgpu();
-    // Compiled before the error scope opens: a failure here is wgrad's, not wgpu's.
     // The element-access stubs have bodies only in wgrad's own SPIR-V (`spirv::element_access`):
     // compiled by wgpu they would return zeros.
     if !own_spirv && (src.contains("fn coop_get") || src.contains("fn coop_set")) {
@@ -117,6 +116,7 @@ fn build(
             "kernel {label} reads cooperative-matrix elements but is not compiled by wgrad"
         )));
     }
+    // Compiled before the error scope opens: a failure here is wgrad's, not wgpu's.
     let words = if own_spirv {
         let c = dev.caps();
         if !c.spirv {

@@ -206,7 +206,7 @@ pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
 }
 
 /// An element-access stub's role by its name: `coop_get<E>u` reads element E of the
-/// invocation's share of a cooperative matrix, `coop_set<E>` and `coop_seta<E>` return the
+/// invocation's share of a cooperative matrix, `coop_set<E>u` and `coop_seta<E>u` return the
 /// matrix with element E replaced (`true` for a read).
 fn stub(name: &str) -> Option<(bool, u32)> {
     let rest = name.strip_prefix("coop_")?;
@@ -229,8 +229,8 @@ fn literal(words: &[u32]) -> String {
 }
 
 /// Gives the element-access stubs of common.wgsl their bodies, which WGSL cannot write:
-/// `coop_get<E>(m)` becomes OpCompositeExtract of element E of the invocation's share of
-/// `m`, and `coop_set<E>(m, x)` (`coop_seta<E>`) OpCompositeInsert of x there, as
+/// `coop_get<E>u(m)` becomes OpCompositeExtract of element E of the invocation's share of
+/// `m`, and `coop_set<E>u(m, x)` (`coop_seta<E>u`) OpCompositeInsert of x there, as
 /// SPV_KHR_cooperative_matrix allows. Which row and column an element holds is the driver's
 /// choice: kernels that read or write elements run only where `kernels::coop_layout`
 /// measured the layout they assume. Drops the module's debug names, which `compile` emitted
