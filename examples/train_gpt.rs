@@ -996,6 +996,7 @@ fn run() -> Result<()> {
             // nothing inside waits for it (in the loop above the update waits for the last step's
             // decision). The median of 5. The device runs while the host queues, so the step
             // waits on the host only where this passes 100%.
+            let enc0 = dev.dispatch_stats().encode_time;
             let mut alone = (0..5)
                 .map(|_| -> Result<f64> {
                     let t = Instant::now();
@@ -1008,6 +1009,7 @@ fn run() -> Result<()> {
             alone.sort_by(f64::total_cmp);
             let host_ms = alone[alone.len() / 2];
             let d = dev.dispatch_stats();
+            let enc_ms = (d.encode_time - enc0).as_secs_f64() * 1e3 / alone.len() as f64;
             say!(
                 "dispatch  {} kernel launches, {} submits since the start; {:.1}% of launches reused a bind group ({} kept)",
                 d.dispatches,
@@ -1018,6 +1020,15 @@ fn run() -> Result<()> {
             say!(
                 "host      records and queues a step in {host_ms:.2} ms ({:.0}% of the step, overlapping the device's work)",
                 100.0 * host_ms / ms
+            );
+            let (who, share) = if d.submit_thread {
+                ("the submit thread encodes and submits it in", " beside it")
+            } else {
+                ("of which encoding and submitting take", "")
+            };
+            say!(
+                "host      {who} {enc_ms:.2} ms ({:.0}% of the step{share})",
+                100.0 * enc_ms / ms
             );
         } else {
             let per = |x: std::time::Duration| x.as_secs_f64() * 1e3 / c.bench as f64;

@@ -6,6 +6,7 @@ pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;
+mod hash;
 pub mod kernels;
 pub mod layout;
 pub mod memory;

@@ -228,6 +228,55 @@ fn sync_waits_for_earlier_submissions() {
     }
 }
 
+/// Batches handed to the submit thread reach the queue in the order they were recorded: a
+/// chain of launches long enough for several batches, each freeing the block the next one
+/// reuses, uploads between them, and an upload large enough to double-buffer its staging,
+/// give the same results with the thread and without it.
+#[test]
+fn submit_thread_keeps_order() {
+    for off in [false, true] {
+        let dev = device_with(|o| {
+            o.no_cache = false;
+            o.disable_submit_thread = off;
+        });
+        assert_eq!(dev.dispatch_stats().submit_thread, !off);
+        let n = 1000;
+        let steps = 3 * 256 + 17;
+        let mut t = Tensor::from_slice(&dev, &vec![0.0f32; n], &[n]).unwrap();
+        let mut uploads = Vec::new();
+        for i in 0..steps {
+            t = t.add_scalar(1.0).unwrap();
+            if i % 97 == 0 {
+                let u = Tensor::full(&dev, &[n], i as f32, DType::F32).unwrap();
+                uploads.push((i, u.add(&t).unwrap()));
+            }
+        }
+        // More than the 64 MiB of staging a batch may hold.
+        let big: Vec<f32> = (0..(17usize << 20)).map(|i| (i % 1009) as f32).collect();
+        let b = Tensor::from_slice(&dev, &big, &[big.len()]).unwrap();
+        let b2 = b.add_scalar(0.5).unwrap();
+        assert!(
+            t.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&v| v == steps as f32)
+        );
+        for (i, u) in &uploads {
+            let want = (*i + *i + 1) as f32;
+            assert!(
+                u.to_vec::<f32>().unwrap().iter().all(|&v| v == want),
+                "submit thread {}: the sum at step {i}",
+                !off
+            );
+        }
+        let got = b2.to_vec::<f32>().unwrap();
+        assert!(got.iter().zip(&big).all(|(g, x)| *g == x + 0.5));
+        let s = dev.dispatch_stats();
+        assert!(s.submits >= 3, "{} submits", s.submits);
+        assert!(!s.encode_time.is_zero());
+    }
+}
+
 #[test]
 fn read_with_wrong_dtype_is_an_error() {
     let dev = device();

@@ -15,8 +15,8 @@ pub use crate::tensor::graph::{Backward, is_grad_enabled, no_grad};
 pub use checkpoint::{Segment, checkpoint};
 
 use crate::error::{Error, Result};
+use crate::hash::{FastMap, FastSet};
 use crate::tensor::{Tensor, TensorId, lock};
-use std::collections::{HashMap, HashSet};
 
 impl Tensor {
     /// Computes gradients of this (scalar) tensor with respect to every variable it depends on
@@ -82,7 +82,7 @@ fn backward(
         }
     };
     let order = topo_order(root);
-    let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
+    let mut grads: FastMap<TensorId, Tensor> = FastMap::default();
     grads.insert(root.id(), seed);
     no_grad(|| -> Result<()> {
         let mut order: Vec<Option<Tensor>> = order.into_iter().map(Some).collect();
@@ -162,7 +162,7 @@ fn accumulate_leaf(leaf: &Tensor, g: Tensor) -> Result<()> {
 /// Every tensor reachable from `root` through recorded nodes, root first, each after all the
 /// tensors computed from it.
 fn topo_order(root: &Tensor) -> Vec<Tensor> {
-    let mut seen = HashSet::new();
+    let mut seen = FastSet::default();
     let mut post = Vec::new();
     // Iterative DFS: deep graphs (long sequences of layers) must not overflow the stack.
     let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];

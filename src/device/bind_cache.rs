@@ -12,7 +12,7 @@
 //! also cleared past [`MAX_ENTRIES`] (workloads whose shapes keep changing), which costs
 //! only re-creation.
 
-use std::collections::HashMap;
+use crate::hash::FastMap;
 
 /// Entries kept before the cache is cleared.
 pub(crate) const MAX_ENTRIES: usize = 8192;
@@ -28,7 +28,7 @@ pub(crate) struct BindKey {
 
 #[derive(Default)]
 pub(crate) struct BindCache {
-    map: HashMap<BindKey, wgpu::BindGroup>,
+    map: FastMap<BindKey, wgpu::BindGroup>,
     /// Bind groups created / found, for the tests and the profiler's curious.
     pub created: u64,
     pub reused: u64,

@@ -14,6 +14,7 @@ mod options;
 pub mod profile;
 mod readback;
 pub(crate) mod stream;
+mod submit;
 
 pub use adapter::AdapterSummary;
 pub use options::{AdapterChoice, DeviceOptions, MatmulPrecision, MemoryLimit, ShaderChecks};
@@ -198,7 +199,9 @@ impl Deref for DeviceInner {
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         let _g = lock(&DEVICE_LIFECYCLE);
-        // Let queued work finish before its buffers and the device go.
+        // Batches handed to the submit thread reach the queue first; then let queued work
+        // finish before its buffers and the device go.
+        let _ = lock(&self.parts.stream).drain();
         let _ = self.parts.device.poll(wgpu::PollType::wait_indefinitely());
         // SAFETY: `parts` is taken exactly once, here, and never used afterwards.
         let parts = unsafe { ManuallyDrop::take(&mut self.parts) };
@@ -435,6 +438,7 @@ impl Device {
             caps.uniform_align,
             memory.epoch(),
             binds,
+            !opts.disable_submit_thread,
         );
         let downloads = DownloadPool::new(device.clone());
         Ok(Device {
@@ -533,9 +537,10 @@ impl Device {
         self.check()
     }
 
-    /// Submits everything queued without waiting.
+    /// Sends everything recorded on its way to the device without waiting: the submit thread
+    /// encodes and submits it while the caller goes on (see `DeviceOptions::disable_submit_thread`).
     pub fn flush(&self) -> Result<()> {
-        lock(&self.inner.stream).flush()?;
+        lock(&self.inner.stream).submit()?;
         self.check()
     }
 
@@ -576,14 +581,22 @@ impl Device {
 
     /// Counters of the host's side of launching kernels, since the device opened.
     pub fn dispatch_stats(&self) -> DispatchStats {
-        let (dispatches, submits, binds) = {
+        let (dispatches, submits, submit_thread, encode_time, binds) = {
             let st = lock(&self.inner.stream);
-            (st.dispatch_total, st.submits, Arc::clone(&st.binds))
+            (
+                st.dispatch_total,
+                st.submits,
+                st.threaded(),
+                st.encode_time(),
+                Arc::clone(&st.binds),
+            )
         };
         let b = lock(&binds);
         DispatchStats {
             dispatches,
             submits,
+            submit_thread,
+            encode_time,
             bind_groups_created: b.created,
             bind_groups_reused: b.reused,
             bind_groups_kept: b.len() as u64,
@@ -838,6 +851,12 @@ pub struct DispatchStats {
     pub dispatches: u64,
     /// Batches submitted to the queue.
     pub submits: u64,
+    /// Whether batches are encoded and submitted on the device's submit thread (see
+    /// `DeviceOptions::disable_submit_thread`).
+    pub submit_thread: bool,
+    /// Time spent encoding and submitting batches (wgpu's validation and the driver's
+    /// recording), on the submit thread or the recording one.
+    pub encode_time: Duration,
     /// Bind groups created (a launch on memory no earlier launch of its layout bound).
     pub bind_groups_created: u64,
     /// Launches that reused a kept bind group.

@@ -131,6 +131,9 @@ pub struct DeviceOptions {
     /// (`WGRAD_DISABLE=elements`): the tensor-core attention then keeps its scores in
     /// workgroup memory, as on drivers whose element layout it does not know.
     pub disable_coop_elements: bool,
+    /// Encode and submit command batches on the thread that records them, instead of on the
+    /// device's submit thread (`WGRAD_DISABLE=submit_thread`).
+    pub disable_submit_thread: bool,
     /// How f32 matrix products are computed (`WGRAD_MATMUL_PRECISION=highest|high`); it can
     /// be changed later with [`Device::set_matmul_precision`](crate::Device::set_matmul_precision).
     pub matmul_precision: MatmulPrecision,
@@ -140,7 +143,7 @@ impl DeviceOptions {
     /// Options from the environment:
     /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`,
     /// `WGRAD_RELEASE_THRESHOLD=512MiB|5%`, `WGRAD_NO_CACHE=1`,
-    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv,elements`,
+    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv,elements,submit_thread`,
     /// `WGRAD_MATMUL_PRECISION=highest|high`.
     /// wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
@@ -187,6 +190,7 @@ impl DeviceOptions {
             disable_coop_matrix: has("coop"),
             disable_spirv: has("spirv"),
             disable_coop_elements: has("elements"),
+            disable_submit_thread: has("submit_thread"),
             matmul_precision: var("WGRAD_MATMUL_PRECISION")
                 .map(|v| MatmulPrecision::parse(&v))
                 .transpose()?

@@ -1,9 +1,10 @@
 //! The command stream: every GPU command wgrad issues, in order, submitted in batches.
 //!
-//! Ops do not submit. They record a [`Cmd`] here; the stream encodes and submits the batch when
-//! it holds [`MAX_BATCH`] dispatches, when staging memory in the batch grows large, or when the
-//! host needs a result (`sync`, a read-back). One submit per op would cost tens of microseconds
-//! each on a discrete GPU and stall the CPU on driver calls.
+//! Ops do not submit. They record a [`Cmd`] here; the stream hands the batch to the submit
+//! thread (`submit.rs`), which encodes and submits it, when it holds [`MAX_BATCH`] dispatches,
+//! when staging memory in the batch grows large, or when the host needs a result (`sync`, a
+//! read-back). One submit per op would cost tens of microseconds each on a discrete GPU and
+//! stall the CPU on driver calls.
 //!
 //! Kernel parameters (shapes, strides, scalars) go into one uniform buffer: each dispatch gets
 //! an aligned slot; the host fills a byte vector while recording and, at submit, the vector is
@@ -16,6 +17,7 @@
 use super::adapter::lock;
 use super::bind_cache::{BindCache, BindKey};
 use super::profile::{GpuTimer, KernelEvent, Profiling};
+use super::submit::{Batch, Cmd, Submitter, Timestamps};
 use crate::error::{Error, Result};
 use crate::memory::staging::{CHUNK_SIZE, UploadBelt};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,33 +84,15 @@ pub(crate) struct Slice<'a> {
     pub size: u64,
 }
 
-enum Cmd {
-    Dispatch {
-        pipeline: wgpu::ComputePipeline,
-        bind_group: wgpu::BindGroup,
-        /// Where the dispatch's parameter block starts in the parameter buffer.
-        params_offset: u32,
-        groups: [u32; 3],
-    },
-    Copy {
-        src: wgpu::Buffer,
-        src_off: u64,
-        dst: wgpu::Buffer,
-        dst_off: u64,
-        size: u64,
-    },
-}
-
 pub(crate) struct Stream {
     device: wgpu::Device,
-    queue: wgpu::Queue,
+    submitter: Submitter,
     cmds: Vec<Cmd>,
     dispatches: usize,
     params: Vec<u8>,
     params_buf: wgpu::Buffer,
     param_align: usize,
     pub(crate) belt: UploadBelt,
-    last: Option<wgpu::SubmissionIndex>,
     /// Submits so far.
     pub(crate) submits: u64,
     /// Dispatches so far.
@@ -129,6 +113,7 @@ impl Stream {
         param_align: u64,
         epoch: Instant,
         binds: Arc<Mutex<BindCache>>,
+        threaded: bool,
     ) -> Self {
         let param_align = param_align.max(16) as usize;
         let cap = (MAX_BATCH * param_align.max(256)) as u64;
@@ -140,14 +125,13 @@ impl Stream {
         });
         Stream {
             belt: UploadBelt::new(device.clone()),
+            submitter: Submitter::new(device.clone(), queue, threaded),
             device,
-            queue,
             cmds: Vec::new(),
             dispatches: 0,
             params: Vec::new(),
             params_buf,
             param_align,
-            last: None,
             submits: 0,
             dispatch_total: 0,
             prof: None,
@@ -157,17 +141,33 @@ impl Stream {
     }
 
     /// The queue back, for a device kept for reuse; everything else the stream holds is
-    /// dropped (call after the last submission has finished).
+    /// dropped, the submit thread last (call after the last submission has finished).
     pub(crate) fn into_queue(self) -> wgpu::Queue {
-        self.queue
+        self.submitter.queue().clone()
+    }
+
+    /// Waits until every batch handed over is on the queue (what is still being recorded
+    /// stays here).
+    pub(crate) fn drain(&mut self) -> Result<()> {
+        self.submitter.drain().map(|_| ())
+    }
+
+    /// Whether batches are encoded and submitted on the submit thread.
+    pub(crate) fn threaded(&self) -> bool {
+        self.submitter.threaded()
+    }
+
+    /// Time spent encoding and submitting batches so far.
+    pub(crate) fn encode_time(&self) -> std::time::Duration {
+        self.submitter.busy()
     }
 
     /// Starts profiling every dispatch (GPU timestamps when `timestamps`, host round trips
     /// otherwise). What was recorded before is submitted first, unprofiled.
     pub(crate) fn start_profiling(&mut self, timestamps: bool) -> Result<()> {
         self.flush()?;
-        let gpu =
-            timestamps.then(|| GpuTimer::new(&self.device, &self.queue, 2 * MAX_BATCH as u32));
+        let gpu = timestamps
+            .then(|| GpuTimer::new(&self.device, self.submitter.queue(), 2 * MAX_BATCH as u32));
         self.prof = Some(Profiling {
             gpu,
             pending: Vec::new(),
@@ -206,7 +206,7 @@ impl Stream {
         let padded = bytes.len().max(16).div_ceil(16) * 16;
         let start = self.params.len().div_ceil(self.param_align) * self.param_align;
         if self.dispatches >= MAX_BATCH || start + padded > self.params_buf.size() as usize {
-            self.flush()?;
+            self.submit()?;
         }
         let start = self.params.len().div_ceil(self.param_align) * self.param_align;
         self.params.resize(start, 0);
@@ -317,9 +317,8 @@ impl Stream {
             if self.belt.batch_bytes >= MAX_BATCH_STAGING {
                 // Double-buffer the staging memory of a large upload: submit this batch, then
                 // wait for the one before it, whose chunks come back for the next pieces.
-                let before = self.last.clone();
-                self.flush()?;
-                if let Some(idx) = before {
+                self.submit()?;
+                if let Some(idx) = self.submitter.drain()?.before {
                     self.device
                         .poll(wgpu::PollType::Wait {
                             submission_index: Some(idx),
@@ -400,86 +399,60 @@ impl Stream {
         Ok(())
     }
 
-    /// Encodes and submits everything recorded. Returns the submission, if anything was sent.
-    pub(crate) fn flush(&mut self) -> Result<Option<wgpu::SubmissionIndex>> {
+    /// Hands everything recorded to the submitter, without waiting for the submit (but for it
+    /// while the GPU profiler runs, whose timestamps are read back per batch).
+    pub(crate) fn submit(&mut self) -> Result<()> {
+        if self.prof.as_ref().is_some_and(|p| p.gpu.is_some()) {
+            return self.flush().map(|_| ());
+        }
+        self.hand_off()
+    }
+
+    fn hand_off(&mut self) -> Result<()> {
         if self.cmds.is_empty() && self.belt.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("wgrad batch"),
+        let params = if self.params.is_empty() {
+            None
+        } else {
+            Some(self.belt.write(&self.params)?)
+        };
+        let timer = self
+            .prof
+            .as_ref()
+            .and_then(|p| p.gpu.as_ref())
+            .map(|t| Timestamps {
+                set: t.set.clone(),
+                resolve: t.resolve.clone(),
+                read: t.read.clone(),
             });
-        if !self.params.is_empty() {
-            let piece = self.belt.write(&self.params)?;
-            enc.copy_buffer_to_buffer(&piece.buffer, piece.offset, &self.params_buf, 0, piece.len);
-        }
-        // With GPU profiling each dispatch gets a pass of its own, timestamped at both ends.
-        let timer = self.prof.as_ref().and_then(|p| p.gpu.as_ref());
-        let mut timed = 0u32;
-        let mut i = 0;
-        while i < self.cmds.len() {
-            match &self.cmds[i] {
-                Cmd::Copy {
-                    src,
-                    src_off,
-                    dst,
-                    dst_off,
-                    size,
-                } => {
-                    enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
-                    i += 1;
-                }
-                Cmd::Dispatch { .. } => {
-                    let timestamp_writes = timer.map(|t| wgpu::ComputePassTimestampWrites {
-                        query_set: &t.set,
-                        beginning_of_pass_write_index: Some(2 * timed),
-                        end_of_pass_write_index: Some(2 * timed + 1),
-                    });
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: None,
-                        timestamp_writes,
-                    });
-                    while let Some(Cmd::Dispatch {
-                        pipeline,
-                        bind_group,
-                        params_offset,
-                        groups,
-                    }) = self.cmds.get(i)
-                    {
-                        pass.set_pipeline(pipeline);
-                        pass.set_bind_group(0, bind_group, &[*params_offset]);
-                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-                        i += 1;
-                        if timer.is_some() {
-                            timed += 1;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(t) = timer
-            && timed > 0
-        {
-            enc.resolve_query_set(&t.set, 0..2 * timed, &t.resolve, 0);
-            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16 * timed as u64);
-        }
-        self.belt.finish();
-        let idx = self.queue.submit([enc.finish()]);
-        self.belt.recall();
-        self.cmds.clear();
+        let batch = Batch {
+            cmds: std::mem::take(&mut self.cmds),
+            params,
+            params_buf: self.params_buf.clone(),
+            staging: self.belt.finish(),
+            timer,
+        };
         self.params.clear();
         self.dispatches = 0;
         self.submits += 1;
-        self.last = Some(idx.clone());
-        if timed > 0 {
+        self.submitter.send(batch)
+    }
+
+    /// Submits everything recorded and waits until the submit (not the work) is done: after
+    /// it, every command recorded so far is on the queue. Returns the latest submission.
+    pub(crate) fn flush(&mut self) -> Result<Option<wgpu::SubmissionIndex>> {
+        let timed = match self.prof.as_ref() {
+            Some(p) if p.gpu.is_some() => p.pending.len() as u32,
+            _ => 0,
+        };
+        self.hand_off()?;
+        let last = self.submitter.drain()?.last;
+        if timed > 0
+            && let Some(idx) = &last
+        {
             self.collect_timestamps(idx.clone(), timed)?;
         }
-        // Let finished maps (staging chunks coming back) run their callbacks; never blocks.
-        self.device
-            .poll(wgpu::PollType::Poll)
-            .map_err(|e| Error::DeviceLost(e.to_string()))?;
-        Ok(Some(idx))
+        Ok(last)
     }
 }

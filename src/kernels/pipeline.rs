@@ -9,7 +9,7 @@ use crate::device::stream::{Pipeline, layout_entries};
 use crate::device::{Device, ShaderChecks};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use std::collections::HashMap;
+use crate::hash::FastMap;
 use std::sync::{Arc, Mutex};
 
 /// Most compile-time constants a launch passes.
@@ -59,7 +59,7 @@ impl Key {
 /// The per-device pipeline cache (in the kernels layer's device state).
 #[derive(Default)]
 pub(crate) struct Cache {
-    map: Mutex<HashMap<Key, Arc<Pipeline>>>,
+    map: Mutex<FastMap<Key, Arc<Pipeline>>>,
 }
 
 fn cache(dev: &Device) -> Result<&Cache> {

@@ -32,8 +32,8 @@ pub use timeline::timeline_svg;
 pub use trace::{Event, EventKind};
 
 use crate::error::{Error, Result, fmt_bytes};
+use crate::hash::FastMap;
 use arena::{Arena, ArenaConfig, PageId, Placement};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use trace::Trace;
@@ -51,7 +51,7 @@ pub(crate) struct MemoryPool {
 
 struct PoolState {
     arena: Arena,
-    buffers: HashMap<PageId, wgpu::Buffer>,
+    buffers: FastMap<PageId, wgpu::Buffer>,
     stats: MemoryStats,
     trace: Trace,
     /// Open scopes, innermost last, each with the peak of `allocated` seen inside it.
@@ -123,7 +123,7 @@ impl MemoryPool {
             on_page_release: cfg.on_page_release,
             state: Mutex::new(PoolState {
                 arena: Arena::new(acfg),
-                buffers: HashMap::new(),
+                buffers: FastMap::default(),
                 stats,
                 trace: Trace::new(cfg.trace, TRACE_CAPACITY),
                 scopes: Vec::new(),

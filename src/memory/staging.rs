@@ -4,7 +4,7 @@
 //! Uploads: [`UploadBelt`] hands out space in mapped `MAP_WRITE | COPY_SRC` chunks. The caller
 //! records a buffer-to-buffer copy in the command stream, so the upload is ordered with the
 //! kernels around it (this is what makes reuse of freed blocks safe, see `memory`). At submit the
-//! used chunks are unmapped; right after, each is re-mapped with `map_async`, whose callback
+//! used chunks are unmapped; right after the submit, each is re-mapped with `map_async`, whose callback
 //! fires once the GPU has finished the copies, and puts the chunk back on the ready list. A
 //! steady loop therefore cycles through the same few chunks.
 //!
@@ -32,6 +32,29 @@ pub(crate) struct Piece {
     pub len: u64,
 }
 
+/// The chunks of one submitted batch, unmapped, waiting to be mapped again.
+pub(crate) struct Submitted {
+    chunks: Vec<Chunk>,
+    ready: Arc<Mutex<Vec<Chunk>>>,
+}
+
+impl Submitted {
+    /// After the batch's submit: ask for each chunk to be mapped again; the callback, run once
+    /// the GPU is done with the chunk, puts it back on the belt's ready list.
+    pub(crate) fn recall(self) {
+        for c in self.chunks {
+            let ready = Arc::clone(&self.ready);
+            let buffer = c.buffer.clone();
+            buffer.map_async(wgpu::MapMode::Write, .., move |res| {
+                // A failed map (device lost) just drops the chunk.
+                if res.is_ok() {
+                    ready.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+                }
+            });
+        }
+    }
+}
+
 /// The upload staging ring.
 pub(crate) struct UploadBelt {
     device: wgpu::Device,
@@ -39,8 +62,6 @@ pub(crate) struct UploadBelt {
     current: Option<Chunk>,
     /// Chunks filled in this batch, unmapped at submit.
     filled: Vec<Chunk>,
-    /// Chunks submitted, to be re-mapped after the submit.
-    in_flight: Vec<Chunk>,
     /// Mapped, empty chunks, ready to fill. Map callbacks push here.
     ready: Arc<Mutex<Vec<Chunk>>>,
     /// Bytes written in the current batch.
@@ -57,7 +78,6 @@ impl UploadBelt {
             device,
             current: None,
             filled: Vec::new(),
-            in_flight: Vec::new(),
             ready: Arc::new(Mutex::new(Vec::new())),
             batch_bytes: 0,
             created: 0,
@@ -129,8 +149,9 @@ impl UploadBelt {
         }
     }
 
-    /// Before submit: unmap every chunk written in this batch.
-    pub(crate) fn finish(&mut self) {
+    /// Before submit: unmap every chunk written in this batch. The returned set goes with the
+    /// batch and is recalled right after its submit (on whichever thread submits it).
+    pub(crate) fn finish(&mut self) -> Submitted {
         if let Some(c) = self.current.take() {
             if c.used > 0 {
                 self.filled.push(c);
@@ -138,25 +159,14 @@ impl UploadBelt {
                 self.current = Some(c);
             }
         }
-        for c in self.filled.drain(..) {
+        let chunks: Vec<Chunk> = self.filled.drain(..).collect();
+        for c in &chunks {
             c.buffer.unmap();
-            self.in_flight.push(c);
         }
         self.batch_bytes = 0;
-    }
-
-    /// After submit: ask for each submitted chunk to be mapped again; the callback, run once
-    /// the GPU is done with the chunk, puts it back on the ready list.
-    pub(crate) fn recall(&mut self) {
-        for c in self.in_flight.drain(..) {
-            let ready = Arc::clone(&self.ready);
-            let buffer = c.buffer.clone();
-            buffer.map_async(wgpu::MapMode::Write, .., move |res| {
-                // A failed map (device lost) just drops the chunk.
-                if res.is_ok() {
-                    ready.lock().unwrap_or_else(|e| e.into_inner()).push(c);
-                }
-            });
+        Submitted {
+            chunks,
+            ready: Arc::clone(&self.ready),
         }
     }
 
