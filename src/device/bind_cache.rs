@@ -17,13 +17,56 @@ use crate::hash::FastMap;
 /// Entries kept before the cache is cleared.
 pub(crate) const MAX_ENTRIES: usize = 8192;
 
+/// Most storage bindings a dispatch may have.
+pub(crate) const MAX_STORAGE: usize = 10;
+
+/// What a bind group binds. The storage ranges sit inline, not behind a pointer: a lookup
+/// then reads the table's entry alone, where a vector's elements cost the H100's host one
+/// more cache miss each launch (and an allocation to build the key).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct BindKey {
-    pub layout: wgpu::BindGroupLayout,
+    layout: wgpu::BindGroupLayout,
     /// Bytes of the parameter block (the binding's size; its offset is dynamic).
-    pub params: u64,
-    /// (buffer, offset, size) of each storage binding, in binding order.
-    pub storage: Vec<(wgpu::Buffer, u64, u64)>,
+    params: u64,
+    /// (buffer, offset, size) of each storage binding, in binding order; `None` past the
+    /// last.
+    storage: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE],
+}
+
+impl BindKey {
+    /// The key of `layout` binding a parameter block of `params` bytes and `storage` ranges
+    /// in order; `None` past [`MAX_STORAGE`].
+    pub(crate) fn new(
+        layout: &wgpu::BindGroupLayout,
+        params: u64,
+        storage: impl ExactSizeIterator<Item = (wgpu::Buffer, u64, u64)>,
+    ) -> Option<BindKey> {
+        if storage.len() > MAX_STORAGE {
+            return None;
+        }
+        let mut key = BindKey {
+            layout: layout.clone(),
+            params,
+            storage: [const { None }; MAX_STORAGE],
+        };
+        for (slot, s) in key.storage.iter_mut().zip(storage) {
+            *slot = Some(s);
+        }
+        Some(key)
+    }
+
+    pub(crate) fn layout(&self) -> &wgpu::BindGroupLayout {
+        &self.layout
+    }
+
+    pub(crate) fn params(&self) -> u64 {
+        self.params
+    }
+
+    /// The storage ranges, in binding order.
+    pub(crate) fn storage(&self) -> impl Iterator<Item = &(wgpu::Buffer, u64, u64)> {
+        self.storage.iter().map_while(Option::as_ref)
+    }
 }
 
 #[derive(Default)]
@@ -58,7 +101,7 @@ impl BindCache {
     /// already recorded in a batch keep their own handles until it is submitted.
     pub(crate) fn forget(&mut self, buffer: &wgpu::Buffer) {
         self.map
-            .retain(|k, _| !k.storage.iter().any(|(b, ..)| b == buffer));
+            .retain(|k, _| !k.storage().any(|(b, ..)| b == buffer));
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -15,7 +15,7 @@
 //! (`bind_cache.rs`).
 
 use super::adapter::lock;
-use super::bind_cache::{BindCache, BindKey};
+use super::bind_cache::{BindCache, BindKey, MAX_STORAGE};
 use super::profile::{GpuTimer, KernelEvent, Profiling};
 use super::submit::{Batch, Cmd, Submitter, Timestamps};
 use crate::error::{Error, Result};
@@ -213,25 +213,31 @@ impl Stream {
         self.params.extend_from_slice(bytes);
         self.params.resize(start + padded, 0);
 
-        let key = BindKey {
-            layout: pipe.layout.clone(),
-            params: padded as u64,
-            storage: storage
+        let key = BindKey::new(
+            &pipe.layout,
+            padded as u64,
+            storage
                 .iter()
-                .map(|s| (s.buffer.clone(), s.offset, s.size.max(4)))
-                .collect(),
-        };
+                .map(|s| (s.buffer.clone(), s.offset, s.size.max(4))),
+        )
+        .ok_or_else(|| {
+            Error::Internal(format!(
+                "dispatch of {} with {} storage bindings (at most {MAX_STORAGE})",
+                pipe.label,
+                storage.len()
+            ))
+        })?;
         let bind_group = lock(&self.binds).get_or(key, |key| {
-            let mut entries = Vec::with_capacity(key.storage.len() + 1);
+            let mut entries = Vec::with_capacity(MAX_STORAGE + 1);
             entries.push(wgpu::BindGroupEntry {
                 binding: PARAMS_BINDING,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: &self.params_buf,
                     offset: 0,
-                    size: wgpu::BufferSize::new(key.params),
+                    size: wgpu::BufferSize::new(key.params()),
                 }),
             });
-            for (i, (buffer, offset, size)) in key.storage.iter().enumerate() {
+            for (i, (buffer, offset, size)) in key.storage().enumerate() {
                 entries.push(wgpu::BindGroupEntry {
                     binding: storage_binding(i),
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -243,7 +249,7 @@ impl Stream {
             }
             self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
-                layout: &key.layout,
+                layout: key.layout(),
                 entries: &entries,
             })
         });

@@ -14,16 +14,31 @@ use std::sync::{Arc, Mutex};
 
 /// Most compile-time constants a launch passes.
 pub(crate) const MAX_CONSTS: usize = 12;
-/// Most storage arguments of a launch.
-pub(crate) const MAX_ARGS: usize = 10;
+/// Most storage arguments of a launch (as many as a bind group holds).
+pub(crate) const MAX_ARGS: usize = crate::device::bind_cache::MAX_STORAGE;
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Key {
     kernel: Kernel,
     entry: &'static str,
     wg: u32,
     consts: [(&'static str, u32); MAX_CONSTS],
     dtypes: [Option<DType>; MAX_ARGS],
+}
+
+/// Hashes everything but the constants' names: a launch site always passes the same names
+/// in the same order, so they tell keys apart only where the kernel and entry already do, and
+/// hashing their bytes was most of a lookup's cost. Equal keys still hash equal.
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.kernel.hash(h);
+        self.entry.len().hash(h);
+        self.wg.hash(h);
+        for (_, v) in &self.consts {
+            v.hash(h);
+        }
+        self.dtypes.hash(h);
+    }
 }
 
 impl Key {
