@@ -939,6 +939,9 @@ fn main(ids: Ids) {
   let row0 = r0 + lane / 4u;
   let row1 = row0 + 8u;
   let cl = 2u * (lane % 4u);
+  // Dropout's hash of the lane's two rows (attn_row), worked out once.
+  let rh0 = attn_row(bh * p.sq + row0);
+  let rh1 = attn_row(bh * p.sq + row1);
   // Scores in base 2: s scale log2(e).
   let scale2 = p.scale * 1.4426950408889634;
   var m0 = p.ninf;
@@ -1041,7 +1044,7 @@ fn main(ids: Ids) {
     {
       let w = exp2(x$kc$e - select(z0, z1, $e >= 4u));
       if ($e < 4u) { l0 = l0 + w; } else { l1 = l1 + w; }
-      let kw = select(w, 0.0, (DROP != 0u) & (attn_keep(bh * p.sq + select(row0, row1, $e >= 4u), k0 + $kc * 16u + el_col(cl, $e)) == 0.0));
+      let kw = select(w, 0.0, (DROP != 0u) & (attn_keep_h(select(rh0, rh1, $e >= 4u), k0 + $kc * 16u + el_col(cl, $e)) == 0.0));
       pt$kc = coop_seta$e(pt$kc, f16(kw));
     }
     //! end
@@ -1111,6 +1114,8 @@ fn main(ids: Ids) {
   let row0 = q0 + sg * 16u + lane / 4u;
   let row1 = row0 + 8u;
   let cl = 2u * (lane % 4u);
+  let rh0 = attn_row(bh * p.sq + row0);
+  let rh1 = attn_row(bh * p.sq + row1);
   let scale2 = p.scale * 1.4426950408889634;
   // The lane's rows' log-sum-exp (base 2) and delta.
   let ls0 = ld_lse(bh * p.sq + min(row0, p.sq - 1u)) * 1.4426950408889634;
@@ -1165,7 +1170,7 @@ fn main(ids: Ids) {
       let key = k0 + (2u * $h + $c) * 16u + el_col(cl, $e);
       let rr = select(row0, row1, $e >= 4u);
       let pw = exp2(coop_get$e(s$c) * scale2 - select(ls0, ls1, $e >= 4u));
-      let z = select(1.0, attn_keep(bh * p.sq + rr, key), DROP != 0u);
+      let z = select(1.0, attn_keep_h(select(rh0, rh1, $e >= 4u), key), DROP != 0u);
       let d = pw * (coop_get$e(dp$c) * z - select(dl0, dl1, $e >= 4u));
       ds$c = coop_seta$e(ds$c, f16(select(d, 0.0, (rr >= p.sq) | hidden1(key, rr))));
     }

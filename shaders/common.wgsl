@@ -147,8 +147,21 @@ fn tile_column4(kv: bool, b0: u32, b1: u32, r0: u32, dd: u32) -> array<vec4<f32>
 // dropout. The mask is a hash of (seed, row, key), so the backward pass recomputes it
 // instead of storing SQ x SKV bits (reference::attention_keep is the CPU twin).
 fn attn_keep(row: u32, key: u32) -> f32 {
+  return attn_keep_h(attn_row(row), key);
+}
+
+//! fn attn_row
+// The row's part of attn_keep's hash: a kernel whose lanes keep their rows across every key
+// works it out once (attn_keep_h then costs one mix32 a weight, not two).
+fn attn_row(row: u32) -> u32 {
+  return mix32(row ^ p.seed_lo);
+}
+
+//! fn attn_keep_h
+// attn_keep for a row whose part of the hash is `rh` (attn_row).
+fn attn_keep_h(rh: u32, key: u32) -> f32 {
   if (p.drop_thr == 0u) { return 1.0; }
-  let h = mix32(mix32(row ^ p.seed_lo) ^ (key * 0x9e3779b9u) ^ p.seed_hi);
+  let h = mix32(rh ^ (key * 0x9e3779b9u) ^ p.seed_hi);
   return select(p.drop_scale, 0.0, h < p.drop_thr);
 }
 
