@@ -706,14 +706,23 @@ fn main() -> Result<()> {
                 // Forward + backward (recomputing scores), causal.
                 let (qg, kg, vg) = (q.variable(), kt.variable(), v.variable());
                 let dout = Tensor::ones(&dev, &[b, h, sl, d], dt)?;
-                let ms = time(&dev, a.ms, || {
+                let step = || {
                     let o = Tensor::attention(&qg, &kg, &vg, true, None)?;
                     o.backward_with(&dout)?;
                     qg.zero_grad();
                     kg.zero_grad();
                     vg.zero_grad();
                     Ok(())
-                })?;
+                };
+                let ms = time(&dev, a.ms, step)?;
+                if a.profile {
+                    dev.start_profiling()?;
+                    step()?;
+                    eprintln!(
+                        "attention fwd+bwd causal {b}x{h}x{sl}x{d} {dt}:\n{}",
+                        dev.stop_profiling()?
+                    );
+                }
                 let flops = 4.0 * (b * h * sl * sl * d) as f64 * 0.5 * 3.5;
                 emit(
                     rows,
