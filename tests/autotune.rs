@@ -5,6 +5,7 @@
 mod common;
 
 use common::Rng;
+use wgrad::kernels::autotune::BUDGET;
 use wgrad::kernels::autotune_stats;
 use wgrad::{Device, DeviceOptions, Tensor};
 
@@ -67,17 +68,25 @@ fn choices_are_measured_once_and_cached_on_disk() {
     let lines = text.lines().filter(|l| !l.starts_with('#')).count() as u64;
     assert_eq!(lines, first.measured, "{text}");
 
-    // A new device reads the file and measures nothing.
+    // A new device reads the file and measures nothing, unless the first device ran out of
+    // its budget (a slow machine compiling the variants): then the shapes it left to the
+    // rules are measured now, and nothing else.
     let dev2 = device();
     for &s in &shapes {
         product(&dev2, &mut rng, s);
     }
     let second = autotune_stats(&dev2).unwrap();
+    let left = if first.spent >= BUDGET / 2 {
+        shapes.len() as u64 - first.measured
+    } else {
+        0
+    };
     assert_eq!(
-        (second.loaded, second.hits, second.measured),
-        (first.measured, first.measured, 0),
-        "{second:?}"
+        (second.loaded, second.hits),
+        (first.measured, first.measured),
+        "{first:?} then {second:?}"
     );
+    assert!(second.measured <= left, "{first:?} then {second:?}");
     eprintln!(
         "autotune: first device spent {:?} measuring, the second {:?} choosing",
         first.spent, second.spent
