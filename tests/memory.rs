@@ -228,6 +228,39 @@ fn sync_waits_for_earlier_submissions() {
     }
 }
 
+/// Read-backs are queued without waiting for the submit thread (it maps their buffers once
+/// their copies are submitted): each one still sees the value at its place in the stream,
+/// with later writes to the same tensor queued behind it, awaited in any order, on the thread
+/// and without it.
+#[test]
+fn readbacks_queued_mid_stream_keep_their_place() {
+    for off in [false, true] {
+        let dev = device_with(|o| {
+            o.no_cache = false;
+            o.disable_submit_thread = off;
+        });
+        let n = 777;
+        let mut t = Tensor::from_slice(&dev, &vec![0.0f32; n], &[n]).unwrap();
+        let mut pending = Vec::new();
+        for i in 1..=600 {
+            t = t.add_scalar(1.0).unwrap();
+            if i % 50 == 0 {
+                pending.push((i, t.to_vec_async::<f32>().unwrap()));
+            }
+        }
+        // Awaited last first: the earliest copies must not have been overwritten meanwhile.
+        while let Some((i, r)) = pending.pop() {
+            let got = r.wait().unwrap();
+            assert!(
+                got.iter().all(|&v| v == i as f32),
+                "submit thread {}: read-back after step {i} saw {:?}",
+                !off,
+                &got[..3]
+            );
+        }
+    }
+}
+
 /// Batches handed to the submit thread reach the queue in the order they were recorded: a
 /// chain of launches long enough for several batches, each freeing the block the next one
 /// reuses, uploads between them, and an upload large enough to double-buffer its staging,

@@ -26,7 +26,7 @@ use crate::memory::staging::DownloadPool;
 use crate::memory::{Block, Event, MemoryPool, MemoryReport, MemoryStats, PoolConfig};
 use adapter::{DEVICE_LIFECYCLE, lock};
 use bind_cache::BindCache;
-use readback::MapState;
+use readback::{MapAfter, MapState};
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
@@ -813,30 +813,24 @@ impl Device {
         if padded == 0 {
             return Ok(Readback::empty(self));
         }
-        let state = Arc::new(Mutex::new(MapState {
-            done: None,
-            waker: None,
-        }));
+        let state = MapState::new();
         let staging = lock(&self.inner.downloads).get(padded);
-        let idx = {
+        {
+            // Handed to the submit side, which maps the buffer once the copy is submitted.
             let mut st = lock(&self.inner.stream);
             st.copy(block.buffer(), block.offset() + offset, &staging, 0, padded);
-            st.flush()?
-        };
-        let st2 = Arc::clone(&state);
-        staging.map_async(wgpu::MapMode::Read, 0..padded, move |r| {
-            let mut s = lock(&st2);
-            s.done = Some(r.is_ok());
-            if let Some(w) = s.waker.take() {
-                w.wake();
-            }
-        });
+            st.read_after(MapAfter {
+                buffer: staging.clone(),
+                size: padded,
+                state: Arc::clone(&state),
+            });
+            st.submit()?;
+        }
         Ok(Readback {
             dev: self.clone(),
             staging: Some(staging),
             len,
             padded,
-            idx,
             state,
             poller: false,
             _t: PhantomData,

@@ -11,9 +11,50 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+/// Where a read-back stands, shared with the map callback and the submit side.
 pub(crate) struct MapState {
+    /// The submission that fills the staging buffer, once the submit side has made it.
+    pub(crate) submitted: Option<wgpu::SubmissionIndex>,
+    /// The map's outcome, once its callback has run.
     pub(crate) done: Option<bool>,
     pub(crate) waker: Option<Waker>,
+}
+
+impl MapState {
+    pub(crate) fn new() -> Arc<Mutex<MapState>> {
+        Arc::new(Mutex::new(MapState {
+            submitted: None,
+            done: None,
+            waker: None,
+        }))
+    }
+}
+
+/// A read-back's map, requested by the submit side right after the submit that fills the
+/// buffer: wgpu refuses a submit that uses a buffer with a map pending, and requesting the map
+/// here, not on the recording thread, lets a read-back be queued without waiting for the
+/// submit thread to catch up (an optimizer step's read-back of the loss scaler's decision
+/// waited 1-2 ms a step for it on an H100).
+pub(crate) struct MapAfter {
+    pub buffer: wgpu::Buffer,
+    pub size: u64,
+    pub state: Arc<Mutex<MapState>>,
+}
+
+impl MapAfter {
+    /// Notes `idx` as the read-back's submission and requests the map.
+    pub(crate) fn request(self, idx: &wgpu::SubmissionIndex) {
+        lock(&self.state).submitted = Some(idx.clone());
+        let state = self.state;
+        self.buffer
+            .map_async(wgpu::MapMode::Read, 0..self.size, move |r| {
+                let mut s = lock(&state);
+                s.done = Some(r.is_ok());
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+            });
+    }
 }
 
 /// A read-back in flight, resolving to the elements as `Vec<T>`. Await it, or call
@@ -23,7 +64,6 @@ pub struct Readback<T> {
     pub(crate) staging: Option<wgpu::Buffer>,
     pub(crate) len: u64,
     pub(crate) padded: u64,
-    pub(crate) idx: Option<wgpu::SubmissionIndex>,
     pub(crate) state: Arc<Mutex<MapState>>,
     pub(crate) poller: bool,
     pub(crate) _t: PhantomData<fn() -> T>,
@@ -37,8 +77,8 @@ impl<T: bytemuck::Pod> Readback<T> {
             staging: None,
             len: 0,
             padded: 0,
-            idx: None,
             state: Arc::new(Mutex::new(MapState {
+                submitted: None,
                 done: Some(true),
                 waker: None,
             })),
@@ -58,10 +98,8 @@ impl<T: bytemuck::Pod> Readback<T> {
     /// fresh memory, which on some hosts cost more than the transfer (BENCHMARKS.md).
     pub fn wait_with<R>(mut self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         if lock(&self.state).done.is_none() {
-            match self.idx.clone() {
-                Some(idx) => self.dev.wait(idx)?,
-                None => self.dev.wait_all()?,
-            }
+            let idx = submission(&self.dev, &self.state)?;
+            self.dev.wait(idx)?;
         }
         // Another thread's poll may have collected the map callback and be about to run it:
         // the submission is done, the callback not yet. Poll until it has run (briefly).
@@ -123,14 +161,13 @@ impl<T: bytemuck::Pod> Future for Readback<T> {
         // the caller's thread stays free.
         if !self.poller {
             self.poller = true;
-            let dev = self.dev.inner.device.clone();
-            let idx = self.idx.clone();
+            let dev = self.dev.clone();
             let state = Arc::clone(&self.state);
             std::thread::spawn(move || {
-                let _ = dev.poll(wgpu::PollType::Wait {
-                    submission_index: idx,
-                    timeout: None,
-                });
+                if let Ok(idx) = submission(&dev, &state) {
+                    let _ = dev.wait(idx);
+                }
+                let dev = &dev.inner.device;
                 let t0 = Instant::now();
                 while lock(&state).done.is_none() && t0.elapsed() < Duration::from_secs(30) {
                     let _ = dev.poll(wgpu::PollType::Poll);
@@ -140,6 +177,19 @@ impl<T: bytemuck::Pod> Future for Readback<T> {
         }
         Poll::Pending
     }
+}
+
+/// The submission that fills a read-back's buffer, waiting for the submit thread to make it
+/// if it has not yet.
+fn submission(dev: &Device, state: &Mutex<MapState>) -> Result<wgpu::SubmissionIndex> {
+    if let Some(idx) = lock(state).submitted.clone() {
+        return Ok(idx);
+    }
+    lock(&dev.inner.stream).drain()?;
+    lock(state)
+        .submitted
+        .clone()
+        .ok_or_else(|| Error::Internal("a read-back's copy was never submitted".into()))
 }
 
 impl<T> Drop for Readback<T> {

@@ -15,6 +15,7 @@
 //! the recording thread instead, as before. So does a device whose thread cannot be started.
 
 use super::adapter::lock;
+use super::readback::MapAfter;
 use crate::error::{Error, Result};
 use crate::memory::staging::{Piece, Submitted};
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -59,6 +60,8 @@ pub(crate) struct Batch {
     /// The staging chunks this batch reads, mapped again after its submit.
     pub staging: Submitted,
     pub timer: Option<Timestamps>,
+    /// Read-backs whose copies this batch holds, mapped after its submit.
+    pub maps: Vec<MapAfter>,
 }
 
 /// The last two submissions, as the waiting side needs them.
@@ -249,6 +252,7 @@ fn encode_and_submit(
         params_buf,
         staging,
         timer,
+        maps,
     } = batch;
     let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
         label: Some("wgrad batch"),
@@ -306,6 +310,9 @@ fn encode_and_submit(
         enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16 * timed as u64);
     }
     let idx = queue.submit([enc.finish()]);
+    for m in maps {
+        m.request(&idx);
+    }
     staging.recall();
     // The commands' handles (pipelines, bind groups, buffers) go now, after the submit.
     drop(cmds);

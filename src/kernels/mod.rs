@@ -298,16 +298,32 @@ pub(crate) fn launch<P: KernelParams>(dev: &Device, l: &Launch<'_, P>) -> Result
             ))
         })
     })?;
-    let mut slices = [const { None }; pipeline::MAX_ARGS];
+    let params = bytemuck::bytes_of(&l.params);
+    let Some(first) = l.args.first() else {
+        return dev.dispatch(&pipe, params, &[], l.groups);
+    };
+    // On the stack: a vector here was an allocation per launch.
+    let mut slices = [Slice {
+        buffer: first.block.buffer(),
+        offset: 0,
+        size: 0,
+    }; pipeline::MAX_ARGS];
     for (s, a) in slices.iter_mut().zip(l.args) {
-        *s = Some(Slice {
+        *s = Slice {
             buffer: a.block.buffer(),
             offset: a.block.offset(),
             size: a.block.size(),
-        });
+        };
     }
-    let slices: Vec<Slice<'_>> = slices.into_iter().flatten().collect();
-    dev.dispatch(&pipe, bytemuck::bytes_of(&l.params), &slices, l.groups)
+    let slices = slices.get(..l.args.len()).ok_or_else(|| {
+        Error::Internal(format!(
+            "launch of {:?}/{} with {} arguments",
+            l.kernel,
+            l.entry,
+            l.args.len()
+        ))
+    })?;
+    dev.dispatch(&pipe, params, slices, l.groups)
 }
 
 /// Number of pipelines built so far on `dev`.

@@ -243,14 +243,15 @@ impl Arena {
             Some(s) if !s.free && s.size == p.size => s.size,
             other => unreachable!("double free or foreign block at {p:?}: {other:?}"),
         };
-        let mut merged_away = Vec::new();
+        // At most the two neighbours merge in (an array: a vector allocated on every free).
+        let mut merged_away = [None; 2];
         // Merge with the following span.
         if let Some((&off, &next)) = page.spans.range(start + size..).next()
             && next.free
             && off == start + size
         {
             page.spans.remove(&off);
-            merged_away.push((next.size, off));
+            merged_away[0] = Some((next.size, off));
             size += next.size;
         }
         // Merge with the preceding span.
@@ -259,14 +260,14 @@ impl Arena {
             && off + prev.size == start
         {
             page.spans.remove(&start);
-            merged_away.push((prev.size, off));
+            merged_away[1] = Some((prev.size, off));
             start = off;
             size += prev.size;
         }
         page.spans.insert(start, Span { size, free: true });
         let whole = size == page.size;
         let set = self.free_set(pool);
-        for (s, off) in merged_away {
+        for (s, off) in merged_away.into_iter().flatten() {
             set.remove(&(s, p.page, off));
         }
         if no_cache && whole {
