@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wgrad::nn::{Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
 use wgrad::optim::{Adam, GradScaler, LrSchedule, Optimizer};
 use wgrad::parallel::DataParallel;
@@ -593,13 +593,14 @@ fn train_step(
                 exchange_end: report.total,
                 last_bucket: report.last_bucket,
                 update: Default::default(),
+                flush: Default::default(),
             }
         }
     };
     // Each replica's update on its own thread (collecting the last step's decision may wait
     // on that device, and one replica's wait should not hold up the other's update).
     let f32_run = c.dtype != DType::F16;
-    let update = |opt: &mut Adam, scaler: &mut GradScaler, dev: &Device| -> Result<()> {
+    let update = |opt: &mut Adam, scaler: &mut GradScaler, dev: &Device| -> Result<Duration> {
         dev.begin_scope("optimizer");
         opt.set_lr(lr);
         let r = scaler.step_deferred(opt, Some(1.0));
@@ -608,7 +609,9 @@ fn train_step(
         r?;
         // Submitted now, the update runs while the next forward pass is queued (the exchange
         // left the device idle; see DataParallel::step).
+        let t_flush = Instant::now();
         dev.flush()?;
+        let flushed = t_flush.elapsed();
         // Without loss scaling a non-finite gradient is an error (found one step late; the
         // device skipped that update).
         if f32_run && scaler.skipped() > 0 {
@@ -617,19 +620,28 @@ fn train_step(
                 detail: "a gradient held inf or NaN (the update was skipped)".into(),
             });
         }
-        Ok(())
+        Ok(flushed)
     };
-    let jobs = t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas());
-    let t_update = std::time::Instant::now();
-    std::thread::scope(|sc| -> Result<()> {
+    let mut jobs = t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas());
+    let t_update = Instant::now();
+    host.flush = std::thread::scope(|sc| -> Result<Duration> {
+        let first = jobs.next();
+        // The other replicas' updates on threads, the first one's here (one replica, as
+        // most runs have, spawns nothing).
         let hs: Vec<_> = jobs
             .map(|((opt, scaler), (dev, _))| sc.spawn(move || update(opt, scaler, dev)))
             .collect();
+        let mut longest = match first {
+            Some(((opt, scaler), (dev, _))) => update(opt, scaler, dev)?,
+            None => Duration::ZERO,
+        };
         for h in hs {
-            h.join()
+            let f = h
+                .join()
                 .unwrap_or_else(|_| Err(Error::Internal("an optimizer thread panicked".into())))?;
+            longest = longest.max(f);
         }
-        Ok(())
+        Ok(longest)
     })?;
     let losses = unscaled
         .into_iter()
@@ -661,6 +673,8 @@ struct HostTimes {
     exchange_end: std::time::Duration,
     /// Queueing the updates.
     update: std::time::Duration,
+    /// Of `update`, the longest wait for a device's submit thread to submit the step.
+    flush: std::time::Duration,
 }
 
 impl std::ops::AddAssign for HostTimes {
@@ -672,6 +686,7 @@ impl std::ops::AddAssign for HostTimes {
         self.last_bucket += o.last_bucket;
         self.exchange_end += o.exchange_end;
         self.update += o.update;
+        self.flush += o.flush;
     }
 }
 
@@ -998,16 +1013,17 @@ fn run() -> Result<()> {
             // waits on the host only where this passes 100%.
             let enc0 = dev.dispatch_stats().encode_time;
             let mut alone = (0..5)
-                .map(|_| -> Result<f64> {
+                .map(|_| -> Result<(f64, HostTimes)> {
                     let t = Instant::now();
-                    train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?;
+                    let h =
+                        train_step(&mut tr, &text, &c, train_range, sched.at(step), &mut data)?.1;
                     let ms = t.elapsed().as_secs_f64() * 1e3;
                     sync_all(&tr)?;
-                    Ok(ms)
+                    Ok((ms, h))
                 })
-                .collect::<Result<Vec<f64>>>()?;
-            alone.sort_by(f64::total_cmp);
-            let host_ms = alone[alone.len() / 2];
+                .collect::<Result<Vec<_>>>()?;
+            alone.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (host_ms, parts) = alone[alone.len() / 2];
             let d = dev.dispatch_stats();
             let enc_ms = (d.encode_time - enc0).as_secs_f64() * 1e3 / alone.len() as f64;
             say!(
@@ -1020,6 +1036,13 @@ fn run() -> Result<()> {
             say!(
                 "host      records and queues a step in {host_ms:.2} ms ({:.0}% of the step, overlapping the device's work)",
                 100.0 * host_ms / ms
+            );
+            let ms_of = |d: Duration| d.as_secs_f64() * 1e3;
+            say!(
+                "host      of which forward and backward {:.2} ms, the update {:.2} ms (waiting {:.2} ms for the submit thread)",
+                ms_of(parts.queued),
+                ms_of(parts.update),
+                ms_of(parts.flush)
             );
             let (who, share) = if d.submit_thread {
                 ("the submit thread encodes and submits it in", " beside it")
