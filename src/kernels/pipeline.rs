@@ -17,7 +17,7 @@ pub(crate) const MAX_CONSTS: usize = 12;
 /// Most storage arguments of a launch (as many as a bind group holds).
 pub(crate) const MAX_ARGS: usize = crate::device::bind_cache::MAX_STORAGE;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) struct Key {
     kernel: Kernel,
     entry: &'static str,
@@ -25,6 +25,31 @@ pub(crate) struct Key {
     consts: [(&'static str, u32); MAX_CONSTS],
     dtypes: [Option<DType>; MAX_ARGS],
 }
+
+/// Names compare by address first: a launch site passes the same `&'static str`s every time,
+/// so a lookup that hits compares no bytes. Comparing them byte by byte called `memcmp` 13
+/// times a lookup, and on the H100 machine's host that took 29% of the f16 GPT step's
+/// recording time (BENCHMARKS.md, eighteenth session). Equal text at another address still
+/// compares equal.
+fn same_name(a: &'static str, b: &'static str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
+impl PartialEq for Key {
+    fn eq(&self, o: &Key) -> bool {
+        self.kernel == o.kernel
+            && self.wg == o.wg
+            && self.dtypes == o.dtypes
+            && same_name(self.entry, o.entry)
+            && self
+                .consts
+                .iter()
+                .zip(&o.consts)
+                .all(|(a, b)| a.1 == b.1 && same_name(a.0, b.0))
+    }
+}
+
+impl Eq for Key {}
 
 /// Hashes everything but the constants' names: a launch site always passes the same names
 /// in the same order, so they tell keys apart only where the kernel and entry already do, and
@@ -267,4 +292,34 @@ pub(crate) fn check_launch(
         return bad(format!("uses constants {consts:?}, not in its check lines"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    fn key(entry: &'static str, name: &'static str, v: u32) -> Key {
+        match Key::new(Kernel::Elementwise, entry, 64, &[(name, v)], &[]) {
+            Ok(k) => k,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Names compare by address first, then by text: the same text at another address is
+    /// the same key (and hashes the same), other text or another value is not.
+    #[test]
+    fn keys_compare_names_by_text_when_addresses_differ() {
+        let entry2: &'static str = String::from("unary").leak();
+        let name2: &'static str = String::from("VEC").leak();
+        let a = key("unary", "VEC", 4);
+        let b = key(entry2, name2, 4);
+        assert!(!std::ptr::eq(a.entry, b.entry));
+        assert!(a == b);
+        let hasher = std::hash::BuildHasherDefault::<crate::hash::FastHasher>::default();
+        assert_eq!(hasher.hash_one(a), hasher.hash_one(b));
+        assert!(a != key("unary", "VEC", 8));
+        assert!(a != key("unary", "VEX", 4));
+        assert!(a != key("binary", "VEC", 4));
+    }
 }
