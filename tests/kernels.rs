@@ -170,8 +170,19 @@ fn select_where() {
 
 #[test]
 fn reductions() {
+    reductions_on(false);
+}
+
+/// The same cases through the GPUs' kernels (`rows`, `tiles`) on every adapter, so CI's
+/// lavapipe tests them too.
+#[test]
+fn reductions_gpu_paths() {
+    wgrad::kernels::reduce::gpu_paths_forced(|| reductions_on(true));
+}
+
+fn reductions_on(gpu_paths: bool) {
     let dev = poisoned();
-    let mut rng = Rng::new(13);
+    let mut rng = Rng::new(13 + gpu_paths as u64);
     // The last two take the GPUs' column-tile kernel over several chunks and passes, the
     // last tile of columns partial.
     let cases: [(&[usize], isize); 10] = [

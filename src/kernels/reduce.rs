@@ -71,7 +71,27 @@ fn init(op: ReduceOp) -> f32 {
 /// `cols` kernels with inner = 1): MNIST's conv-bias gradient sums ran 10x faster that way
 /// on lavapipe.
 fn rows_path(dev: &Device, inner: usize) -> bool {
-    inner == 1 && !dev.info().is_cpu()
+    inner == 1 && gpu_paths(dev)
+}
+
+thread_local! {
+    static GPU_PATHS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the GPU-only paths (`rows`, `tiles`) may run: on GPUs, or anywhere
+/// inside [`gpu_paths_forced`].
+fn gpu_paths(dev: &Device) -> bool {
+    !dev.info().is_cpu() || GPU_PATHS.with(|c| c.get())
+}
+
+/// Runs `f` with reductions on this thread taking the GPUs' kernels on every adapter, so
+/// that CPU adapters (CI's lavapipe) test them too.
+#[doc(hidden)]
+pub fn gpu_paths_forced<R>(f: impl FnOnce() -> R) -> R {
+    let before = GPU_PATHS.with(|c| c.replace(true));
+    let r = f();
+    GPU_PATHS.with(|c| c.set(before));
+    r
 }
 
 /// Threads a `cols` pass aims for on a GPU: a few per core, so every core has work.
@@ -117,7 +137,7 @@ const TILE_COLS: usize = 32;
 /// bias gradients ran at a fifth of the memory bandwidth); CPU adapters keep `cols` (few
 /// threads, and barriers are coroutine switches there).
 fn tiles_path(dev: &Device, inner: usize) -> bool {
-    inner > 1 && !dev.info().is_cpu() && inner.div_ceil(TILE_COLS) <= 65535
+    inner > 1 && gpu_paths(dev) && inner.div_ceil(TILE_COLS) <= 65535
 }
 
 /// (chunk, number of chunks) of a `tiles` pass.
