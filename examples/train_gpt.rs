@@ -593,14 +593,14 @@ fn train_step(
                 exchange_end: report.total,
                 last_bucket: report.last_bucket,
                 update: Default::default(),
-                flush: Default::default(),
             }
         }
     };
-    // Each replica's update on its own thread (collecting the last step's decision may wait
-    // on that device, and one replica's wait should not hold up the other's update).
+    // Each replica's update on its own thread, the first one's on this thread (collecting the
+    // last step's decision may wait on that device, and one replica's wait should not hold up
+    // the other's update).
     let f32_run = c.dtype != DType::F16;
-    let update = |opt: &mut Adam, scaler: &mut GradScaler, dev: &Device| -> Result<Duration> {
+    let update = |opt: &mut Adam, scaler: &mut GradScaler, dev: &Device| -> Result<()> {
         dev.begin_scope("optimizer");
         opt.set_lr(lr);
         let r = scaler.step_deferred(opt, Some(1.0));
@@ -609,9 +609,7 @@ fn train_step(
         r?;
         // Submitted now, the update runs while the next forward pass is queued (the exchange
         // left the device idle; see DataParallel::step).
-        let t_flush = Instant::now();
         dev.flush()?;
-        let flushed = t_flush.elapsed();
         // Without loss scaling a non-finite gradient is an error (found one step late; the
         // device skipped that update).
         if f32_run && scaler.skipped() > 0 {
@@ -620,28 +618,24 @@ fn train_step(
                 detail: "a gradient held inf or NaN (the update was skipped)".into(),
             });
         }
-        Ok(flushed)
+        Ok(())
     };
     let mut jobs = t.opts.iter_mut().zip(&mut t.scalers).zip(t.dp.replicas());
     let t_update = Instant::now();
-    host.flush = std::thread::scope(|sc| -> Result<Duration> {
+    std::thread::scope(|sc| -> Result<()> {
         let first = jobs.next();
-        // The other replicas' updates on threads, the first one's here (one replica, as
-        // most runs have, spawns nothing).
+        // (One replica, as most runs have, spawns nothing.)
         let hs: Vec<_> = jobs
             .map(|((opt, scaler), (dev, _))| sc.spawn(move || update(opt, scaler, dev)))
             .collect();
-        let mut longest = match first {
-            Some(((opt, scaler), (dev, _))) => update(opt, scaler, dev)?,
-            None => Duration::ZERO,
-        };
-        for h in hs {
-            let f = h
-                .join()
-                .unwrap_or_else(|_| Err(Error::Internal("an optimizer thread panicked".into())))?;
-            longest = longest.max(f);
+        if let Some(((opt, scaler), (dev, _))) = first {
+            update(opt, scaler, dev)?;
         }
-        Ok(longest)
+        for h in hs {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Internal("an optimizer thread panicked".into())))?;
+        }
+        Ok(())
     })?;
     let losses = unscaled
         .into_iter()
@@ -673,8 +667,6 @@ struct HostTimes {
     exchange_end: std::time::Duration,
     /// Queueing the updates.
     update: std::time::Duration,
-    /// Of `update`, the longest wait for a device's submit thread to submit the step.
-    flush: std::time::Duration,
 }
 
 impl std::ops::AddAssign for HostTimes {
@@ -686,7 +678,6 @@ impl std::ops::AddAssign for HostTimes {
         self.last_bucket += o.last_bucket;
         self.exchange_end += o.exchange_end;
         self.update += o.update;
-        self.flush += o.flush;
     }
 }
 
@@ -1039,10 +1030,9 @@ fn run() -> Result<()> {
             );
             let ms_of = |d: Duration| d.as_secs_f64() * 1e3;
             say!(
-                "host      of which forward and backward {:.2} ms, the update {:.2} ms (waiting {:.2} ms for the submit thread)",
+                "host      of which forward and backward {:.2} ms, the update {:.2} ms",
                 ms_of(parts.queued),
-                ms_of(parts.update),
-                ms_of(parts.flush)
+                ms_of(parts.update)
             );
             let (who, share) = if d.submit_thread {
                 ("the submit thread encodes and submits it in", " beside it")
