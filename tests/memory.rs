@@ -228,17 +228,24 @@ fn sync_waits_for_earlier_submissions() {
     }
 }
 
+/// A caching device with its submit thread, then one without (`off` = the thread disabled).
+fn caching_devices_with_and_without_submit_thread() -> impl Iterator<Item = (bool, wgrad::Device)> {
+    [false, true].into_iter().map(|off| {
+        let dev = device_with(|o| {
+            o.no_cache = false;
+            o.disable_submit_thread = off;
+        });
+        (off, dev)
+    })
+}
+
 /// Read-backs are queued without waiting for the submit thread (it maps their buffers once
 /// their copies are submitted): each one still sees the value at its place in the stream,
 /// with later writes to the same tensor queued behind it, awaited in any order, on the thread
 /// and without it.
 #[test]
 fn readbacks_queued_mid_stream_keep_their_place() {
-    for off in [false, true] {
-        let dev = device_with(|o| {
-            o.no_cache = false;
-            o.disable_submit_thread = off;
-        });
+    for (off, dev) in caching_devices_with_and_without_submit_thread() {
         let n = 777;
         let mut t = Tensor::from_slice(&dev, &vec![0.0f32; n], &[n]).unwrap();
         let mut pending = Vec::new();
@@ -267,11 +274,7 @@ fn readbacks_queued_mid_stream_keep_their_place() {
 /// give the same results with the thread and without it.
 #[test]
 fn submit_thread_keeps_order() {
-    for off in [false, true] {
-        let dev = device_with(|o| {
-            o.no_cache = false;
-            o.disable_submit_thread = off;
-        });
+    for (off, dev) in caching_devices_with_and_without_submit_thread() {
         assert_eq!(dev.dispatch_stats().submit_thread, !off);
         let n = 1000;
         let steps = 3 * 256 + 17;
