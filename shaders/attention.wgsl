@@ -245,26 +245,43 @@ fn main(ids: Ids) {
   }
 }
 
-//! entry fwd_tile(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
+//! entry fwd_tile(q: data vec4, k: data vec4, v: data vec4, o: data mut, lse: f32 mut, state: f32 mut)
 //! requires subgroups
-//! check WG=128 BR=64 BC=32 DMAX=64
+//! check WG=128 BR=64 BC=32 DMAX=64 VEC=0,1 SEP=0,1
 // fwd in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d) on adapters
 // with subgroups of at least 8: the same online softmax, chunks and state as fwd. A workgroup
-// takes 64 query rows and walks the keys in blocks of 32. Thread t (row group rg = t / 8,
-// lane = t % 8) owns rows 4 rg .. 4 rg + 3: their scores against keys 4 lane .. 4 lane + 3
-// of the block (four vec4s over the rows) and their output columns 4 lane .. 4 lane + 3 and
-// 32 + 4 lane .. 32 + 4 lane + 3 (eight vec4s over the columns). Q (scaled) and each block of
-// K sit in workgroup memory transposed (Qt: a vec4 of 4 rows per dimension and row group;
-// KPt: a vec4 of 4 keys per dimension and lane), so a step of the scores reads two vec4s and
-// does 16 multiply-adds; the weights P then replace K in KPt (a vec4 of 4 rows per key and
-// row group) and V sits row-major, so a step of the output reads three vec4s for 32. The
-// eight lanes of a row group are neighbours in one subgroup: they combine the row maxima and
-// sums by subgroup shuffles, and all keep the same running max and sum. (The first version,
-// 32 rows with 4 x 2 scores and 4 x 4 outputs a thread and the row statistics through
-// workgroup memory, read a vec4 per 3-5 multiply-adds.) Workgroup memory: 32 KiB.
-var<workgroup> Qt: array<vec4<f32>, 1024>;
-var<workgroup> KPt: array<vec4<f32>, 512>;
-var<workgroup> Vt: array<vec4<f32>, 512>;
+// (WG = 128) takes 64 query rows and walks the keys in blocks of 32. Thread t (row group
+// rg = t / 8, lane = t % 8) owns rows 4 rg .. 4 rg + 3: their scores against keys
+// 4 lane .. 4 lane + 3 of the block (four vec4s over the rows) and their output columns
+// 4 lane .. 4 lane + 3 and 32 + 4 lane .. 32 + 4 lane + 3 (eight vec4s over the columns).
+// Q (scaled) and each block of K sit in workgroup memory transposed (Qt: a vec4 of 4 rows per
+// dimension and row group; KPt: a vec4 of 4 keys per dimension and lane), so a step of the
+// scores reads two vec4s and does 16 multiply-adds; the weights P go to Pt (a vec4 of 4 rows
+// per key and row group) and V sits row-major, so a step of the output reads three vec4s for
+// 32. The eight lanes of a row group are neighbours in one subgroup: they combine the row
+// maxima and sums by subgroup shuffles, and all keep the same running max and sum.
+//
+// What keeps it fast (each found in the driver's machine code on an H100, and measured):
+// - The workgroup arrays are indexed [outer][inner][lane] and the inner loops run over the
+//   outer index with the inner one unrolled: naga's bounds clamp falls once per 8 dimensions
+//   (4 keys) instead of on every read, and the reads take constant offsets.
+// - K, V and Q come in 16-byte runs where the head dimension, the strides and the offsets are
+//   multiples of 4 (VEC, the host's test), element by element otherwise. No load sits under
+//   a branch (`run4`).
+// - Each block loads its own K at its top (stored at once) and its V there too, stored after
+//   the scores, so V's loads fly while they multiply. Loading the next block's K and V into
+//   registers a whole block ahead (the first version) kept ~145 registers a thread and ran
+//   8x16x2048x64 in 8.2 ms; carrying only K across blocks, 9.3; this way 6.9.
+// - With SEP (40 KiB of workgroup memory) P has its own array, so the scores need no barrier
+//   before P is stored: three barriers a block. Without (32 KiB adapters) P replaces K in KPt.
+// - The masks are applied only in blocks that hold a masked key (the causal diagonal, the
+//   end of the keys), and the dropout hash only when dropout is on.
+// - P is stored rotated by its key group, (rg + key / 4) % 16, so the eight lanes of a
+//   quarter warp store to distinct banks.
+var<workgroup> Qt: array<array<array<vec4<f32>, 16>, 8>, 8>;
+var<workgroup> KPt: array<array<array<vec4<f32>, 16>, 4>, 8>;
+var<workgroup> Vt: array<array<array<vec4<f32>, 16>, 4>, 8>;
+var<workgroup> Pt: array<array<array<vec4<f32>, 16>, 4>, 1u + 7u * SEP>;
 
 // The maximum and the sum over the eight lanes of a row group.
 fn group_max(x: vec4<f32>) -> vec4<f32> {
@@ -278,6 +295,33 @@ fn group_sum(x: vec4<f32>) -> vec4<f32> {
   return r + subgroupShuffleXor(r, 4u);
 }
 
+// Dimensions 4 d4 .. 4 d4 + 3 of row `row` of Q (which = 0), K (1) or V (2), whose head
+// starts at `base` with row stride `ss`; zero past `n` rows or the head dimension. With VEC
+// (the host's promise that the head dimension, the strides and the heads' offsets are
+// multiples of 4) one 16-byte load, else four. The loads are unconditional, at index 0 where
+// the element is outside (zero is selected after): a load under a branch makes the driver
+// wait for it where the branches join, which serialised every load of a block.
+fn run4(which: u32, base: u32, ss: u32, n: u32, row: u32, d4: u32) -> vec4<f32> {
+  let ok = row < n && 4u * d4 < p.d;
+  let i = select(0u, base + row * ss + 4u * d4, ok);
+  if (VEC != 0u) {
+    var r: vec4<f32>;
+    if (which == 0u) { r = ld4_q(i / 4u); } else if (which == 1u) { r = ld4_k(i / 4u); } else { r = ld4_v(i / 4u); }
+    return select(vec4<f32>(0.0), r, ok);
+  }
+  var r = vec4<f32>(0.0);
+  //! unroll j in 0..4
+  {
+    let okj = ok && 4u * d4 + $j < p.d;
+    let ij = select(0u, i + $j, okj);
+    var x: f32;
+    if (which == 0u) { x = ld_q(ij); } else if (which == 1u) { x = ld_k(ij); } else { x = ld_v(ij); }
+    r[$j] = select(0.0, x, okj);
+  }
+  //! end
+  return r;
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let bh = ids.wid.y;
@@ -288,16 +332,24 @@ fn main(ids: Ids) {
   let qb = base_q(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  // Q as whole vec4s, neighbouring threads on neighbouring row groups (distinct banks).
-  for (var e = t; e < BR * DMAX / 4u; e = e + WG) {
-    let g = e % (BR / 4u);
-    let dd = e / (BR / 4u);
-    var v = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-      let rr = q0 + 4u * g + i;
-      if (rr < p.sq && dd < p.d) { v[i] = ld_q(qb + rr * p.q_ss + dd) * p.scale; }
-    }
-    Qt[dd * (BR / 4u) + g] = v;
+  // This thread's share of Q: row group g = e % 16's dimensions 4 d4 .. 4 d4 + 3 (d4 = e / 16)
+  // for e = t, t + WG (128 threads cover 64 rows x 64 dimensions in two),
+  // transposed into vec4s of 4 rows (neighbouring threads on neighbouring row groups:
+  // distinct banks). Of each block of K: keys 4 kq .. 4 kq + 3, dimensions 4 dq .. 4 dq + 3
+  // (transposed into vec4s over the keys); of V: dimensions 4 vd .. 4 vd + 3 of keys vk + 8 i.
+  let kq = t % 8u;
+  let dq = t / 8u;
+  let vd = t % 16u;
+  let vk = t / 16u;
+  for (var e = t; e < BR * DMAX / 16u; e = e + WG) {
+    let g = e % 16u;
+    let d4 = e / 16u;
+    //! unroll i in 0..4
+    let x$i = run4(0u, qb, p.q_ss, p.sq, q0 + 4u * g + $i, d4) * p.scale;
+    //! end
+    //! unroll j in 0..4
+    Qt[(4u * d4 + $j) / 8u][(4u * d4 + $j) % 8u][g] = vec4<f32>(x0u[$j], x1u[$j], x2u[$j], x3u[$j]);
+    //! end
   }
   let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
   let ninf = vec4<f32>(p.ninf);
@@ -319,92 +371,113 @@ fn main(ids: Ids) {
     //! end
   }
   let kend = min(p.c1, key_end(q0));
-  // This thread's share of each K and V block, loaded into registers a block ahead, while
-  // the block before multiplies: of K, keys 4 kq .. 4 kq + 3 and dimensions 4 dq .. 4 dq + 3,
-  // stored as four vec4s over the keys (neighbouring threads on neighbouring keys, so the
-  // stores fall on distinct banks: column by column, 32 threads stored to one bank); of V,
-  // column dd_l of keys c_l + 2 e (WG = 2 DMAX).
-  let kq = t % 8u;
-  let dq = t / 8u;
-  let dd_l = t % DMAX;
-  let c_l = t / DMAX;
-  //! unroll i in 0..4
-  //! unroll j in 0..4
-  var kr$i$j = tile_k(kb, p.c0 + 4u * kq + $i, 4u * dq + $j);
-  //! end
-  //! end
-  //! unroll e in 0..16
-  var vr$e = tile_v(vb, p.c0 + c_l + 2u * $e, dd_l);
-  //! end
   let row0 = bh * p.sq + rows.x;
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
-    //! unroll j in 0..4
-    KPt[(4u * dq + $j) * 8u + kq] = vec4<f32>(kr0u$j, kr1u$j, kr2u$j, kr3u$j);
+    //! unroll i in 0..4
+    let kr$i = run4(1u, kb, p.k_ss, p.skv, k0 + 4u * kq + $i, dq);
     //! end
-    //! unroll e in 0..16
-    Vt[(c_l + 2u * $e) * 16u + dd_l / 4u][dd_l % 4u] = vr$e;
+    // Dimension dd = 4 dq + j of keys 4 kq .. + 3 at KPt[dd / 8][(dd % 8) / 2][(dd % 2) 8 + kq].
+    //! unroll j in 0..4
+    KPt[dq / 2u][(dq % 2u) * 2u + $j / 2u][($j % 2u) * 8u + kq] = vec4<f32>(kr0u[$j], kr1u[$j], kr2u[$j], kr3u[$j]);
+    //! end
+    // V's loads fly while the scores multiply.
+    //! unroll i in 0..4
+    let vr$i = run4(2u, vb, p.v_ss, p.skv, k0 + vk + 8u * $i, vd);
     //! end
     workgroupBarrier();
-    if (k0 + BC < kend) {
-      //! unroll i in 0..4
-      //! unroll j in 0..4
-      kr$i$j = tile_k(kb, k0 + BC + 4u * kq + $i, 4u * dq + $j);
-      //! end
-      //! end
-      //! unroll e in 0..16
-      vr$e = tile_v(vb, k0 + BC + c_l + 2u * $e, dd_l);
-      //! end
-    }
     //! unroll c in 0..4
     var s$c = vec4<f32>(0.0);
     //! end
-    for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
-      let a = Qt[dd * 16u + rg];
-      let b = KPt[dd * 8u + lane];
-      s0u = fma(a, vec4<f32>(b.x), s0u);
-      s1u = fma(a, vec4<f32>(b.y), s1u);
-      s2u = fma(a, vec4<f32>(b.z), s2u);
-      s3u = fma(a, vec4<f32>(b.w), s3u);
+    // Dimensions 8 j + 2 i and 8 j + 2 i + 1.
+    for (var j = 0u; j < DMAX / 8u; j = j + 1u) {
+      //! unroll i in 0..4
+      {
+        let a = Qt[j][2u * $i][rg];
+        let b = KPt[j][$i][lane];
+        s0u = fma(a, vec4<f32>(b.x), s0u);
+        s1u = fma(a, vec4<f32>(b.y), s1u);
+        s2u = fma(a, vec4<f32>(b.z), s2u);
+        s3u = fma(a, vec4<f32>(b.w), s3u);
+        let a2 = Qt[j][2u * $i + 1u][rg];
+        let b2 = KPt[j][$i][8u + lane];
+        s0u = fma(a2, vec4<f32>(b2.x), s0u);
+        s1u = fma(a2, vec4<f32>(b2.y), s1u);
+        s2u = fma(a2, vec4<f32>(b2.z), s2u);
+        s3u = fma(a2, vec4<f32>(b2.w), s3u);
+      }
+      //! end
     }
-    // Keys past the end, or causally masked (as `masked`), score -inf.
-    let seen = rows + vec4<u32>(p.skv);
-    //! unroll c in 0..4
-    let key$c = k0 + 4u * lane + $c;
-    s$c = select(ninf, s$c, vec4<bool>(key$c < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key$c + p.sq) > seen)));
-    //! end
+    // Keys past the end, or causally masked (as `masked`), score -inf: tested only in blocks
+    // that reach past the keys or past the causal diagonal of the workgroup's first row.
+    if (k0 + BC > p.skv || (p.causal != 0u && k0 + BC + p.sq > q0 + p.skv + 1u)) {
+      let seen = rows + vec4<u32>(p.skv);
+      //! unroll c in 0..4
+      {
+        let key = k0 + 4u * lane + $c;
+        s$c = select(ninf, s$c, vec4<bool>(key < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key + p.sq) > seen)));
+      }
+      //! end
+    }
     let mb = max(m, group_max(max(max(s0u, s1u), max(s2u, s3u))));
     // Exponents from the new maximum, or from 0 in rows that have seen only masked keys.
     let base = select(mb, vec4<f32>(0.0), mb == ninf);
     let corr = exp(m - base);
     //! unroll c in 0..4
-    let p$c = exp(s$c - base);
+    var p$c = exp(s$c - base);
     //! end
     l = l * corr + group_sum(p0u + p1u + p2u + p3u);
     m = mb;
-    // Every thread is past its reads of K: the weights replace it. Dropout scales the
-    // weights in the output only: the softmax sum stays whole.
-    workgroupBarrier();
-    //! unroll c in 0..4
-    KPt[(4u * lane + $c) * 16u + rg] = p$c * vec4<f32>(attn_keep(row0, key$c), attn_keep(row0 + 1u, key$c), attn_keep(row0 + 2u, key$c), attn_keep(row0 + 3u, key$c));
+    // Dropout scales the weights in the output only: the softmax sum stays whole.
+    if (p.drop_thr != 0u) {
+      //! unroll c in 0..4
+      {
+        let key = k0 + 4u * lane + $c;
+        p$c = p$c * vec4<f32>(attn_keep(row0, key), attn_keep(row0 + 1u, key), attn_keep(row0 + 2u, key), attn_keep(row0 + 3u, key));
+      }
+      //! end
+    }
+    // The weights of key c = 4 lane + c for rows 4 rg .. + 3 go to Pt[c / 4][c % 4][(rg + c /
+    // 4) % 16] (without SEP to KPt, once every thread is past its reads of K); V's dimensions
+    // 4 vd .. + 3 of key c to Vt[c / 4][c % 4][vd]. Both were last read before the loop's
+    // first barrier.
+    if (SEP == 0u) {
+      workgroupBarrier();
+      //! unroll c in 0..4
+      KPt[lane][$c][(rg + lane) % 16u] = p$c;
+      //! end
+    } else {
+      //! unroll c in 0..4
+      Pt[lane][$c][(rg + lane) % 16u] = p$c;
+      //! end
+    }
+    //! unroll i in 0..4
+    Vt[vk / 4u + 2u * $i][vk % 4u][vd] = vr$i;
     //! end
     workgroupBarrier();
     //! unroll r in 0..4
     lo$r = lo$r * corr[$r];
     hi$r = hi$r * corr[$r];
     //! end
-    for (var c = 0u; c < BC; c = c + 1u) {
-      let w = KPt[c * 16u + rg];
-      let v0 = Vt[c * 16u + lane];
-      let v1 = Vt[c * 16u + 8u + lane];
-      lo0u = fma(vec4<f32>(w.x), v0, lo0u);
-      hi0u = fma(vec4<f32>(w.x), v1, hi0u);
-      lo1u = fma(vec4<f32>(w.y), v0, lo1u);
-      hi1u = fma(vec4<f32>(w.y), v1, hi1u);
-      lo2u = fma(vec4<f32>(w.z), v0, lo2u);
-      hi2u = fma(vec4<f32>(w.z), v1, hi2u);
-      lo3u = fma(vec4<f32>(w.w), v0, lo3u);
-      hi3u = fma(vec4<f32>(w.w), v1, hi3u);
+    // Keys 4 j .. 4 j + 3.
+    for (var j = 0u; j < BC / 4u; j = j + 1u) {
+      let pr = (rg + j) % 16u;
+      //! unroll i in 0..4
+      {
+        var w: vec4<f32>;
+        if (SEP == 0u) { w = KPt[j][$i][pr]; } else { w = Pt[j][$i][pr]; }
+        let v0 = Vt[j][$i][lane];
+        let v1 = Vt[j][$i][8u + lane];
+        lo0u = fma(vec4<f32>(w.x), v0, lo0u);
+        hi0u = fma(vec4<f32>(w.x), v1, hi0u);
+        lo1u = fma(vec4<f32>(w.y), v0, lo1u);
+        hi1u = fma(vec4<f32>(w.y), v1, hi1u);
+        lo2u = fma(vec4<f32>(w.z), v0, lo2u);
+        hi2u = fma(vec4<f32>(w.z), v1, hi2u);
+        lo3u = fma(vec4<f32>(w.w), v0, lo3u);
+        hi3u = fma(vec4<f32>(w.w), v1, hi3u);
+      }
+      //! end
     }
   }
   let ob = base_o(bh);
