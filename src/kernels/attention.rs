@@ -199,9 +199,11 @@ impl Dims {
     /// loads): the head dimension, every offset and every stride a multiple of 4.
     fn runs4(&self) -> bool {
         self.d.is_multiple_of(4)
-            && [&self.q, &self.k, &self.v]
-                .iter()
-                .all(|l| [l.off, l.sb, l.sh, l.ss].iter().all(|x| x.is_multiple_of(4)))
+            && [&self.q, &self.k, &self.v].iter().all(|l| {
+                [l.off, l.sb, l.sh, l.ss]
+                    .iter()
+                    .all(|x| x.is_multiple_of(4))
+            })
     }
 
     /// Whether the tensor-core kernels can read q, k and v (and, `backward`, the output
@@ -547,14 +549,15 @@ fn fwd_tile_ok(dev: &Device, d: usize) -> bool {
 }
 
 /// Whether `fwd_tile` gives the weights P an array of their own (40 KiB of workgroup memory
-/// instead of 32): a barrier less a block (on an H100 8x16x2048x64 took 8.00 ms against 8.15).
+/// instead of 32): a barrier less a block (on an H100, in a build that still loaded the next
+/// block ahead, 8x16x2048x64 took 8.00 ms against 8.15).
 fn sep_p(dev: &Device) -> bool {
     dev.caps().workgroup_storage >= 40_960
 }
 
 /// Keys one `fwd_tile` invocation covers: per block of 32 keys its loops count 8 for the
-/// scores and 8 for the output, plus exits (the loads and the Q staging are unrolled). (Sized
-/// with room to spare: 32 a block.)
+/// scores and 8 for the output, plus exits (the loads are unrolled); the Q staging loop (2)
+/// and the output's stores (16) come once. (Sized with room to spare: 32 a block.)
 const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 32 * 32;
 
 /// Queries one `bwd_kv_tile` invocation covers: per block of 32 queries, 16 (S or dP) + 32
