@@ -100,9 +100,14 @@ impl HeadLayout {
     /// Whether the tensor-core kernels can read this operand in place: cooperative loads
     /// need 16-byte aligned rows, so the offset and every stride a multiple of 8 halves.
     pub fn coop_aligned(&self) -> bool {
+        self.aligned(8)
+    }
+
+    /// Whether the offset and every stride are multiples of `n` elements.
+    fn aligned(&self, n: usize) -> bool {
         [self.off, self.sb, self.sh, self.ss]
             .iter()
-            .all(|x| x % 8 == 0)
+            .all(|x| x.is_multiple_of(n))
     }
 
     fn words(&self) -> Result<[u32; 4]> {
@@ -198,12 +203,7 @@ impl Dims {
     /// Whether q, k and v can be read in aligned runs of 4 elements (`fwd_tile`'s 16-byte
     /// loads): the head dimension, every offset and every stride a multiple of 4.
     fn runs4(&self) -> bool {
-        self.d.is_multiple_of(4)
-            && [&self.q, &self.k, &self.v].iter().all(|l| {
-                [l.off, l.sb, l.sh, l.ss]
-                    .iter()
-                    .all(|x| x.is_multiple_of(4))
-            })
+        self.d.is_multiple_of(4) && [&self.q, &self.k, &self.v].iter().all(|l| l.aligned(4))
     }
 
     /// Whether the tensor-core kernels can read q, k and v (and, `backward`, the output
