@@ -140,13 +140,17 @@ fn main(ids: Ids) {
 // keep a subgroup's reads on distinct banks.
 // Loads: threads 0..127 fetch A's slice, 128..255 B's, each a 4 x 4 block as four 16-byte
 // loads along the operand's contiguous axis; a block whose contiguous axis is K is transposed
-// in registers, so every workgroup-memory store is a whole vec4. The next step's blocks are
-// loaded into registers while the current step multiplies. Blocks that cross the matrix's
-// edge load element by element, zero outside. The host takes this kernel only where every
-// offset, pitch and contiguous extent is a multiple of 4 (aligned 16-byte loads).
+// in registers, so every workgroup-memory store is a whole vec4. The host takes this kernel
+// only where every offset, pitch and contiguous extent is a multiple of 4 (aligned 16-byte
+// loads), so a block is wholly inside the matrix or wholly outside (then zeros; `reg_blocks`).
+// Each step loads its blocks at its top, not a step ahead into registers: the 16 registers
+// a prefetch holds across the inner loop kept the driver at its 128-register cap, where it
+// spent moves shuffling accumulators (read in the machine code); without them it uses about
+// 108, and on an H100 4096^3 ran 3.95-3.97 ms against 4.36-4.37 with the prefetch (the
+// other workgroup on each core multiplies while one waits for its loads).
 // The epilogue choice is the constant FUSE (common.wgsl `matmul_fused`).
 // RM = 64 halves the tile's rows (products with M <= 64, such as a convolution's output
-// channels): the rows 64 .. 127 are neither loaded nor multiplied.
+// channels): the rows 64 .. 127 are not multiplied, and their blocks stage zeros.
 // GATHER = 1 makes the product an implicit convolution: op(B) is not read from a matrix but
 // gathered from an NCHW image, so no column matrix is ever written. B's runs of 4 are then
 // along the output positions, and a thread's loads share one of their two halves across
@@ -178,57 +182,17 @@ fn main(ids: Ids) {
   let n0 = ids.wid.x * 128u;
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
-  // This thread's block of the slice: operand, and whether the tile's axis (M or N) is the
-  // contiguous one; q numbers 4-wide groups along that axis, kq along K.
-  let is_a = lid < 128u;
-  let u = lid % 128u;
-  let tile_fast = select(p.b_nfast != 0u, p.a_kfast == 0u, is_a);
-  let q = select(u / 4u, u % 32u, tile_fast);
-  let kq = select(u % 4u, u / 32u, tile_fast);
-  let base = select(b_base, a_base, is_a);
-  let t0 = select(n0, m0, is_a) + 4u * q;
-  // With RM = 64 the A loads of rows 64 .. 127 are skipped (their registers stay zero).
-  let loads = !is_a || 4u * q < RM;
-  let gather = GATHER != 0u && !is_a;
+  // The block this thread stages: threads 0 .. 127 A's, the rest B's.
+  let s = reg_slot(lid < 128u, lid % 128u, m0, n0, a_base, b_base);
   var g = GatherSetup(vec4<i32>(0), vec4<i32>(0), vec4<u32>(0));
-  if (gather) { g = reg_gather_setup(base, tile_fast, t0); }
-  //! unroll i in 0..4
-  var r$i = vec4<f32>(0.0);
-  //! end
-  if (gather) {
-    let v = reg_gather(tile_fast, base, kr.x + 4u * kq, kr.y, g);
-    r0u = v[0]; r1u = v[1]; r2u = v[2]; r3u = v[3];
-  } else if (loads) {
-    //! unroll i in 0..4
-    r$i = reg_block(is_a, tile_fast, base, t0, kr.x + 4u * kq, $i, kr.y);
-    //! end
-  }
+  if (GATHER != 0u && !s.is_a) { g = reg_gather_setup(s.base, s.fast, s.t0); }
   //! unroll i in 0..8
   var lo$i = vec4<f32>(0.0);
   var hi$i = vec4<f32>(0.0);
   //! end
   for (var k0 = kr.x; k0 < kr.y; k0 = k0 + RBK) {
-    if (tile_fast) {
-      //! unroll i in 0..4
-      reg_put(is_a, 4u * kq + $i, q, r$i);
-      //! end
-    } else {
-      reg_put(is_a, 4u * kq, q, vec4<f32>(r0u.x, r1u.x, r2u.x, r3u.x));
-      reg_put(is_a, 4u * kq + 1u, q, vec4<f32>(r0u.y, r1u.y, r2u.y, r3u.y));
-      reg_put(is_a, 4u * kq + 2u, q, vec4<f32>(r0u.z, r1u.z, r2u.z, r3u.z));
-      reg_put(is_a, 4u * kq + 3u, q, vec4<f32>(r0u.w, r1u.w, r2u.w, r3u.w));
-    }
+    reg_stage(s, reg_fetch(s, k0, kr.y, g));
     workgroupBarrier();
-    if (k0 + RBK < kr.y) {
-      if (gather) {
-        let v = reg_gather(tile_fast, base, k0 + RBK + 4u * kq, kr.y, g);
-        r0u = v[0]; r1u = v[1]; r2u = v[2]; r3u = v[3];
-      } else if (loads) {
-        //! unroll i in 0..4
-        r$i = reg_block(is_a, tile_fast, base, t0, k0 + RBK + 4u * kq, $i, kr.y);
-        //! end
-      }
-    }
     for (var kk = 0u; kk < RBK; kk = kk + 1u) {
       let a0 = Ar[kk][ty];
       let b0 = Br[kk][tx];
@@ -263,28 +227,90 @@ fn main(ids: Ids) {
   //! end
 }
 
-// Vector i of a thread's 4 x 4 block: four elements along the operand's contiguous axis,
-// starting at tile position t (M for A, N for B; t + i when that axis is K) and k (k + i when
-// the tile's axis is the contiguous one).
-fn reg_block(is_a: bool, tile_fast: bool, base: u32, t: u32, k: u32, i: u32, kend: u32) -> vec4<f32> {
-  let tt = select(t + i, t, tile_fast);
-  let kk = select(k, k + i, tile_fast);
-  // The last element's position along (tile axis, K), and its index.
-  let t_last = select(tt, tt + 3u, tile_fast);
-  let k_last = select(kk + 3u, kk, tile_fast);
-  if (is_a) {
-    if (t_last < p.m && k_last < kend) { return ld4_a((base + tt * p.sam + kk * p.sak) / 4u); }
+// A 4 x 4 block of an operand's slice that a thread stages each step: which operand, whether
+// the tile's axis (M or N) is the contiguous one, q numbering 4-wide groups along that axis
+// and kq along K, the matrix's base, the tile position t0 = 4 q past the tile's corner, and
+// whether it lies in the tile (with RM = 64, A's blocks of rows 64 .. 127 do not).
+struct Slot {
+  is_a: bool,
+  fast: bool,
+  q: u32,
+  kq: u32,
+  base: u32,
+  t0: u32,
+  live: bool,
+}
+
+// Block u (0 .. 127) of A's slice or B's.
+fn reg_slot(is_a: bool, u: u32, m0: u32, n0: u32, a_base: u32, b_base: u32) -> Slot {
+  let fast = select(p.b_nfast != 0u, p.a_kfast == 0u, is_a);
+  let q = select(u / 4u, u % 32u, fast);
+  let kq = select(u % 4u, u / 32u, fast);
+  let t0 = select(n0, m0, is_a) + 4u * q;
+  return Slot(is_a, fast, q, kq, select(b_base, a_base, is_a), t0, !is_a || 4u * q < RM);
+}
+
+// The slot's block for the step at k0: gathered from the image (B of an implicit
+// convolution) or read from the matrix.
+fn reg_fetch(s: Slot, k0: u32, kend: u32, g: GatherSetup) -> array<vec4<f32>, 4> {
+  if (GATHER != 0u && !s.is_a) {
+    let m = reg_gather(s.fast, s.base, k0 + 4u * s.kq, kend, g);
+    return array<vec4<f32>, 4>(m[0], m[1], m[2], m[3]);
+  }
+  return reg_blocks(s.is_a, s.fast, s.live, s.base, s.t0, k0 + 4u * s.kq, kend);
+}
+
+// Stores a fetched block into the slices as whole vec4s along the tile's axis (transposed in
+// registers where the operand is contiguous along K).
+fn reg_stage(s: Slot, r: array<vec4<f32>, 4>) {
+  if (s.fast) {
+    //! unroll i in 0..4
+    reg_put(s.is_a, 4u * s.kq + $i, s.q, r[$i]);
+    //! end
   } else {
-    if (t_last < p.n && k_last < kend) { return ld4_b((base + kk * p.sbk + tt * p.sbn) / 4u); }
+    reg_put(s.is_a, 4u * s.kq, s.q, vec4<f32>(r[0].x, r[1].x, r[2].x, r[3].x));
+    reg_put(s.is_a, 4u * s.kq + 1u, s.q, vec4<f32>(r[0].y, r[1].y, r[2].y, r[3].y));
+    reg_put(s.is_a, 4u * s.kq + 2u, s.q, vec4<f32>(r[0].z, r[1].z, r[2].z, r[3].z));
+    reg_put(s.is_a, 4u * s.kq + 3u, s.q, vec4<f32>(r[0].w, r[1].w, r[2].w, r[3].w));
   }
-  // Across the edge: element by element, zero outside.
-  var r = vec4<f32>(0.0);
-  for (var j = 0u; j < 4u; j = j + 1u) {
-    let tj = select(tt, tt + j, tile_fast);
-    let kj = select(kk + j, kk, tile_fast);
-    if (is_a) { r[j] = matmul_a(base, tj, kj, kend); } else { r[j] = matmul_b(base, kj, tj, kend); }
+}
+
+// A thread's 4 x 4 block: vector i holds four elements along the operand's contiguous axis,
+// starting at tile position t (M for A, N for B; t + i when that axis is K) and k (k + i when
+// the tile's axis is the contiguous one). The host takes this kernel only where every
+// contiguous extent, pitch and offset is a multiple of 4, and a split of K ends at a multiple
+// of RBK, so a run lies wholly inside or outside the matrix: one test of its last element
+// decides. No load sits under a branch of its own: a run outside reads index 0 and the
+// select zeroes it. (The loads had a branch each, with an element-by-element fallback that
+// never ran; without them, and still prefetching, 4096^3 went from 4.54 to 4.32 ms on an
+// H100.)
+fn reg_blocks(is_a: bool, tile_fast: bool, live: bool, base: u32, t: u32, k: u32, kend: u32) -> array<vec4<f32>, 4> {
+  let ext = select(p.n, p.m, is_a);
+  let st = select(p.sbn, p.sam, is_a);
+  let sk = select(p.sbk, p.sak, is_a);
+  // Along the contiguous axis a run spans 3 more positions.
+  let t3 = select(0u, 3u, tile_fast);
+  let k3 = 3u - t3;
+  //! unroll i in 0..4
+  let tt$i = select(t + $i, t, tile_fast);
+  let kk$i = select(k, k + $i, tile_fast);
+  let ok$i = live && tt$i + t3 < ext && kk$i + k3 < kend;
+  let j$i = select(0u, (base + tt$i * st + kk$i * sk) / 4u, ok$i);
+  //! end
+  var v: array<vec4<f32>, 4>;
+  if (is_a) {
+    //! unroll i in 0..4
+    v[$i] = ld4_a(j$i);
+    //! end
+  } else {
+    //! unroll i in 0..4
+    v[$i] = ld4_b(j$i);
+    //! end
   }
-  return r;
+  //! unroll i in 0..4
+  v[$i] = select(vec4<f32>(0.0), v[$i], ok$i);
+  //! end
+  return v;
 }
 
 // An implicit convolution reads B = col (forward: col[kc, pos], runs along the positions
