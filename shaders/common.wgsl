@@ -99,17 +99,19 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
 
 //! fn tile_k
 // Element (key, dd) of attention's K, zero past the keys or the head dimension
-// (attention.wgsl's register-tile kernels).
+// (attention.wgsl's register-tile kernels). These tile loads sit under no branch of their
+// own: outside, they read index 0 and a select zeroes the value, so the driver can issue a
+// thread's loads back to back instead of waiting for each where its branch joins.
 fn tile_k(kb: u32, key: u32, dd: u32) -> f32 {
-  if (key >= p.skv || dd >= p.d) { return 0.0; }
-  return ld_k(kb + key * p.k_ss + dd);
+  let ok = key < p.skv && dd < p.d;
+  return select(0.0, ld_k(select(0u, kb + key * p.k_ss + dd, ok)), ok);
 }
 
 //! fn tile_v
 // Element (key, dd) of attention's V, zero past the keys or the head dimension.
 fn tile_v(vb: u32, key: u32, dd: u32) -> f32 {
-  if (key >= p.skv || dd >= p.d) { return 0.0; }
-  return ld_v(vb + key * p.v_ss + dd);
+  let ok = key < p.skv && dd < p.d;
+  return select(0.0, ld_v(select(0u, vb + key * p.v_ss + dd, ok)), ok);
 }
 
 //! fn tile_kv
@@ -121,8 +123,10 @@ fn tile_kv(kb: u32, vb: u32, key: u32, dd: u32) -> vec2<f32> {
 //! fn tile_qo
 // Element (row, dd) of attention's Q and dO, zero past the queries or the head dimension.
 fn tile_qo(qb: u32, gb: u32, row: u32, dd: u32) -> vec2<f32> {
-  if (row >= p.sq || dd >= p.d) { return vec2<f32>(0.0); }
-  return vec2<f32>(ld_q(qb + row * p.q_ss + dd), ld_dout(gb + row * p.g_ss + dd));
+  let ok = row < p.sq && dd < p.d;
+  let q = ld_q(select(0u, qb + row * p.q_ss + dd, ok));
+  let g = ld_dout(select(0u, gb + row * p.g_ss + dd, ok));
+  return select(vec2<f32>(0.0), vec2<f32>(q, g), ok);
 }
 
 //! fn tile_column4
