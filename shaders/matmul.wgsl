@@ -147,7 +147,7 @@ fn main(ids: Ids) {
 // a prefetch holds across the inner loop kept the driver at its 128-register cap, where it
 // spent moves shuffling accumulators (read in the machine code); without them it uses about
 // 108, and on an H100 4096^3 ran 3.95-3.97 ms against 4.36-4.37 with the prefetch (the
-// other workgroup on each core multiplies while one waits for its loads).
+// other workgroup on each core, presumably, multiplies while one waits for its loads).
 // The epilogue choice is the constant FUSE (common.wgsl `matmul_fused`).
 // RM = 64 halves the tile's rows (products with M <= 64, such as a convolution's output
 // channels): the rows 64 .. 127 are not multiplied, and their blocks stage zeros.
