@@ -100,8 +100,8 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
 //! fn tile_k
 // Element (key, dd) of attention's K, zero past the keys or the head dimension
 // (attention.wgsl's register-tile kernels). These tile loads sit under no branch of their
-// own: outside, they read index 0 and a select zeroes the value, so the driver can issue a
-// thread's loads back to back instead of waiting for each where its branch joins.
+// own, like fwd_tile's: outside, they read index 0 and a select zeroes the value. (On an
+// H100 that moved the f32 backward by under 1%; on lavapipe by 3%.)
 fn tile_k(kb: u32, key: u32, dd: u32) -> f32 {
   let ok = key < p.skv && dd < p.d;
   return select(0.0, ld_k(select(0u, kb + key * p.k_ss + dd, ok)), ok);
