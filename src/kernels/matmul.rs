@@ -67,58 +67,56 @@ crate::params! {
     }
 }
 
-/// Workgroups a product should launch to keep a large GPU busy: two per core of the largest
-/// current parts (132 SMs on an H100).
-const MIN_GROUPS: usize = 264;
-/// The shortest K range worth a split of its own.
-const MIN_SPLIT_K: usize = 512;
+/// Workgroups of a product kernel that run at once on a large GPU: two per core of the
+/// largest current parts (132 SMs on an H100), where `reg`'s and `wide`'s registers hold
+/// each core to two.
+const SLOTS: usize = 264;
 
-/// The K range per split: the loop budget's `kchunk`, or less on a GPU when the output has
-/// too few tiles to occupy it (weight gradients: [1152 x 16384] x [16384 x 384] is 27 tiles
-/// of 128 x 128, which left most of an H100 idle for 16,384 steps of K). Splits write f32
-/// partial products that the `splitk` pass sums, as for long contractions.
+/// The K range per split: the loop budget's `kchunk`, or less on a GPU where splitting K
+/// shortens the product by filling the GPU's slots better. Splits write f32 partial products
+/// that the `splitk` pass sums, as for long contractions.
+///
+/// The count of splits is the one with the least estimated time, in waves of `SLOTS`
+/// workgroups times each workgroup's K range: a wave that is partly idle costs as much as a
+/// full one. Weight gradients have few tiles and long K ([1152 x 16384] x [16384 x 384] is 27
+/// tiles of 128 x 128): 9 splits fill one wave, where 10 (the fewest reaching `SLOTS`) ran 6
+/// workgroups in a second. A split must save 5% to be taken, since its partials cost memory
+/// traffic the estimate leaves out. Products with many tiles split only on `reg` (up to 4):
+/// the GPT's 16384 x 384 outputs are 384 tiles, 1.45 waves; in two splits, 2.9, and the f32
+/// products with K = 1152 and 1536 ran 14% and 18% faster on an H100. (On tensor cores those
+/// splits were slower: their partials are large, and a fused bias and activation move to the
+/// `splitk` pass.)
 fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -> usize {
     if dev.info().is_cpu() {
         return kchunk;
     }
     let (tm, tn) = config.tile();
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-    if tiles >= MIN_GROUPS {
-        return match config {
-            Config::Reg => wave_kchunk(tiles, g.k, kchunk),
-            _ => kchunk,
-        };
-    }
-    let splits = MIN_GROUPS.div_ceil(tiles).min(g.k / MIN_SPLIT_K);
-    if splits <= 1 {
-        return kchunk;
-    }
-    // A multiple of 64 keeps every kernel's K step and 16-element alignment whole.
-    g.k.div_ceil(splits).next_multiple_of(64).min(kchunk)
+    split_chunk(tiles, g.k, kchunk, config == Config::Reg)
 }
 
-/// The K range per split for a `reg` product with enough tiles to fill the GPU once: split
-/// in 2 to 4 where that evens out a last wave left mostly idle. The GPT's 16384 x 384 outputs
-/// are 384 tiles of 128 x 128, 1.45 waves of two workgroups per core of an H100; in two
-/// splits, 768 workgroups fill 2.9 waves, and the f32 products with K = 1152 and 1536 ran
-/// 14% and 18% faster on an H100. (On tensor cores the same splits were slower: the fused
-/// bias and activation move to the `splitk` pass.)
-fn wave_kchunk(tiles: usize, k: usize, kchunk: usize) -> usize {
-    let fill = |n: usize| n as f64 / (n.div_ceil(MIN_GROUPS) * MIN_GROUPS) as f64;
-    if tiles >= 4 * MIN_GROUPS || fill(tiles) >= 0.8 {
-        return kchunk;
+/// `occupancy_kchunk` for a product of `tiles` workgroup tiles and `k`.
+fn split_chunk(tiles: usize, k: usize, kchunk: usize, reg: bool) -> usize {
+    let (most, min_k) = match () {
+        _ if tiles == 0 || k == 0 => return kchunk,
+        _ if tiles < SLOTS => (2 * SLOTS.div_ceil(tiles), if reg { 256 } else { 512 }),
+        _ if reg && tiles < 4 * SLOTS => (4, 256),
+        _ => return kchunk,
+    };
+    let cost = |chunk: usize| (tiles * k.div_ceil(chunk)).div_ceil(SLOTS) * chunk;
+    let mut best = (kchunk, cost(kchunk));
+    for s in 2..=most {
+        // A multiple of 64 keeps every kernel's K step and 16-element alignment whole.
+        let chunk = k.div_ceil(s).next_multiple_of(64).min(kchunk);
+        if chunk < min_k {
+            break;
+        }
+        let c = cost(chunk);
+        if (c as f64) < 0.95 * best.1 as f64 {
+            best = (chunk, c);
+        }
     }
-    let best = (2..=4usize)
-        .filter(|s| k / s >= MIN_SPLIT_K)
-        .map(|s| (s, fill(tiles * s)))
-        .fold(None, |b: Option<(usize, f64)>, c| match b {
-            Some(b) if b.1 >= c.1 => Some(b),
-            _ => Some(c),
-        });
-    match best {
-        Some((s, f)) if f > fill(tiles) + 0.15 => k.div_ceil(s).next_multiple_of(64).min(kchunk),
-        _ => kchunk,
-    }
+    best.0
 }
 
 /// One batched product `c[b] = act(op(a)[b] x op(b)[b] + bias)`.
@@ -880,3 +878,47 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_chunk;
+
+    fn splits(tiles: usize, k: usize, reg: bool) -> usize {
+        k.div_ceil(split_chunk(tiles, k, usize::MAX, reg))
+    }
+
+    #[test]
+    fn splits_fill_whole_waves() {
+        // The GPT's weight gradients: 27 and 36 tiles of K = 16384 fill one wave in 9 and 7
+        // splits; the fewest splits reaching 264 workgroups (10 and 8) spill into a second.
+        assert_eq!(splits(27, 16384, false), 9);
+        assert_eq!(splits(36, 16384, false), 7);
+        assert_eq!(splits(36, 16384, true), 7);
+        // A 64-channel convolution's weight gradient (160 tiles, K = 3136 positions): 480
+        // workgroups in two waves, where two splits (320) left the second mostly idle.
+        assert_eq!(splits(160, 3136, true), 3);
+        // `reg`'s 16384 x 384 outputs (384 tiles): two splits for K = 1152 and 1536, none
+        // for K = 384, whose halves would be too short.
+        assert_eq!(splits(384, 1536, true), 2);
+        assert_eq!(splits(384, 1152, true), 2);
+        assert_eq!(splits(384, 384, true), 1);
+        // Many tiles, or tensor cores with at least a wave of them: no split.
+        assert_eq!(splits(384, 1536, false), 1);
+        assert_eq!(splits(1152, 384, true), 1);
+        assert_eq!(splits(4096, 65536, true), 1);
+        // A split never goes below the shortest worth its partials.
+        assert_eq!(splits(3, 16384, false), 32);
+        assert_eq!(splits(1, 600, false), 1);
+        // Nothing to split.
+        assert_eq!(splits(0, 100, true), 1);
+        assert_eq!(split_chunk(5, 0, 7, true), 7);
+    }
+
+    #[test]
+    fn splits_respect_the_loop_budget() {
+        // kchunk below K: at least K / kchunk splits whatever the waves say.
+        assert_eq!(16384usize.div_ceil(split_chunk(2000, 16384, 4096, false)), 4);
+        assert!(split_chunk(27, 16384, 1024, false) <= 1024);
+    }
+}
+
