@@ -1,7 +1,7 @@
 //! Host side of `shaders/elementwise.wgsl`.
 
 use super::copy::pack8;
-use super::{Arg, Kernel, arg, launch_flat, u32_len};
+use super::{Arg, Kernel, Launch, arg, grid_1d, launch, launch_flat, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -281,6 +281,33 @@ fn run_vec(
     run(dev, scalar, p, args)
 }
 
+/// `run_vec` for the unary entries, whose four-element forms take the op as a constant (a
+/// pipeline per op, without the switch over all of them).
+fn run_unary(
+    dev: &Device,
+    scalar: &'static str,
+    vec: &'static str,
+    p: EwParams,
+    args: &[Arg<'_>],
+) -> Result<()> {
+    if !p.n.is_multiple_of(4) {
+        return run(dev, scalar, p, args);
+    }
+    let n = (p.n / 4) as usize;
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Elementwise,
+            entry: vec,
+            wg: WG,
+            consts: &[("OP", p.op)],
+            params: EwParams { n: p.n / 4, ..p },
+            args,
+            groups: grid_1d(n, WG),
+        },
+    )
+}
+
 /// `y = op(x; a, b)` over `n` elements.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn unary(
@@ -294,7 +321,7 @@ pub(crate) fn unary(
     b: f32,
 ) -> Result<()> {
     let p = unary_params("unary", op, n, a, b)?;
-    run_vec(dev, "unary", "unary4", p, &[arg(x, dtype), arg(y, dtype)])
+    run_unary(dev, "unary", "unary4", p, &[arg(x, dtype), arg(y, dtype)])
 }
 
 fn unary_params(what: &'static str, op: Unary, n: usize, a: f32, b: f32) -> Result<EwParams> {
@@ -321,7 +348,7 @@ pub(crate) fn unary_bwd(
     b: f32,
 ) -> Result<()> {
     let p = unary_params("unary backward", op, n, a, b)?;
-    run_vec(
+    run_unary(
         dev,
         "unary_bwd",
         "unary_bwd4",
