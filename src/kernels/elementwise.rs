@@ -1,7 +1,7 @@
 //! Host side of `shaders/elementwise.wgsl`.
 
 use super::copy::pack8;
-use super::{Arg, Kernel, Launch, arg, grid_1d, launch, launch_flat, u32_len};
+use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -261,51 +261,42 @@ crate::params! {
     }
 }
 
-fn run(dev: &Device, entry: &'static str, p: EwParams, args: &[Arg<'_>]) -> Result<()> {
-    launch_flat(dev, Kernel::Elementwise, entry, WG, p, args, p.n as usize)
-}
-
-/// Runs the four-elements-a-thread entry `vec` where the element count divides by 4 (every
-/// operand is a whole block, starting at element 0, so the vectors are aligned), else
-/// `scalar`.
-fn run_vec(
+fn run(
     dev: &Device,
-    scalar: &'static str,
-    vec: &'static str,
+    entry: &'static str,
     p: EwParams,
     args: &[Arg<'_>],
+    consts: &[(&'static str, u32)],
 ) -> Result<()> {
-    if p.n.is_multiple_of(4) {
-        return run(dev, vec, EwParams { n: p.n / 4, ..p }, args);
-    }
-    run(dev, scalar, p, args)
-}
-
-/// `run_vec` for the unary entries, whose four-element forms take the op as a constant (a
-/// pipeline per op, without the switch over all of them).
-fn run_unary(
-    dev: &Device,
-    scalar: &'static str,
-    vec: &'static str,
-    p: EwParams,
-    args: &[Arg<'_>],
-) -> Result<()> {
-    if !p.n.is_multiple_of(4) {
-        return run(dev, scalar, p, args);
-    }
-    let n = (p.n / 4) as usize;
     launch(
         dev,
         &Launch {
             kernel: Kernel::Elementwise,
-            entry: vec,
+            entry,
             wg: WG,
-            consts: &[("OP", p.op)],
-            params: EwParams { n: p.n / 4, ..p },
+            consts,
+            params: p,
             args,
-            groups: grid_1d(n, WG),
+            groups: grid_1d(p.n as usize, WG),
         },
     )
+}
+
+/// Runs the four-elements-a-thread entry `vec` (with `consts`) where the element count
+/// divides by 4 (every operand is a whole block, starting at element 0, so the vectors are
+/// aligned), else `scalar`. The unary ones take their op as the constant OP, a pipeline per
+/// op, without the switch over all of them.
+fn run_vec(
+    dev: &Device,
+    (scalar, vec): (&'static str, &'static str),
+    p: EwParams,
+    args: &[Arg<'_>],
+    consts: &[(&'static str, u32)],
+) -> Result<()> {
+    if p.n.is_multiple_of(4) {
+        return run(dev, vec, EwParams { n: p.n / 4, ..p }, args, consts);
+    }
+    run(dev, scalar, p, args, &[])
 }
 
 /// `y = op(x; a, b)` over `n` elements.
@@ -321,7 +312,8 @@ pub(crate) fn unary(
     b: f32,
 ) -> Result<()> {
     let p = unary_params("unary", op, n, a, b)?;
-    run_unary(dev, "unary", "unary4", p, &[arg(x, dtype), arg(y, dtype)])
+    let args = [arg(x, dtype), arg(y, dtype)];
+    run_vec(dev, ("unary", "unary4"), p, &args, &[("OP", p.op)])
 }
 
 fn unary_params(what: &'static str, op: Unary, n: usize, a: f32, b: f32) -> Result<EwParams> {
@@ -348,13 +340,8 @@ pub(crate) fn unary_bwd(
     b: f32,
 ) -> Result<()> {
     let p = unary_params("unary backward", op, n, a, b)?;
-    run_unary(
-        dev,
-        "unary_bwd",
-        "unary_bwd4",
-        p,
-        &[arg(v, dtype), arg(g, dtype), arg(dx, dtype)],
-    )
+    let args = [arg(v, dtype), arg(g, dtype), arg(dx, dtype)];
+    run_vec(dev, ("unary_bwd", "unary_bwd4"), p, &args, &[("OP", p.op)])
 }
 
 /// Drops size-1 dimensions and merges neighbours that are contiguous in every operand, so most
@@ -439,7 +426,7 @@ pub(crate) fn binary(
             op: op as u32,
             ..Default::default()
         };
-        return run_vec(dev, "binary", "binary4", p, &args);
+        return run_vec(dev, ("binary", "binary4"), p, &args, &[]);
     }
     let (dims, st) = plan("binary", out, &[x, y])?;
     let p = EwParams {
@@ -453,7 +440,7 @@ pub(crate) fn binary(
         s1: pack8(&st[1]),
         ..Default::default()
     };
-    run(dev, "binary_bcast", p, &args)
+    run(dev, "binary_bcast", p, &args, &[])
 }
 
 /// `z = c != 0 ? x : y` over the dense output `z`, the inputs at any layout.
@@ -493,6 +480,7 @@ pub(crate) fn select(
             arg(y.block, dtype),
             arg(z, dtype),
         ],
+        &[],
     )
 }
 

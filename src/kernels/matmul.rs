@@ -917,8 +917,10 @@ mod tests {
     #[test]
     fn splits_respect_the_loop_budget() {
         // kchunk below K: at least K / kchunk splits whatever the waves say.
-        assert_eq!(16384usize.div_ceil(split_chunk(2000, 16384, 4096, false)), 4);
+        assert_eq!(
+            16384usize.div_ceil(split_chunk(2000, 16384, 4096, false)),
+            4
+        );
         assert!(split_chunk(27, 16384, 1024, false) <= 1024);
     }
 }
-
