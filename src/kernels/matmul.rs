@@ -495,6 +495,28 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     config
 }
 
+/// The multiple of elements (8 for `wide`, 4 for `reg`) that a product's pitches, offsets and
+/// contiguous extents must be for the kernel `plan` gives it with aligned operands, where
+/// its actual operands `o` keep it from that kernel (a vocabulary of 65, a view with an odd
+/// pitch); None where they do not, or where no such kernel is the choice.
+pub(crate) fn misaligned(
+    dev: &Device,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    o: &Operands,
+) -> Option<usize> {
+    let (ta, tb) = (o.a_strides.1 != 1, o.b_strides.1 != 1);
+    let up = |v: usize| v.next_multiple_of(8);
+    let sizes = (up(m), up(n), up(k));
+    let ideal = plan(dev, dtype, sizes, &Operands::dense(sizes.0, sizes.1, sizes.2, ta, tb));
+    let q = match ideal {
+        Config::CoopWide => 8,
+        Config::Reg => 4,
+        _ => return None,
+    };
+    (plan(dev, dtype, (m, n, k), o) != ideal).then_some(q)
+}
+
 /// Which layout an implicit convolution's images (see [`Gather`]) take on `dev` for `dtype`,
 /// or None where no kernel gathers: `wide` (channels last) where the adapter runs it, else
 /// `reg` (planar) where it is the GPU kernel (no tensor cores for the dtype, not a CPU

@@ -105,6 +105,19 @@ pub(crate) fn gemm(
     bias: Option<&Tensor>,
     act: Act,
 ) -> Result<Tensor> {
+    gemm_padding(a, b, trans_a, trans_b, bias, act, true)
+}
+
+/// `gemm`, padding misaligned operands (`padded_gemm`) where `pad`.
+fn gemm_padding(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    bias: Option<&Tensor>,
+    act: Act,
+    pad: bool,
+) -> Result<Tensor> {
     let op = "matmul";
     let dtype = same_dtype(op, a, b)?;
     same_device(op, a, b)?;
@@ -188,6 +201,18 @@ pub(crate) fn gemm(
         let ops = [(&a, &va, trans_a), (&b, &vb, trans_b)];
         return split_gemm(ops, bias.as_ref(), act, batch, &out_shape);
     }
+    let layout = km::Operands {
+        a_strides: va.strides,
+        b_strides: vb.strides,
+        offsets: (va.offset, vb.offset),
+        batch_strides: (va.batch_stride, vb.batch_stride),
+    };
+    if pad && let Some(q) = km::misaligned(a.device(), dtype, (m, n, k), &layout) {
+        let p = Padding::new((m, n, k), trans_a, trans_b, q);
+        if p.pays(batch) {
+            return p.run(&a, &b, bias.as_ref(), act);
+        }
+    }
     let out = Tensor::uninit(a.device(), &out_shape, dtype)?;
     km::matmul(
         a.device(),
@@ -219,6 +244,90 @@ pub(crate) fn gemm(
         },
     )?;
     Ok(out)
+}
+
+/// A product run on zero-padded copies of its operands, so that every pitch and contiguous
+/// extent is a multiple of `q` and the fast kernel (`wide`, `reg`) takes it: K padded where an
+/// operand is contiguous along K (zeros add nothing), M or N where op(A) or op(B) is contiguous
+/// along it (the extra rows or columns are cut from the result). A vocabulary of 65 kept the
+/// GPT's output layer's backward products on the general kernels.
+struct Padding {
+    m: usize,
+    n: usize,
+    /// The padded sizes.
+    mq: usize,
+    nq: usize,
+    kq: usize,
+    trans_a: bool,
+    trans_b: bool,
+}
+
+impl Padding {
+    fn new((m, n, k): (usize, usize, usize), trans_a: bool, trans_b: bool, q: usize) -> Padding {
+        let up = |v: usize, along: bool| if along { v.next_multiple_of(q) } else { v };
+        Padding {
+            m,
+            n,
+            mq: up(m, trans_a),
+            nq: up(n, !trans_b),
+            kq: up(k, !trans_a || trans_b),
+            trans_a,
+            trans_b,
+        }
+    }
+
+    /// Whether the product's work outweighs the copies: 32 multiply-adds an element copied,
+    /// where the kernels it reaches run several times faster than the general ones.
+    fn pays(&self, batch: usize) -> bool {
+        let copied = self.mq * self.kq + self.kq * self.nq + self.mq * self.nq;
+        let macs = self.m.saturating_mul(self.n).saturating_mul(self.kq);
+        macs >= 32 * copied && batch > 0
+    }
+
+    /// The product (the copies are the kernel's inputs, not part of the graph: the caller
+    /// records the product itself).
+    fn run(&self, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, act: Act) -> Result<Tensor> {
+        crate::autograd::no_grad(|| {
+            let (ar, ac) = if self.trans_a { (self.kq, self.mq) } else { (self.mq, self.kq) };
+            let (br, bc) = if self.trans_b { (self.nq, self.kq) } else { (self.kq, self.nq) };
+            let a = padded(a, ar, ac)?;
+            let b = padded(b, br, bc)?;
+            let bias = match bias {
+                Some(t) if self.nq > self.n => Some(padded_vec(t, self.nq)?),
+                other => other.cloned(),
+            };
+            let c = gemm_padding(&a, &b, self.trans_a, self.trans_b, bias.as_ref(), act, false)?;
+            if (self.mq, self.nq) == (self.m, self.n) {
+                return Ok(c);
+            }
+            c.narrow(-2, 0, self.m)?.narrow(-1, 0, self.n)?.contiguous()
+        })
+    }
+}
+
+/// A dense copy of `t` with its last two dimensions zero-padded to `rows` x `cols`.
+fn padded(t: &Tensor, rows: usize, cols: usize) -> Result<Tensor> {
+    let r = t.rank();
+    let mut t = t.clone();
+    let mut shape = t.shape().to_vec();
+    if shape[r - 1] < cols {
+        shape[r - 1] = cols - shape[r - 1];
+        let z = Tensor::zeros(t.device(), &shape, t.dtype())?;
+        t = Tensor::cat(&[&t, &z], -1)?;
+        shape = t.shape().to_vec();
+    }
+    if shape[r - 2] < rows {
+        shape[r - 2] = rows - shape[r - 2];
+        let z = Tensor::zeros(t.device(), &shape, t.dtype())?;
+        t = Tensor::cat(&[&t, &z], -2)?;
+    }
+    t.contiguous()
+}
+
+/// `v` (one dimension) zero-padded to `len`.
+fn padded_vec(v: &Tensor, len: usize) -> Result<Tensor> {
+    let z = Tensor::zeros(v.device(), &[len - v.numel()], v.dtype())?;
+    Tensor::cat(&[v, &z], 0)
 }
 
 thread_local! {
