@@ -437,33 +437,57 @@ fn matmul_tensor_core_tiles() {
 /// partial products. `reg` takes the shapes whose extents are multiples of 4 (16-byte
 /// loads), the others go to `main`.
 /// Products whose extents or pitches keep them off `reg` and `wide` (a vocabulary of 65) run
-/// on zero-padded copies: forced to `reg`, so that lavapipe runs the padded path too, against
-/// f64 references in every transpose, with bias and activation, cut back to M x N; on a GPU
-/// with tensor cores, f16 products reach `wide` the same way unforced.
+/// on zero-padded copies: forced to `reg` and padded whatever their size, so that lavapipe
+/// runs the padded path too, against f64 references in every transpose, with bias and
+/// activation, cut back to M x N; on a GPU with tensor cores, f16 products of these sizes
+/// reach `wide` the same way unforced.
 #[test]
 fn matmul_pads_odd_extents() {
     use wgrad::kernels::matmul::{Config, Operands, forced, plan};
+    use wgrad::ops::matmul::pad_everywhere;
     let dev = poisoned();
     let mut rng = Rng::new(19);
     let shapes = [(257, 131, 127), (130, 257, 65), (65, 384, 1031)];
-    forced(Config::Reg, || {
-        for dt in [DType::F32, DType::F16] {
-            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                for s in shapes {
-                    let ((), ran) = ran_kernels(&dev, || {
-                        matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None)
-                    });
-                    let reg = ran.iter().any(|k| k == "Matmul/reg");
-                    assert!(reg && !ran.iter().any(|k| k == "Matmul/main"), "{s:?} {ran:?}");
+    pad_everywhere(|| {
+        forced(Config::Reg, || {
+            for dt in [DType::F32, DType::F16] {
+                for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                    for s in shapes {
+                        let ((), ran) = ran_kernels(&dev, || {
+                            matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None)
+                        });
+                        let reg = ran.iter().any(|k| k == "Matmul/reg");
+                        assert!(
+                            reg && !ran.iter().any(|k| k == "Matmul/main"),
+                            "{s:?} {ran:?}"
+                        );
+                    }
+                }
+                // N padded too (B contiguous along N): the bias with it.
+                for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+                    matmul_case(&dev, &mut rng, dt, (257, 131, 127), false, false, true, act);
                 }
             }
-            // N padded too (B contiguous along N): the bias with it.
-            for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
-                matmul_case(&dev, &mut rng, dt, (257, 131, 127), false, false, true, act);
-            }
-        }
+        })
     })
     .unwrap();
+    // Without the override a small product is not worth its copies.
+    let ((), ran) = ran_kernels(&dev, || {
+        forced(Config::Reg, || {
+            matmul_case(
+                &dev,
+                &mut rng,
+                DType::F32,
+                (257, 131, 127),
+                false,
+                false,
+                false,
+                None,
+            )
+        })
+        .unwrap()
+    });
+    assert!(ran.iter().any(|k| k == "Matmul/main"), "{ran:?}");
     let dense = Operands::dense(264, 136, 128, false, false);
     if plan(&dev, DType::F16, (264, 136, 128), &dense) != Config::CoopWide {
         return;
@@ -473,7 +497,10 @@ fn matmul_pads_odd_extents() {
             let ((), ran) = ran_kernels(&dev, || {
                 matmul_case(&dev, &mut rng, DType::F16, s, ta, tb, false, None)
             });
-            assert!(ran.iter().any(|k| k == "MatmulWide/main"), "f16 {s:?} {ran:?}");
+            assert!(
+                ran.iter().any(|k| k == "MatmulWide/main"),
+                "f16 {s:?} {ran:?}"
+            );
         }
     }
 }

@@ -508,7 +508,12 @@ pub(crate) fn misaligned(
     let (ta, tb) = (o.a_strides.1 != 1, o.b_strides.1 != 1);
     let up = |v: usize| v.next_multiple_of(8);
     let sizes = (up(m), up(n), up(k));
-    let ideal = plan(dev, dtype, sizes, &Operands::dense(sizes.0, sizes.1, sizes.2, ta, tb));
+    let ideal = plan(
+        dev,
+        dtype,
+        sizes,
+        &Operands::dense(sizes.0, sizes.1, sizes.2, ta, tb),
+    );
     let q = match ideal {
         Config::CoopWide => 8,
         Config::Reg => 4,
