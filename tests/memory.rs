@@ -501,3 +501,64 @@ fn devices_opened_used_and_dropped_from_many_threads() {
         t.join().unwrap();
     }
 }
+
+/// A product padded for the fast kernels (ops::matmul `Padding`) needs memory for its copies:
+/// where the budget leaves room for the product but not for them, it runs unpadded on the
+/// general kernels and gives the same answer, and nothing live is lost.
+#[test]
+fn padding_short_of_memory_runs_unpadded() {
+    use wgrad::kernels::matmul::{Config, forced};
+    use wgrad::ops::matmul::pad_everywhere;
+    let dev = device_with(|o| o.memory_limit = Some(wgrad::MemoryLimit::Bytes(24 << 20)));
+    let mut rng = Rng::new(40);
+    // A [1024 x 1023] (4 MiB) x B [1023 x 256] (1 MiB) into [1024 x 256] (1 MiB); padded,
+    // A alone would take 4 MiB more.
+    let (m, k, n) = (1024, 1023, 256);
+    let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+    let ta = common::tensor(&dev, &a, &[m, k], DType::F32);
+    let tb = common::tensor(&dev, &b, &[k, n], DType::F32);
+    // Fill the budget: blocks of 4 MiB, then 1 MiB, then 256 KiB while they fit.
+    let mut fill: Vec<Tensor> = Vec::new();
+    for bytes in [4 << 20, 1 << 20, 256 << 10] {
+        while let Ok(t) = Tensor::full(&dev, &[bytes / 4], 1.0, DType::F32) {
+            fill.push(t);
+            assert!(fill.len() < 200, "the budget was never enforced");
+        }
+    }
+    // Room for the result (one 1 MiB block and what the 256 KiB ones held, under 2 MiB), not
+    // for a 4 MiB padded copy of A.
+    let one = fill
+        .iter()
+        .position(|t| t.numel() == (1 << 20) / 4)
+        .expect("a 1 MiB block in the budget");
+    fill.remove(one);
+    fill.retain(|t| t.numel() != (256 << 10) / 4);
+    let want = wgrad::reference::matmul(
+        &common::rounded(&a, DType::F32),
+        &common::rounded(&b, DType::F32),
+        None,
+        m,
+        n,
+        k,
+        false,
+        false,
+        None,
+    );
+    let ooms = dev.memory_stats().ooms;
+    let got = pad_everywhere(|| forced(Config::Reg, || ta.matmul(&tb)))
+        .unwrap()
+        .expect("the product runs unpadded when its copies do not fit");
+    assert!(
+        dev.memory_stats().ooms > ooms,
+        "the padded copies fitted: {:?}",
+        dev.memory_stats()
+    );
+    let got = got.to_f32_vec().unwrap();
+    // The general kernels' f32 sums over K = 1023 (tolerance as kernels.rs `matmul_case`).
+    let (atol, rtol) = common::tol(DType::F32);
+    let t = (atol * (k as f64).sqrt(), rtol);
+    common::assert_close_tol(&got, &want, t, "unpadded product under the budget");
+    for t in &fill {
+        assert!(t.to_vec::<f32>().unwrap().iter().all(|&x| x == 1.0));
+    }
+}

@@ -108,7 +108,7 @@ pub(crate) fn gemm(
     gemm_padding(a, b, trans_a, trans_b, bias, act, true)
 }
 
-/// `gemm`, padding misaligned operands (`padded_gemm`) where `pad`.
+/// `gemm`, padding misaligned operands (`Padding`) where `pad`.
 fn gemm_padding(
     a: &Tensor,
     b: &Tensor,
@@ -210,7 +210,12 @@ fn gemm_padding(
     if pad && let Some(q) = km::misaligned(a.device(), dtype, (m, n, k), &layout) {
         let p = Padding::new((m, n, k), trans_a, trans_b, q);
         if p.pays(batch) || PAD_EVERYWHERE.with(|c| c.get()) {
-            return p.run(&a, &b, bias.as_ref(), act);
+            // The copies need memory the product itself does not: short of it, the product
+            // runs unpadded on the general kernels.
+            match p.run(&a, &b, bias.as_ref(), act) {
+                Err(e) if e.is_oom() => {}
+                r => return r,
+            }
         }
     }
     let out = Tensor::uninit(a.device(), &out_shape, dtype)?;
