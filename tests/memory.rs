@@ -504,12 +504,18 @@ fn devices_opened_used_and_dropped_from_many_threads() {
 
 /// A product padded for the fast kernels (ops::matmul `Padding`) needs memory for its copies:
 /// where the budget leaves room for the product but not for them, it runs unpadded on the
-/// general kernels and gives the same answer, and nothing live is lost.
+/// general kernels and gives the same answer, and nothing live is lost. The room left is
+/// reckoned for a CPU adapter's unpadded product; on a GPU the same product also splits K
+/// (occupancy), whose partial products need room of their own, so the test runs on CPU
+/// adapters (CI's lavapipe) only.
 #[test]
 fn padding_short_of_memory_runs_unpadded() {
     use wgrad::kernels::matmul::{Config, forced};
     use wgrad::ops::matmul::pad_everywhere;
     let dev = device_with(|o| o.memory_limit = Some(wgrad::MemoryLimit::Bytes(24 << 20)));
+    if !dev.info().is_cpu() {
+        return;
+    }
     let mut rng = Rng::new(40);
     // A [1024 x 1023] (4 MiB) x B [1023 x 256] (1 MiB) into [1024 x 256] (1 MiB); padded,
     // A alone would take 4 MiB more.

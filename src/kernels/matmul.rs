@@ -104,7 +104,8 @@ fn split_chunk(tiles: usize, k: usize, kchunk: usize, reg: bool) -> usize {
         _ => return kchunk,
     };
     let cost = |chunk: usize| (tiles * k.div_ceil(chunk)).div_ceil(SLOTS) * chunk;
-    let mut best = (kchunk, cost(kchunk));
+    // Unsplit, a workgroup covers all of K (or the loop budget's part of it).
+    let mut best = (kchunk, cost(kchunk.min(k)));
     for s in 2..=most {
         // A multiple of 64 keeps every kernel's K step and 16-element alignment whole.
         let chunk = k.div_ceil(s).next_multiple_of(64).min(kchunk);
@@ -936,6 +937,9 @@ mod tests {
         // A split never goes below the shortest worth its partials.
         assert_eq!(splits(3, 16384, false), 32);
         assert_eq!(splits(1, 600, false), 1);
+        // A split that only adds a wave is not taken: 200 tiles of K = 2048 run one wave of
+        // 2048 or two of 1024.
+        assert_eq!(splits(200, 2048, false), 1);
         // Nothing to split.
         assert_eq!(splits(0, 100, true), 1);
         assert_eq!(split_chunk(5, 0, 7, true), 7);
