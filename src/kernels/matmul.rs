@@ -496,25 +496,20 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     config
 }
 
-/// The multiple of elements (8 for `wide`, 4 for `reg`) that a product's pitches, offsets and
-/// contiguous extents must be for the kernel `plan` gives it with aligned operands, where
-/// its actual operands `o` keep it from that kernel (a vocabulary of 65, a view with an odd
-/// pitch); None where they do not, or where no such kernel is the choice.
-pub(crate) fn misaligned(
+/// Whether a product would run a faster kernel on dense copies of its operands padded to
+/// `padded` sizes (op(A) = A^T where `ta`, op(B) = B^T where `tb`) than on its operands `o`
+/// as they are (a vocabulary of 65, a view with an odd pitch): the multiple of elements that
+/// kernel needs (8 for `wide`, 4 for `reg`), or None.
+pub(crate) fn padding_gain(
     dev: &Device,
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     o: &Operands,
+    (mq, nq, kq): (usize, usize, usize),
+    (ta, tb): (bool, bool),
 ) -> Option<usize> {
-    let (ta, tb) = (o.a_strides.1 != 1, o.b_strides.1 != 1);
-    let up = |v: usize| v.next_multiple_of(8);
-    let sizes = (up(m), up(n), up(k));
-    let ideal = plan(
-        dev,
-        dtype,
-        sizes,
-        &Operands::dense(sizes.0, sizes.1, sizes.2, ta, tb),
-    );
+    let dense = Operands::dense(mq, nq, kq, ta, tb);
+    let ideal = plan(dev, dtype, (mq, nq, kq), &dense);
     let q = match ideal {
         Config::CoopWide => 8,
         Config::Reg => 4,

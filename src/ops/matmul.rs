@@ -207,15 +207,17 @@ fn gemm_padding(
         offsets: (va.offset, vb.offset),
         batch_strides: (va.batch_stride, vb.batch_stride),
     };
-    if pad && let Some(q) = km::misaligned(a.device(), dtype, (m, n, k), &layout) {
-        let p = Padding::new((m, n, k), trans_a, trans_b, q);
-        if p.pays(batch) || PAD_EVERYWHERE.with(|c| c.get()) {
-            // The copies need memory the product itself does not: short of it, the product
-            // runs unpadded on the general kernels.
-            match p.run(&a, &b, bias.as_ref(), act) {
-                Err(e) if e.is_oom() => {}
-                r => return r,
-            }
+    let p = Padding::new((m, n, k), trans_a, trans_b);
+    let (dev, sizes, trans) = (a.device(), (p.mq, p.nq, p.kq), (trans_a, trans_b));
+    if pad
+        && let Some(q) = km::padding_gain(dev, dtype, (m, n, k), &layout, sizes, trans)
+        && (p.pays(batch, q) || PAD_EVERYWHERE.with(|c| c.get()))
+    {
+        // The copies need memory the product itself does not: short of it, the product runs
+        // unpadded on the general kernels.
+        match p.run(&a, &b, bias.as_ref(), act) {
+            Err(e) if e.is_oom() => {}
+            r => return r,
         }
     }
     let out = Tensor::uninit(a.device(), &out_shape, dtype)?;
@@ -252,10 +254,10 @@ fn gemm_padding(
 }
 
 /// A product run on zero-padded copies of its operands, so that every pitch and contiguous
-/// extent is a multiple of `q` and the fast kernel (`wide`, `reg`) takes it: K padded where an
-/// operand is contiguous along K (zeros add nothing), M or N where op(A) or op(B) is contiguous
-/// along it (the extra rows or columns are cut from the result). A vocabulary of 65 kept the
-/// GPT's output-layer backward products on the general kernels.
+/// extent is a multiple of 8 and the fast kernel (`wide` needs 8, `reg` 4) takes it: K padded
+/// where an operand is contiguous along K (zeros add nothing), M or N where op(A) or op(B) is
+/// contiguous along it (the extra rows or columns are cut from the result). A vocabulary of
+/// 65 kept the GPT's output-layer backward products on the general kernels.
 struct Padding {
     m: usize,
     n: usize,
@@ -264,14 +266,13 @@ struct Padding {
     mq: usize,
     nq: usize,
     kq: usize,
-    q: usize,
     trans_a: bool,
     trans_b: bool,
 }
 
 impl Padding {
-    fn new((m, n, k): (usize, usize, usize), trans_a: bool, trans_b: bool, q: usize) -> Padding {
-        let up = |v: usize, along: bool| if along { v.next_multiple_of(q) } else { v };
+    fn new((m, n, k): (usize, usize, usize), trans_a: bool, trans_b: bool) -> Padding {
+        let up = |v: usize, along: bool| if along { v.next_multiple_of(8) } else { v };
         Padding {
             m,
             n,
@@ -279,18 +280,18 @@ impl Padding {
             mq: up(m, trans_a),
             nq: up(n, !trans_b),
             kq: up(k, !trans_a || trans_b),
-            q,
             trans_a,
             trans_b,
         }
     }
 
-    /// Whether the product's work outweighs the copies: multiply-adds an element copied (the
-    /// operands that change, and the result where it is cut), at least 32 for `wide`, whose
+    /// Whether the product's work outweighs the copies for the kernel that needs runs of `q`:
+    /// multiply-adds an element copied (the operands that change, and the result where it is
+    /// cut), at least 32 for `wide` (q = 8), whose
     /// products ran 2-10x the general kernels' on an H100, and 512 for `reg`, 2x at best: the
     /// f32 [16384 x 65] x [65 x 384] (375 to one) ran 0.083 ms as it was and 0.102 padded,
     /// the f32 products of a 50257-word vocabulary (about 700 to one) 41 and 20 ms.
-    fn pays(&self, batch: usize) -> bool {
+    fn pays(&self, batch: usize, q: usize) -> bool {
         let a = (self.mq, self.kq) != (self.m, self.k);
         let b = (self.kq, self.nq) != (self.k, self.n);
         let c = (self.mq, self.nq) != (self.m, self.n);
@@ -298,7 +299,7 @@ impl Padding {
             + usize::from(b) * self.kq * self.nq
             + usize::from(c) * self.mq * self.nq;
         let macs = self.m.saturating_mul(self.n).saturating_mul(self.kq);
-        let ratio = if self.q == 8 { 32 } else { 512 };
+        let ratio = if q == 8 { 32 } else { 512 };
         batch > 0 && macs >= ratio * copied.max(1)
     }
 
@@ -341,47 +342,46 @@ impl Padding {
 
 /// A dense copy of `t` with its last two dimensions zero-padded to `rows` x `cols`.
 fn padded(t: &Tensor, rows: usize, cols: usize) -> Result<Tensor> {
-    let r = t.rank();
-    let mut t = t.clone();
-    let mut shape = t.shape().to_vec();
-    if shape[r - 1] < cols {
-        shape[r - 1] = cols - shape[r - 1];
-        let z = Tensor::zeros(t.device(), &shape, t.dtype())?;
-        t = Tensor::cat(&[&t, &z], -1)?;
-        shape = t.shape().to_vec();
-    }
-    if shape[r - 2] < rows {
-        shape[r - 2] = rows - shape[r - 2];
-        let z = Tensor::zeros(t.device(), &shape, t.dtype())?;
-        t = Tensor::cat(&[&t, &z], -2)?;
-    }
-    t.contiguous()
+    pad_axis(&pad_axis(t, -1, cols)?, -2, rows)?.contiguous()
 }
 
 /// `v` (one dimension) zero-padded to `len`.
 fn padded_vec(v: &Tensor, len: usize) -> Result<Tensor> {
-    let z = Tensor::zeros(v.device(), &[len - v.numel()], v.dtype())?;
-    Tensor::cat(&[v, &z], 0)
+    pad_axis(v, -1, len)
+}
+
+/// `t` with zeros appended along `axis` up to `len` (`t` itself where it is that long).
+fn pad_axis(t: &Tensor, axis: isize, len: usize) -> Result<Tensor> {
+    let mut shape = t.shape().to_vec();
+    let i = t.axis(axis, "matmul padding")?;
+    if shape[i] >= len {
+        return Ok(t.clone());
+    }
+    shape[i] = len - shape[i];
+    let z = Tensor::zeros(t.device(), &shape, t.dtype())?;
+    Tensor::cat(&[t, &z], axis)
 }
 
 thread_local! {
     /// Set by [`pad_everywhere`].
     static PAD_EVERYWHERE: Cell<bool> = const { Cell::new(false) };
+    /// Set by [`split_everywhere`].
+    static SPLIT_EVERYWHERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the thread's `flag` set, then restores it.
+fn with_flag<R>(flag: &'static std::thread::LocalKey<Cell<bool>>, f: impl FnOnce() -> R) -> R {
+    let before = flag.with(|c| c.replace(true));
+    let r = f();
+    flag.with(|c| c.set(before));
+    r
 }
 
 /// Runs `f` with every misaligned product on this thread padded (`Padding`), however small:
 /// tests reach the padded path with products a CPU adapter computes quickly.
 #[doc(hidden)]
 pub fn pad_everywhere<R>(f: impl FnOnce() -> R) -> R {
-    let before = PAD_EVERYWHERE.with(|c| c.replace(true));
-    let r = f();
-    PAD_EVERYWHERE.with(|c| c.set(before));
-    r
-}
-
-thread_local! {
-    /// Set by [`split_everywhere`].
-    static SPLIT_EVERYWHERE: Cell<bool> = const { Cell::new(false) };
+    with_flag(&PAD_EVERYWHERE, f)
 }
 
 /// Runs `f` with every f32 product on this thread computed as `MatmulPrecision::High` does
@@ -390,10 +390,7 @@ thread_local! {
 /// kernels, with the same f32 accumulation).
 #[doc(hidden)]
 pub fn split_everywhere<R>(f: impl FnOnce() -> R) -> R {
-    let before = SPLIT_EVERYWHERE.with(|c| c.replace(true));
-    let r = f();
-    SPLIT_EVERYWHERE.with(|c| c.set(before));
-    r
+    with_flag(&SPLIT_EVERYWHERE, f)
 }
 
 /// The multiply-adds from which a split f32 product pays for its extra passes (the operands'
