@@ -211,7 +211,7 @@ fn gemm_padding(
     let (dev, sizes, trans) = (a.device(), (p.mq, p.nq, p.kq), (trans_a, trans_b));
     if pad
         && let Some(q) = km::padding_gain(dev, dtype, (m, n, k), &layout, sizes, trans)
-        && (p.pays(batch, q) || PAD_EVERYWHERE.with(|c| c.get()))
+        && (p.pays(batch, q, [&a, &b]) || PAD_EVERYWHERE.with(|c| c.get()))
     {
         // The copies need memory the product itself does not: short of it, the product runs
         // unpadded on the general kernels.
@@ -285,15 +285,15 @@ impl Padding {
         }
     }
 
-    /// Whether the product's work outweighs the copies for the kernel that needs runs of `q`:
-    /// multiply-adds an element copied (the operands that change, and the result where it is
-    /// cut), at least 32 for `wide` (q = 8), whose
-    /// products ran 2-10x the general kernels' on an H100, and 512 for `reg`, 2x at best: the
-    /// f32 [16384 x 65] x [65 x 384] (375 to one) ran 0.083 ms as it was and 0.102 padded,
-    /// the f32 products of a 50257-word vocabulary (about 700 to one) 41 and 20 ms.
-    fn pays(&self, batch: usize, q: usize) -> bool {
-        let a = (self.mq, self.kq) != (self.m, self.k);
-        let b = (self.kq, self.nq) != (self.k, self.n);
+    /// Whether the product's work outweighs the copies for the kernel that needs runs of `q`,
+    /// in multiply-adds an element copied (operands `ab` that change size or are not dense,
+    /// and the result where it is cut): at least 32 for `wide` (q = 8), whose products ran
+    /// 2-10x the general kernels' on an H100, and 512 for `reg`, 2x at best. There the f32
+    /// [16384 x 65] x [65 x 384] (375 to one) ran 0.083 ms as it was and 0.102 padded, and the
+    /// f32 products of a 50257-word vocabulary (about 700 to one) 41 and 20 ms.
+    fn pays(&self, batch: usize, q: usize, [a, b]: [&Tensor; 2]) -> bool {
+        let a = (self.mq, self.kq) != (self.m, self.k) || !a.is_contiguous();
+        let b = (self.kq, self.nq) != (self.k, self.n) || !b.is_contiguous();
         let c = (self.mq, self.nq) != (self.m, self.n);
         let copied = usize::from(a) * self.mq * self.kq
             + usize::from(b) * self.kq * self.nq
