@@ -208,10 +208,14 @@ fn gemm_padding(
         batch_strides: (va.batch_stride, vb.batch_stride),
     };
     let p = Padding::new((m, n, k), trans_a, trans_b);
+    let copied = p.copied([&a, &b]);
     let (dev, sizes, trans) = (a.device(), (p.mq, p.nq, p.kq), (trans_a, trans_b));
+    // Nothing to copy (dense operands of aligned sizes) leaves nothing to gain, and spares
+    // the planner's two looks at every aligned product.
     if pad
+        && copied > 0
         && let Some(q) = km::padding_gain(dev, dtype, (m, n, k), &layout, sizes, trans)
-        && (p.pays(batch, q, [&a, &b]) || PAD_EVERYWHERE.with(|c| c.get()))
+        && (p.pays(batch, q, copied) || PAD_EVERYWHERE.with(|c| c.get()))
     {
         // The copies need memory the product itself does not: short of it, the product runs
         // unpadded on the general kernels.
@@ -285,22 +289,26 @@ impl Padding {
         }
     }
 
-    /// Whether the product's work outweighs the copies for the kernel that needs runs of `q`,
-    /// in multiply-adds an element copied (operands `ab` that change size or are not dense,
-    /// and the result where it is cut): at least 32 for `wide` (q = 8), whose products ran
-    /// 2-10x the general kernels' on an H100, and 512 for `reg`, 2x at best. There the f32
-    /// [16384 x 65] x [65 x 384] (375 to one) ran 0.083 ms as it was and 0.102 padded, and the
-    /// f32 products of a 50257-word vocabulary (about 700 to one) 41 and 20 ms.
-    fn pays(&self, batch: usize, q: usize, [a, b]: [&Tensor; 2]) -> bool {
+    /// Elements the padded path copies: operands `ab` that change size or are not dense, and
+    /// the result where it is cut.
+    fn copied(&self, [a, b]: [&Tensor; 2]) -> usize {
         let a = (self.mq, self.kq) != (self.m, self.k) || !a.is_contiguous();
         let b = (self.kq, self.nq) != (self.k, self.n) || !b.is_contiguous();
         let c = (self.mq, self.nq) != (self.m, self.n);
-        let copied = usize::from(a) * self.mq * self.kq
+        usize::from(a) * self.mq * self.kq
             + usize::from(b) * self.kq * self.nq
-            + usize::from(c) * self.mq * self.nq;
+            + usize::from(c) * self.mq * self.nq
+    }
+
+    /// Whether the product's work outweighs the `copied` elements for the kernel that needs
+    /// runs of `q`, in multiply-adds an element copied: at least 32 for `wide` (q = 8), whose
+    /// products ran 2-10x the general kernels' on an H100, and 512 for `reg`, 2x at best.
+    /// There the f32 [16384 x 65] x [65 x 384] (375 to one) ran 0.083 ms as it was and 0.102
+    /// padded, and the f32 products of a 50257-word vocabulary (about 700 to one) 41 and 20 ms.
+    fn pays(&self, batch: usize, q: usize, copied: usize) -> bool {
         let macs = self.m.saturating_mul(self.n).saturating_mul(self.kq);
         let ratio = if q == 8 { 32 } else { 512 };
-        batch > 0 && macs >= ratio * copied.max(1)
+        batch > 0 && macs >= ratio * copied
     }
 
     /// The product (the copies are the kernel's inputs, not part of the graph: the caller
