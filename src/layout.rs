@@ -3,21 +3,109 @@
 //! the layout; the storage is shared.
 
 use crate::error::{Error, Result};
+use std::ops::{Deref, DerefMut};
 
 /// Row-major strides of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
+    row_major(shape).to_vec()
+}
+
+/// Row-major strides of `shape`, inline.
+fn row_major(shape: &[usize]) -> Dims {
+    let mut s = Dims::filled(1, shape.len());
     for k in (0..shape.len().saturating_sub(1)).rev() {
         s[k] = s[k + 1] * shape[k + 1];
     }
     s
 }
 
+/// Extents or strides held inline up to [`Dims::INLINE`] dimensions, on the heap past that.
+/// Nearly every op makes and drops layouts; as two vectors each they were about 45% of the
+/// host's allocations in a GPT training step (callgrind, BENCHMARKS.md).
+#[derive(Clone)]
+pub(crate) enum Dims {
+    Inline(u8, [usize; Dims::INLINE]),
+    Heap(Vec<usize>),
+}
+
+impl Dims {
+    /// Dimensions kept inline: the kernels' own rank limit, so every layout a kernel takes
+    /// stays off the heap.
+    const INLINE: usize = 6;
+
+    /// `n` copies of `v`.
+    pub(crate) fn filled(v: usize, n: usize) -> Dims {
+        if n <= Dims::INLINE {
+            Dims::Inline(n as u8, [v; Dims::INLINE])
+        } else {
+            Dims::Heap(vec![v; n])
+        }
+    }
+
+    pub(crate) fn from_slice(s: &[usize]) -> Dims {
+        let mut d = Dims::filled(0, s.len());
+        d.copy_from_slice(s);
+        d
+    }
+}
+
+impl Deref for Dims {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        match self {
+            Dims::Inline(n, a) => &a[..*n as usize],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl DerefMut for Dims {
+    fn deref_mut(&mut self) -> &mut [usize] {
+        match self {
+            Dims::Inline(n, a) => &mut a[..*n as usize],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl PartialEq for Dims {
+    fn eq(&self, other: &Dims) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Dims {}
+
+impl std::fmt::Debug for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl FromIterator<usize> for Dims {
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Dims {
+        let mut a = [0; Dims::INLINE];
+        let mut n = 0;
+        let mut it = iter.into_iter();
+        for x in it.by_ref() {
+            if n == Dims::INLINE {
+                let mut v = a.to_vec();
+                v.push(x);
+                v.extend(it);
+                return Dims::Heap(v);
+            }
+            a[n] = x;
+            n += 1;
+        }
+        Dims::Inline(n as u8, a)
+    }
+}
+
 /// Shape, strides and offset (elements).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
 }
 
@@ -25,8 +113,8 @@ impl Layout {
     /// The row-major layout of `shape` from element 0.
     pub fn contiguous(shape: &[usize]) -> Layout {
         Layout {
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            shape: Dims::from_slice(shape),
+            strides: row_major(shape),
             offset: 0,
         }
     }
@@ -35,8 +123,8 @@ impl Layout {
     #[cfg(test)]
     pub(crate) fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Layout {
         Layout {
-            shape,
-            strides,
+            shape: Dims::from_slice(&shape),
+            strides: Dims::from_slice(&strides),
             offset,
         }
     }
@@ -89,7 +177,7 @@ impl Layout {
             + self
                 .shape
                 .iter()
-                .zip(&self.strides)
+                .zip(self.strides.iter())
                 .map(|(&d, &s)| (d - 1) * s)
                 .sum::<usize>()
             + 1
@@ -118,7 +206,7 @@ impl Layout {
             return None;
         }
         let lead = shape.len() - self.shape.len();
-        let mut strides = vec![0; shape.len()];
+        let mut strides = Dims::filled(0, shape.len());
         for (k, &d) in shape.iter().enumerate() {
             if k < lead {
                 continue;
@@ -133,7 +221,7 @@ impl Layout {
             }
         }
         Some(Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: self.offset,
         })
@@ -150,24 +238,25 @@ impl Layout {
         }
         // Group the old dimensions (size-1 ones dropped) into runs that are contiguous with
         // each other, then cut each run into consecutive new dimensions of the same product.
-        let old: Vec<(usize, usize)> = self
-            .shape
-            .iter()
-            .zip(&self.strides)
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, &s)| (d, s))
-            .collect();
-        let mut strides = vec![0; shape.len()];
+        let kept = || {
+            self.shape
+                .iter()
+                .zip(self.strides.iter())
+                .filter(|(d, _)| **d != 1)
+        };
+        let old_d: Dims = kept().map(|(&d, _)| d).collect();
+        let old_s: Dims = kept().map(|(_, &s)| s).collect();
+        let mut strides = Dims::filled(0, shape.len());
         let mut ni = 0;
         let mut oi = 0;
-        while oi < old.len() {
+        while oi < old_d.len() {
             // A run of old dims oi..oj whose strides chain.
             let mut oj = oi + 1;
-            while oj < old.len() && old[oj - 1].1 == old[oj].1 * old[oj].0 {
+            while oj < old_d.len() && old_s[oj - 1] == old_s[oj] * old_d[oj] {
                 oj += 1;
             }
-            let run: usize = old[oi..oj].iter().map(|x| x.0).product();
-            let inner_stride = old[oj - 1].1;
+            let run: usize = old_d[oi..oj].iter().product();
+            let inner_stride = old_s[oj - 1];
             // New dims covering exactly `run` elements.
             let mut prod = 1;
             let start = ni;
@@ -197,11 +286,30 @@ impl Layout {
             return None;
         }
         Some(Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: self.offset,
         })
     }
+}
+
+/// The one stride that walks dimensions `dims` (strides `strides`) as a single run, ignoring
+/// size-1 ones: the innermost non-unit dimension's stride when each outer one steps over the
+/// whole of the next, 0 when every dimension is 1, `None` when they do not chain. How the
+/// product and attention kernels take batch and head dimensions as one index.
+pub(crate) fn run_stride(dims: &[usize], strides: &[usize]) -> Option<usize> {
+    let mut live = dims.iter().zip(strides).filter(|(d, _)| **d != 1);
+    let Some((_, &first)) = live.next() else {
+        return Some(0);
+    };
+    let mut outer = first;
+    for (&d, &s) in live {
+        if outer != s * d {
+            return None;
+        }
+        outer = s;
+    }
+    Some(outer)
 }
 
 /// Errors unless `shape` has as many elements as `n`.
@@ -259,6 +367,53 @@ mod tests {
         assert!(Layout::contiguous(&[3]).broadcast_to(&[4]).is_none());
         assert_eq!(base.extent(), 24);
         assert_eq!(p.extent(), 24);
+    }
+
+    #[test]
+    fn dims_inline_and_past_it() {
+        for n in [0, 1, Dims::INLINE, Dims::INLINE + 1, 9] {
+            let v: Vec<usize> = (10..10 + n).collect();
+            let a = Dims::from_slice(&v);
+            let b: Dims = v.iter().copied().collect();
+            assert_eq!(&*a, &v[..]);
+            assert_eq!(&*b, &v[..]);
+            assert_eq!(a, b);
+            assert_eq!(matches!(a, Dims::Heap(_)), n > Dims::INLINE);
+            assert_eq!(&*Dims::filled(7, n), &vec![7; n][..]);
+            assert_eq!(format!("{a:?}"), format!("{v:?}"));
+        }
+        // A rank-8 layout (on the heap) views like a small one.
+        let shape = [2, 1, 3, 1, 2, 2, 1, 3];
+        let l = Layout::contiguous(&shape);
+        assert_eq!(l.strides(), &contiguous_strides(&shape)[..]);
+        assert_eq!(l.strides(), &[36, 36, 12, 12, 6, 3, 3, 1]);
+        let rev = l.permute(&[7, 6, 5, 4, 3, 2, 1, 0]);
+        assert_eq!(rev.shape(), &[3, 1, 2, 2, 1, 3, 1, 2]);
+        assert!(
+            rev.reshape(&[3, 4, 3, 2]).is_none(),
+            "reversed axes do not merge"
+        );
+        let p = l.permute(&[2, 3, 4, 5, 6, 7, 0, 1]);
+        let r = p
+            .reshape(&[12, 3, 2])
+            .unwrap_or_else(|| Layout::contiguous(&[0]));
+        assert_eq!(r.strides(), &[3, 1, 36]);
+        assert_eq!(elems(&r), elems(&p));
+        assert!(l.reshape(&[6, 12]).is_some_and(|m| elems(&m) == elems(&l)));
+    }
+
+    #[test]
+    fn run_strides() {
+        assert_eq!(run_stride(&[], &[]), Some(0));
+        assert_eq!(run_stride(&[1, 1], &[5, 9]), Some(0));
+        // [2, 3] over a dense [2, 3, 4, 5]: one run of stride 20.
+        assert_eq!(run_stride(&[2, 3], &[60, 20]), Some(20));
+        // Size-1 dimensions carry any stride.
+        assert_eq!(run_stride(&[2, 1, 3], &[60, 7, 20]), Some(20));
+        // Broadcast (stride 0) batches do not chain with a live one.
+        assert_eq!(run_stride(&[2, 3], &[0, 20]), None);
+        assert_eq!(run_stride(&[2, 3], &[20, 60]), None);
+        assert_eq!(run_stride(&[4], &[0]), Some(0));
     }
 
     #[test]

@@ -260,3 +260,66 @@ fn transposed_views_copy_through_tiles() {
         }
     }
 }
+
+/// Layouts past six dimensions (held on the heap, the rest inline): views, copies, a
+/// broadcasting op and the gradient through them address the same elements as the CPU.
+#[test]
+fn views_past_six_dimensions() {
+    let dev = poisoned();
+    let shape = [2, 1, 3, 1, 2, 2, 1, 3];
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let x = tensor(&dev, &data, &shape, DType::F32).variable();
+    // Row-major strides of `shape`, and the element of `data` at a multi-index.
+    let strides: Vec<usize> = (0..shape.len())
+        .map(|k| shape[k + 1..].iter().product())
+        .collect();
+    let perm = [2, 3, 4, 5, 6, 7, 0, 1];
+    let p = x.permute(&perm).unwrap();
+    assert!(p.same_storage(&x));
+    // The permuted view read back, element by element against the CPU's indexing.
+    let pshape: Vec<usize> = perm.iter().map(|&a| shape[a]).collect();
+    let mut want = Vec::with_capacity(n);
+    for i in 0..n {
+        let (mut rest, mut at) = (i, 0);
+        for k in (0..8).rev() {
+            at += (rest % pshape[k]) * strides[perm[k]];
+            rest /= pshape[k];
+        }
+        want.push(data[at] as f64);
+    }
+    let got = p.to_vec::<f32>().unwrap();
+    assert_close(&got, &want, DType::F32, "rank-8 permute");
+    // A reshape the strides allow stays a view; one they do not is a copy of the same order.
+    let r = p.reshape(&[12, 3, 2]).unwrap();
+    assert!(r.same_storage(&x));
+    assert_close(
+        &r.to_vec::<f32>().unwrap(),
+        &want,
+        DType::F32,
+        "view reshape",
+    );
+    let rev = x.permute(&[7, 6, 5, 4, 3, 2, 1, 0]).unwrap();
+    let c = rev.reshape(&[3, 4, 3, 2]).unwrap();
+    assert!(!c.same_storage(&x));
+    assert_eq!(c.to_vec::<f32>().unwrap(), rev.to_vec::<f32>().unwrap());
+    // A broadcasting product over rank 8, narrowed, and the gradient back to x: d/dx sum(x *
+    // x[0:1]) is x[0:1] everywhere plus, on the first slice, the sum over the other.
+    let first = x.narrow(0, 0, 1).unwrap();
+    let y = x.mul(&first).unwrap().sum_all().unwrap();
+    y.backward().unwrap();
+    let g = x.grad().unwrap().to_vec::<f32>().unwrap();
+    let half = n / 2;
+    let want_g: Vec<f64> = (0..n)
+        .map(|i| {
+            let j = i % half;
+            let own = data[j] as f64;
+            if i < half {
+                own + data[j] as f64 + data[j + half] as f64
+            } else {
+                own
+            }
+        })
+        .collect();
+    assert_close(&g, &want_g, DType::F32, "rank-8 broadcast gradient");
+}

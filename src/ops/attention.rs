@@ -27,18 +27,8 @@ fn heads_of(t: &Tensor) -> Option<(usize, HeadLayout)> {
     } else {
         (1, 0)
     };
-    let live: Vec<(usize, usize)> = shape[..r.saturating_sub(3)]
-        .iter()
-        .zip(&st[..r.saturating_sub(3)])
-        .filter(|(d, _)| **d != 1)
-        .map(|(&d, &s)| (d, s))
-        .collect();
-    for w in live.windows(2) {
-        if w[0].1 != w[1].1 * w[1].0 {
-            return None;
-        }
-    }
-    let sb = live.last().map_or(0, |x| x.1);
+    let lead = r.saturating_sub(3);
+    let sb = crate::layout::run_stride(&shape[..lead], &st[..lead])?;
     Some((
         heads,
         HeadLayout {

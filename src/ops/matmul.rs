@@ -32,7 +32,7 @@ pub struct MatmulOpts<'a> {
 /// How the kernels read one operand: op(X)'s rows, columns and their element strides, the
 /// batch dimensions collapsed to one stride, and the offset.
 struct MatView {
-    batch: Vec<usize>,
+    batch: crate::layout::Dims,
     count: usize,
     rows: usize,
     cols: usize,
@@ -62,31 +62,14 @@ fn mat_view(t: &Tensor, trans: bool) -> Option<MatView> {
     let bdims = &shape[..r - 2];
     let bstr = &st[..r - 2];
     let count: usize = bdims.iter().product();
-    let batch_stride = {
-        let live: Vec<(usize, usize)> = bdims
-            .iter()
-            .zip(bstr)
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, &s)| (d, s))
-            .collect();
-        if live.is_empty() {
-            0
-        } else {
-            for w2 in live.windows(2) {
-                if w2[0].1 != w2[1].1 * w2[1].0 {
-                    return None;
-                }
-            }
-            live[live.len() - 1].1
-        }
-    };
+    let batch_stride = crate::layout::run_stride(bdims, bstr)?;
     let (rows, cols, strides) = if trans {
         (w, h, (sc, sr))
     } else {
         (h, w, (sr, sc))
     };
     Some(MatView {
-        batch: bdims.to_vec(),
+        batch: crate::layout::Dims::from_slice(bdims),
         count,
         rows,
         cols,
