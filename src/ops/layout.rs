@@ -24,13 +24,16 @@ impl Tensor {
     /// strides allow (always for a contiguous tensor), else a dense copy.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_numel("reshape", self.shape(), shape)?;
-        let base = match self.layout().reshape(shape) {
-            Some(_) => self.clone(),
-            None => self.contiguous()?,
+        let (base, layout) = match self.layout().reshape(shape) {
+            Some(l) => (self.clone(), l),
+            None => {
+                let base = self.contiguous()?;
+                let l = base.layout().reshape(shape).ok_or_else(|| {
+                    Error::Internal(format!("reshape of dense {:?} to {shape:?}", base.shape()))
+                })?;
+                (base, l)
+            }
         };
-        let layout = base.layout().reshape(shape).ok_or_else(|| {
-            Error::Internal(format!("reshape of dense {:?} to {shape:?}", base.shape()))
-        })?;
         let rec = record_fn("reshape", &base, |x, g| g.reshape(x.shape()));
         Ok(base.view(layout, rec))
     }
