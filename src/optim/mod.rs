@@ -25,6 +25,9 @@ macro_rules! slot_methods {
                 .map(|s| (s.name.clone(), s.p.clone()))
                 .collect()
         }
+        fn param_tensors(&self) -> Vec<Tensor> {
+            self.slots.list.iter().map(|s| s.p.clone()).collect()
+        }
     };
 }
 
@@ -68,6 +71,11 @@ pub trait Optimizer {
     fn set_lr(&mut self, lr: f32);
     /// The parameters, by name.
     fn params(&self) -> Vec<(String, Tensor)>;
+    /// The parameters without their names: what a step reads every time (cloning every
+    /// name was most of a guarded step's host allocations).
+    fn param_tensors(&self) -> Vec<Tensor> {
+        self.params().into_iter().map(|(_, p)| p).collect()
+    }
     /// The state kept per parameter, by name: `<param>.<state>` (Adam's `m` and `v`, SGD's
     /// `momentum`) and `<param>.master` (f32 master weights of f16 parameters). Writing into
     /// these tensors restores the state (training checkpoints do).
@@ -205,10 +213,10 @@ impl Slots {
 
 /// The f32 sums of squares of the gradients of `params` (those that have one), as partial
 /// sums in one f32 tensor (to sum), or `None` when no parameter has a gradient.
-pub(crate) fn sum_of_squares(params: &[(String, Tensor)]) -> Result<Option<Tensor>> {
+pub(crate) fn sum_of_squares(params: &[Tensor]) -> Result<Option<Tensor>> {
     let grads: Vec<Tensor> = params
         .iter()
-        .filter_map(|(_, p)| p.grad())
+        .filter_map(|p| p.grad())
         .map(|g| g.contiguous())
         .collect::<Result<_>>()?;
     let Some(first) = grads.first() else {
@@ -241,7 +249,8 @@ pub(crate) fn sum_of_squares(params: &[(String, Tensor)]) -> Result<Option<Tenso
 /// The global L2 norm of the gradients of `params` (those that have one), accumulated in f32.
 /// Reads one number back from the device. Infinite or NaN when any gradient element is.
 pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f32> {
-    match sum_of_squares(params)? {
+    let params: Vec<Tensor> = params.iter().map(|(_, p)| p.clone()).collect();
+    match sum_of_squares(&params)? {
         Some(partial) => Ok(crate::autograd::no_grad(|| partial.sum_all())?
             .to_scalar()?
             .sqrt()),

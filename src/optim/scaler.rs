@@ -122,8 +122,8 @@ impl Known {
 /// Queues one guarded step into `ctl`: the gradients' sums of squares, the decision, the
 /// update (which reads the decision).
 fn queue(opt: &mut dyn Optimizer, ctl: &Control, d: Decision) -> Result<()> {
-    let params = opt.params();
-    if let Some((_, p)) = params.first()
+    let params = opt.param_tensors();
+    if let Some(p) = params.first()
         && !p.device().same(ctl.device())
     {
         return Err(Error::invalid(
@@ -164,8 +164,8 @@ pub fn guarded_step(
     max_norm: Option<f32>,
     on_nonfinite: NonFinite,
 ) -> Result<StepReport> {
-    let params = opt.params();
-    let Some((_, first)) = params.first() else {
+    let params = opt.param_tensors();
+    let Some(first) = params.first() else {
         return Ok(StepReport {
             grad_norm: 0.0,
             stepped: true,
@@ -360,8 +360,8 @@ impl GradScaler {
         // The last step's decision: read before this step's update, so a skipped step is
         // taken back from the count this update's bias correction uses.
         self.collect(Some(&mut *opt))?;
-        let params = opt.params();
-        let Some((_, first)) = params.first() else {
+        let params = opt.param_tensors();
+        let Some(first) = params.first() else {
             return Ok(());
         };
         let dev = first.device().clone();
