@@ -30,7 +30,7 @@ use crate::error::Result;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Time one device may spend measuring, in total.
@@ -86,6 +86,9 @@ impl std::fmt::Display for AutotuneStats {
 #[derive(Default)]
 pub(crate) struct Tuner {
     inner: Mutex<Inner>,
+    /// `WGRAD_AUTOTUNE`, read at the device's first product: every product asks, and reading
+    /// the environment each time was 1% of the host's time a training step.
+    mode: OnceLock<Mode>,
 }
 
 #[derive(Default)]
@@ -171,8 +174,8 @@ impl Inner {
 }
 
 /// Whether a product of `flops` on `dev` is worth measuring under the current mode.
-pub(crate) fn wanted(dev: &Device, flops: f64) -> bool {
-    match mode() {
+pub(crate) fn wanted(dev: &Device, tuner: &Tuner, flops: f64) -> bool {
+    match *tuner.mode.get_or_init(mode) {
         Mode::Off => false,
         Mode::All => true,
         Mode::On => !dev.info().is_cpu() && flops >= MIN_FLOPS,

@@ -587,7 +587,9 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     }
     let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
     let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
-    if FORCED.with(|c| c.get()).is_some() || !autotune::wanted(dev, flops) {
+    if FORCED.with(|c| c.get()).is_some()
+        || !autotune::wanted(dev, &super::state(dev)?.tuner, flops)
+    {
         return run(dev, g, planned);
     }
     let variants = variants(dev, g.dtype, (g.m, g.n, g.k), &operands, planned);
