@@ -22,8 +22,16 @@ pub(crate) struct Key {
     kernel: Kernel,
     entry: &'static str,
     wg: u32,
+    /// Constants given (the rest of `consts` is unused): lookups compare and hash only those.
+    n_consts: u8,
     consts: [(&'static str, u32); MAX_CONSTS],
     dtypes: [Option<DType>; MAX_ARGS],
+}
+
+impl Key {
+    fn given(&self) -> &[(&'static str, u32)] {
+        &self.consts[..self.n_consts as usize]
+    }
 }
 
 /// Names compare by address first: a launch site passes the same `&'static str`s every time,
@@ -39,12 +47,13 @@ impl PartialEq for Key {
     fn eq(&self, o: &Key) -> bool {
         self.kernel == o.kernel
             && self.wg == o.wg
+            && self.n_consts == o.n_consts
             && self.dtypes == o.dtypes
             && same_name(self.entry, o.entry)
             && self
-                .consts
+                .given()
                 .iter()
-                .zip(&o.consts)
+                .zip(o.given())
                 .all(|(a, b)| a.1 == b.1 && same_name(a.0, b.0))
     }
 }
@@ -59,7 +68,7 @@ impl std::hash::Hash for Key {
         self.kernel.hash(h);
         self.entry.len().hash(h);
         self.wg.hash(h);
-        for (_, v) in &self.consts {
+        for (_, v) in self.given() {
             v.hash(h);
         }
         self.dtypes.hash(h);
@@ -85,6 +94,7 @@ impl Key {
             kernel,
             entry,
             wg,
+            n_consts: consts.len() as u8,
             consts: [("", 0); MAX_CONSTS],
             dtypes: [None; MAX_ARGS],
         };
