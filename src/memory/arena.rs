@@ -11,8 +11,14 @@
 //! Free blocks sit in one ordered set per pool keyed by (size, page, offset), so best fit is a
 //! range query. A block is split when the remainder is worth keeping, and a freed block merges
 //! with free neighbours in its page, so a page whose blocks are all free is one free block again.
+//!
+//! Within a page, free spans are found by where they start and where they end, and used blocks
+//! by where they start, each in a hash map: a free finds both neighbours with two lookups. The
+//! pages kept their spans in one ordered map until the host's time in a GPT step showed the
+//! allocator's B-tree walks at about a fifth of it (BENCHMARKS.md, twenty-second session).
 
-use std::collections::{BTreeMap, BTreeSet};
+use crate::hash::FastMap;
+use std::collections::BTreeSet;
 
 /// Identifies a page for the lifetime of the arena (ids are never reused).
 pub type PageId = u64;
@@ -70,25 +76,63 @@ pub struct Placement {
     pub size: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    size: u64,
-    free: bool,
-}
-
+/// One page's spans. Every byte belongs to exactly one span, used or free; no two free spans
+/// touch (`Arena::check`).
 #[derive(Debug)]
 struct Page {
     size: u64,
     pool: PoolKind,
-    /// Every byte of the page belongs to exactly one span, keyed by offset.
-    spans: BTreeMap<u64, Span>,
+    /// Used blocks: offset -> size.
+    used: FastMap<u64, u64>,
+    /// Free spans: offset -> size.
+    free_at: FastMap<u64, u64>,
+    /// Free spans by their end: end -> offset.
+    free_end: FastMap<u64, u64>,
+}
+
+impl Page {
+    fn new(size: u64, pool: PoolKind) -> Page {
+        let mut p = Page {
+            size,
+            pool,
+            used: FastMap::default(),
+            free_at: FastMap::default(),
+            free_end: FastMap::default(),
+        };
+        p.add_free(0, size);
+        p
+    }
+
+    fn add_free(&mut self, offset: u64, size: u64) {
+        self.free_at.insert(offset, size);
+        self.free_end.insert(offset + size, offset);
+    }
+
+    /// Removes the free span starting at `offset`; its size.
+    fn take_free_at(&mut self, offset: u64) -> Option<u64> {
+        let size = self.free_at.remove(&offset)?;
+        self.free_end.remove(&(offset + size));
+        Some(size)
+    }
+
+    /// Removes the free span ending at `end`; its (offset, size).
+    fn take_free_ending(&mut self, end: u64) -> Option<(u64, u64)> {
+        let offset = self.free_end.remove(&end)?;
+        let size = self.free_at.remove(&offset)?;
+        Some((offset, size))
+    }
+
+    /// Whether the page is one free span.
+    fn is_empty(&self) -> bool {
+        self.used.is_empty()
+    }
 }
 
 /// The allocator's state.
 #[derive(Debug)]
 pub struct Arena {
     cfg: ArenaConfig,
-    pages: BTreeMap<PageId, Page>,
+    pages: FastMap<PageId, Page>,
     free_small: BTreeSet<(u64, PageId, u64)>,
     free_large: BTreeSet<(u64, PageId, u64)>,
     next_page: PageId,
@@ -99,7 +143,7 @@ impl Arena {
     pub fn new(cfg: ArenaConfig) -> Self {
         Arena {
             cfg,
-            pages: BTreeMap::new(),
+            pages: FastMap::default(),
             free_small: BTreeSet::new(),
             free_large: BTreeSet::new(),
             next_page: 0,
@@ -177,21 +221,10 @@ impl Arena {
             let Some(page) = self.pages.get_mut(&page_id) else {
                 unreachable!("free list names a page that does not exist")
             };
-            page.spans.insert(
-                offset,
-                Span {
-                    size: block,
-                    free: false,
-                },
-            );
+            page.take_free_at(offset);
+            page.used.insert(offset, block);
             if tail > 0 {
-                page.spans.insert(
-                    offset + block,
-                    Span {
-                        size: tail,
-                        free: true,
-                    },
-                );
+                page.add_free(offset + block, tail);
             }
             page.pool
         };
@@ -210,22 +243,7 @@ impl Arena {
         let id = self.next_page;
         self.next_page += 1;
         let pool = self.pool_for(request);
-        let mut spans = BTreeMap::new();
-        spans.insert(
-            0,
-            Span {
-                size: page_size,
-                free: true,
-            },
-        );
-        self.pages.insert(
-            id,
-            Page {
-                size: page_size,
-                pool,
-                spans,
-            },
-        );
+        self.pages.insert(id, Page::new(page_size, pool));
         let placement = self.take(id, 0, page_size, request);
         (id, placement)
     }
@@ -238,34 +256,23 @@ impl Arena {
             unreachable!("free of a block whose page does not exist")
         };
         let pool = page.pool;
-        let mut start = p.offset;
-        let mut size = match page.spans.get(&p.offset) {
-            Some(s) if !s.free && s.size == p.size => s.size,
+        match page.used.remove(&p.offset) {
+            Some(size) if size == p.size => {}
             other => unreachable!("double free or foreign block at {p:?}: {other:?}"),
-        };
+        }
+        let (mut start, mut end) = (p.offset, p.offset + p.size);
         // At most the two neighbours merge in (an array: a vector allocated on every free).
         let mut merged_away = [None; 2];
-        // Merge with the following span.
-        if let Some((&off, &next)) = page.spans.range(start + size..).next()
-            && next.free
-            && off == start + size
-        {
-            page.spans.remove(&off);
-            merged_away[0] = Some((next.size, off));
-            size += next.size;
+        if let Some(next) = page.take_free_at(end) {
+            merged_away[0] = Some((next, end));
+            end += next;
         }
-        // Merge with the preceding span.
-        if let Some((&off, &prev)) = page.spans.range(..start).next_back()
-            && prev.free
-            && off + prev.size == start
-        {
-            page.spans.remove(&start);
-            merged_away[1] = Some((prev.size, off));
+        if let Some((off, prev)) = page.take_free_ending(start) {
+            merged_away[1] = Some((prev, off));
             start = off;
-            size += prev.size;
         }
-        page.spans.insert(start, Span { size, free: true });
-        let whole = size == page.size;
+        page.add_free(start, end - start);
+        let whole = page.is_empty();
         let set = self.free_set(pool);
         for (s, off) in merged_away.into_iter().flatten() {
             set.remove(&(s, p.page, off));
@@ -274,7 +281,7 @@ impl Arena {
             self.pages.remove(&p.page);
             return Some(p.page);
         }
-        self.free_set(pool).insert((size, p.page, start));
+        self.free_set(pool).insert((end - start, p.page, start));
         None
     }
 
@@ -287,7 +294,7 @@ impl Arena {
     fn empty_pages(&self) -> Vec<(PageId, u64, PoolKind)> {
         self.pages
             .iter()
-            .filter(|(_, pg)| pg.spans.len() == 1 && pg.spans.values().all(|s| s.free))
+            .filter(|(_, pg)| pg.is_empty())
             .map(|(&id, pg)| (id, pg.size, pg.pool))
             .collect()
     }
@@ -339,34 +346,52 @@ impl Arena {
     pub fn check(&self) -> std::result::Result<(), String> {
         let mut free_count = 0;
         for (&id, page) in &self.pages {
+            // Every span in offset order: (offset, size, free).
+            let mut spans: Vec<(u64, u64, bool)> = page
+                .used
+                .iter()
+                .map(|(&o, &z)| (o, z, false))
+                .chain(page.free_at.iter().map(|(&o, &z)| (o, z, true)))
+                .collect();
+            spans.sort_unstable();
+            if page.free_end.len() != page.free_at.len()
+                || page
+                    .free_at
+                    .iter()
+                    .any(|(&o, &z)| page.free_end.get(&(o + z)) != Some(&o))
+            {
+                return Err(format!(
+                    "page {id}: free spans by end disagree with by start"
+                ));
+            }
             let mut expect = 0u64;
             let mut prev_free = false;
-            for (&off, span) in &page.spans {
+            for &(off, size, free) in &spans {
                 if off != expect {
                     return Err(format!(
                         "page {id}: gap or overlap at {off}, expected {expect}"
                     ));
                 }
-                if off % self.cfg.align != 0 || span.size % self.cfg.align != 0 || span.size == 0 {
-                    return Err(format!("page {id}: misaligned span {off}+{}", span.size));
+                if off % self.cfg.align != 0 || size % self.cfg.align != 0 || size == 0 {
+                    return Err(format!("page {id}: misaligned span {off}+{size}"));
                 }
-                if span.free && prev_free {
+                if free && prev_free {
                     return Err(format!(
                         "page {id}: adjacent free spans not merged at {off}"
                     ));
                 }
-                if span.free {
+                if free {
                     free_count += 1;
                     let set = match page.pool {
                         PoolKind::Small => &self.free_small,
                         PoolKind::Large => &self.free_large,
                     };
-                    if !set.contains(&(span.size, id, off)) {
+                    if !set.contains(&(size, id, off)) {
                         return Err(format!("page {id}: free span {off} missing from free list"));
                     }
                 }
-                prev_free = span.free;
-                expect = off + span.size;
+                prev_free = free;
+                expect = off + size;
             }
             if expect != page.size {
                 return Err(format!(
@@ -374,12 +399,8 @@ impl Arena {
                     page.size
                 ));
             }
-            if page.size
-                > self
-                    .cfg
-                    .max_page
-                    .max(page.spans.values().map(|s| s.size).max().unwrap_or(0))
-            {
+            let largest = spans.iter().map(|s| s.1).max().unwrap_or(0);
+            if page.size > self.cfg.max_page.max(largest) {
                 return Err(format!("page {id}: size {} above the page cap", page.size));
             }
         }
@@ -391,9 +412,7 @@ impl Arena {
 
     /// True when every page is a single free span.
     pub fn all_free(&self) -> bool {
-        self.pages
-            .values()
-            .all(|p| p.spans.len() == 1 && p.spans.values().all(|s| s.free))
+        self.pages.values().all(|p| p.is_empty())
     }
 }
 
