@@ -42,6 +42,7 @@ impl Dims {
         }
     }
 
+    /// A copy of `s`.
     pub(crate) fn from_slice(s: &[usize]) -> Dims {
         let mut d = Dims::filled(0, s.len());
         d.copy_from_slice(s);

@@ -587,9 +587,8 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
     }
     let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
     let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
-    if FORCED.with(|c| c.get()).is_some()
-        || !autotune::wanted(dev, &super::state(dev)?.tuner, flops)
-    {
+    let tuner = &super::state(dev)?.tuner;
+    if FORCED.with(|c| c.get()).is_some() || !autotune::wanted(dev, tuner, flops) {
         return run(dev, g, planned);
     }
     let variants = variants(dev, g.dtype, (g.m, g.n, g.k), &operands, planned);
@@ -604,7 +603,6 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         g.act,
     );
     let named: Vec<(Config, String)> = variants.iter().map(|&c| (c, format!("{c:?}"))).collect();
-    let tuner = &super::state(dev)?.tuner;
     let (config, ran) = autotune::choose(dev, tuner, &key, &named, &mut |c| run(dev, g, c))?;
     if ran { Ok(()) } else { run(dev, g, config) }
 }
