@@ -60,7 +60,7 @@ struct Args {
     #[arg(long)]
     ms: Option<f64>,
     /// Also print, on stderr, the GPU time of every kernel of one convolution forward and
-    /// backward (where the time goes).
+    /// backward, and of one A^T B product (where the time goes).
     #[arg(long)]
     profile: bool,
 }
@@ -476,6 +476,11 @@ fn main() -> Result<()> {
                     .map(drop)
                 };
                 let ms = time(&dev, a.ms, atb)?;
+                if a.profile {
+                    dev.start_profiling()?;
+                    atb()?;
+                    eprintln!("matmul A^T B {m}x{n}x{k} {dt}:\n{}", dev.stop_profiling()?);
+                }
                 if tc {
                     side(rows, "matmul A^T B (forced main)", Config::CoopTiled, &atb)?;
                     side(rows, "matmul A^T B (forced wide)", Config::CoopWide, &atb)?;

@@ -322,3 +322,48 @@ fn what_cannot_be_split_is_an_error() {
         3.0
     );
 }
+
+/// A product split along K (here by the loop budget) sums its partial products and applies
+/// bias and activation in a separate pass (`splitk`): against f64, the pass checked to have
+/// run, with N a multiple of 4 and not (on lavapipe `simt_n4` and `simt` write the partials).
+#[test]
+fn split_products_sum_partials_with_bias_and_activation() {
+    use wgrad::Activation;
+    use wgrad::ops::MatmulOpts;
+    let dev = poisoned();
+    let mut rng = Rng::new(4);
+    for n in [68, 66] {
+        let (m, k) = (3, 40_000);
+        let (a, b, bias) = (rng.vec(m * k), rng.vec(k * n), rng.vec(n));
+        let ta = tensor(&dev, &a, &[m, k], DType::F32);
+        let tb = tensor(&dev, &b, &[k, n], DType::F32);
+        let tbias = tensor(&dev, &bias, &[n], DType::F32);
+        let (got, ran) = common::ran_kernels(&dev, || {
+            ta.matmul_with(
+                &tb,
+                MatmulOpts {
+                    bias: Some(&tbias),
+                    act: Some(Activation::Relu),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+        });
+        assert!(ran.iter().any(|r| r == "Matmul/splitk"), "N = {n}: {ran:?}");
+        let f = |v: &[f32]| common::rounded(v, DType::F32);
+        let want = cpu::matmul(
+            &f(&a),
+            &f(&b),
+            Some(&f(&bias)),
+            m,
+            n,
+            k,
+            false,
+            false,
+            Some(Activation::Relu),
+        );
+        assert_close_tol(&got, &want, (2e-3, 1e-4), &format!("N = {n}"));
+    }
+}
