@@ -615,7 +615,12 @@ fn main() -> Result<()> {
                     );
                     dev.start_profiling()?;
                     step()?;
-                    eprintln!("conv2d fwd+bwd {shape} {dt}:\n{}", dev.stop_profiling()?);
+                    let prof = dev.stop_profiling()?;
+                    eprintln!("conv2d fwd+bwd {shape} {dt}:\n{prof}");
+                    // The dispatches in order (the forward's product, then the gradients').
+                    for e in &prof.events {
+                        eprintln!("  {:<28} {:9.1} us", e.kernel, e.dur_us);
+                    }
                 }
                 emit(
                     rows,

@@ -130,7 +130,8 @@ fn main(ids: Ids) {
 
 //! entry reg(a: data vec4, b: data vec4, bias: data, c: data mut)
 //! prefers spirv
-//! check WG=256 FUSE=0,5 GATHER=0,1 RM=64,128
+//! check WG=256 FUSE=0,5 GATHER=0,1 RM=64,128 RN=128
+//! check WG=256 FUSE=0,5 GATHER=0,1 RM=64 RN=256
 // 128 x 128 tiles for GPUs without tensor cores for the dtype (f32 products everywhere): 16 x 16
 // threads, each holding 8 x 8 outputs in 16 named vec4 registers (rows 4 ty + i and
 // 64 + 4 ty + i, columns 4 tx + 0..3 and 64 + 4 tx + 0..3). Per step of RBK = 16 along K the
@@ -149,8 +150,13 @@ fn main(ids: Ids) {
 // 108, and on an H100 4096^3 ran 3.95-3.97 ms against 4.36-4.37 with the prefetch (the
 // other workgroup on each core, presumably, multiplies while one waits for its loads).
 // The epilogue choice is the constant FUSE (common.wgsl `matmul_fused`).
-// RM = 64 halves the tile's rows (products with M <= 64, such as a convolution's output
-// channels): the rows 64 .. 127 are not multiplied, and their blocks stage zeros.
+// Products with M <= 64 (such as a convolution's output channels) take tiles of RM = 64 rows,
+// in one of two shapes (the host's choice, kernels/matmul.rs `out_tile`): RN = 256 keeps the
+// 8 x 8 outputs a thread (rows 4 ty + i and 32 + 4 ty + i, columns 4 tx + 0..3 and 128 +
+// 4 tx + 0..3, 32 threads along N), so a step of k still reads four 16-byte words for 64
+// multiply-adds; each thread stages one of B's 256 blocks and one run of A's slice. RN = 128
+// keeps the layout of 128 x 128: the rows 64 .. 127 are not multiplied, their blocks stage
+// zeros, and a step of k does 32 multiply-adds for three reads.
 // GATHER = 1 makes the product an implicit convolution: op(B) is not read from a matrix but
 // gathered from an NCHW image, so no column matrix is ever written. B's runs of 4 are then
 // along the output positions, and a thread's loads share one of their two halves across
@@ -167,23 +173,30 @@ fn main(ids: Ids) {
 // TFLOP/s, 8192^3 29.7 -> 31.0, the fused x W^T + bias + ReLU 26.9 -> 29.3, the f32 GPT
 // step 57.96 -> 56.25 ms.
 const RBK: u32 = 16u;
-var<workgroup> Ar: array<array<vec4<f32>, 32>, RBK>;
-var<workgroup> Br: array<array<vec4<f32>, 32>, RBK>;
+// Threads along N and along M, the distance between a thread's two groups of 4 rows, and
+// whether the second group is multiplied (not with RM = 64, RN = 128).
+const TXN: u32 = RN / 8u;
+const TYM: u32 = 256u / TXN;
+const HI: bool = 4u * TYM < RM;
+var<workgroup> Ar: array<array<vec4<f32>, 8u * TYM / 4u>, RBK>;
+var<workgroup> Br: array<array<vec4<f32>, RN / 4u>, RBK>;
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let lid = ids.lid;
-  let tx = lid % 16u;
-  let ty = lid / 16u;
+  let tx = lid % TXN;
+  let ty = lid / TXN;
   let bt = ids.wid.z % p.batch;
   let bb = matmul_bias_base(bt);
   let kr = matmul_krange(ids.wid.z);
   let m0 = ids.wid.y * RM;
-  let n0 = ids.wid.x * 128u;
+  let n0 = ids.wid.x * RN;
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
-  // The block this thread stages: threads 0 .. 127 A's, the rest B's.
-  let s = reg_slot(lid < 128u, lid % 128u, m0, n0, a_base, b_base);
+  // The block this thread stages: with RN = 128 threads 0 .. 127 A's, the rest B's; with
+  // RN = 256 every thread one of B's, and one run of 4 of A's (`reg_a_run`).
+  let two = RN == 256u;
+  let s = reg_slot(!two && lid < 128u, select(lid % 128u, lid, two), m0, n0, a_base, b_base);
   var g = GatherSetup(vec4<i32>(0), vec4<i32>(0), vec4<u32>(0));
   if (GATHER != 0u && !s.is_a) { g = reg_gather_setup(s.base, s.fast, s.t0); }
   //! unroll i in 0..8
@@ -191,12 +204,14 @@ fn main(ids: Ids) {
   var hi$i = vec4<f32>(0.0);
   //! end
   for (var k0 = kr.x; k0 < kr.y; k0 = k0 + RBK) {
-    reg_stage(s, reg_fetch(s, k0, kr.y, g));
+    let r = reg_fetch(s, k0, kr.y, g);
+    if (two) { reg_a_put(lid, reg_a_run(lid, m0, a_base, k0, kr.y)); }
+    reg_stage(s, r);
     workgroupBarrier();
     for (var kk = 0u; kk < RBK; kk = kk + 1u) {
       let a0 = Ar[kk][ty];
       let b0 = Br[kk][tx];
-      let b1 = Br[kk][16u + tx];
+      let b1 = Br[kk][TXN + tx];
       lo0u = fma(vec4<f32>(a0.x), b0, lo0u);
       hi0u = fma(vec4<f32>(a0.x), b1, hi0u);
       lo1u = fma(vec4<f32>(a0.y), b0, lo1u);
@@ -205,8 +220,8 @@ fn main(ids: Ids) {
       hi2u = fma(vec4<f32>(a0.z), b1, hi2u);
       lo3u = fma(vec4<f32>(a0.w), b0, lo3u);
       hi3u = fma(vec4<f32>(a0.w), b1, hi3u);
-      if (RM == 64u) { continue; }
-      let a1 = Ar[kk][16u + ty];
+      if (!HI) { continue; }
+      let a1 = Ar[kk][TYM + ty];
       lo4u = fma(vec4<f32>(a1.x), b0, lo4u);
       hi4u = fma(vec4<f32>(a1.x), b1, hi4u);
       lo5u = fma(vec4<f32>(a1.y), b0, lo5u);
@@ -220,9 +235,9 @@ fn main(ids: Ids) {
   }
   let c_base = p.c_off + ids.wid.z * p.m * p.n;
   //! unroll i in 0..8
-  if ($i < 4u || RM == 128u) {
-    reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 4u * tx, lo$i, bb);
-    reg_store(c_base, m0 + ($i / 4u) * 64u + 4u * ty + $i % 4u, n0 + 64u + 4u * tx, hi$i, bb);
+  if ($i < 4u || HI) {
+    reg_store(c_base, m0 + ($i / 4u) * 4u * TYM + 4u * ty + $i % 4u, n0 + 4u * tx, lo$i, bb);
+    reg_store(c_base, m0 + ($i / 4u) * 4u * TYM + 4u * ty + $i % 4u, n0 + RN / 2u + 4u * tx, hi$i, bb);
   }
   //! end
 }
@@ -230,7 +245,8 @@ fn main(ids: Ids) {
 // A 4 x 4 block of an operand's slice that a thread stages each step: which operand, whether
 // the tile's axis (M or N) is the contiguous one, q numbering 4-wide groups along that axis
 // and kq along K, the matrix's base, the tile position t0 = 4 q past the tile's corner, and
-// whether it lies in the tile (with RM = 64, A's blocks of rows 64 .. 127 do not).
+// whether it lies in the tile (with RM = 64 and RN = 128, A's blocks of rows 64 .. 127 do
+// not, and load nothing).
 struct Slot {
   is_a: bool,
   fast: bool,
@@ -241,11 +257,13 @@ struct Slot {
   live: bool,
 }
 
-// Block u (0 .. 127) of A's slice or B's.
+// Block u of A's slice (0 .. 127, RN = 128 only) or B's (0 .. RN - 1): a slice RBK x
+// extent holds extent / 4 groups along the tile's axis and 4 along K.
 fn reg_slot(is_a: bool, u: u32, m0: u32, n0: u32, a_base: u32, b_base: u32) -> Slot {
   let fast = select(p.b_nfast != 0u, p.a_kfast == 0u, is_a);
-  let q = select(u / 4u, u % 32u, fast);
-  let kq = select(u % 4u, u / 32u, fast);
+  let groups = select(RN, 128u, is_a) / 4u;
+  let q = select(u / 4u, u % groups, fast);
+  let kq = select(u % 4u, u / groups, fast);
   let t0 = select(n0, m0, is_a) + 4u * q;
   return Slot(is_a, fast, q, kq, select(b_base, a_base, is_a), t0, !is_a || 4u * q < RM);
 }
@@ -420,6 +438,33 @@ fn conv_wgt4(pos0: u32, kend: u32, g: GatherSetup) -> mat4x4<f32> {
   if (ow == p.im_wo) { ow = 0u; oh = oh + 1u; }
   //! end
   return m;
+}
+
+// With RN = 256, run t (0 .. 255) of A's 16 x 64 slice for the step at k0: along K (row
+// t / 4, K group t % 4) where A is contiguous along K, else along M (K row t / 16, M group
+// t % 16); zero outside the matrix or the K range (runs lie wholly inside or outside, as in
+// `reg_blocks`). One run a thread instead of a 4 x 4 block for a quarter of them: a second
+// block in flight beside B's took registers the kernel does not have.
+fn reg_a_run(t: u32, m0: u32, base: u32, k0: u32, kend: u32) -> vec4<f32> {
+  let kfast = p.a_kfast != 0u;
+  let m = m0 + select(4u * (t % 16u), t / 4u, kfast);
+  let k = k0 + select(t / 16u, 4u * (t % 4u), kfast);
+  let ok = select(m + 3u < p.m && k < kend, m < p.m && k + 3u < kend, kfast);
+  let v = ld4_a(select(0u, (base + m * p.sam + k * p.sak) / 4u, ok));
+  return select(vec4<f32>(0.0), v, ok);
+}
+
+// Stores run t of `reg_a_run` into A's slice (a run along K goes in element by element).
+fn reg_a_put(t: u32, v: vec4<f32>) {
+  if (p.a_kfast != 0u) {
+    let m = t / 4u;
+    let k = 4u * (t % 4u);
+    //! unroll i in 0..4
+    Ar[k + $i][m / 4u][m % 4u] = v[$i];
+    //! end
+  } else {
+    Ar[t / 16u][t % 16u] = v;
+  }
 }
 
 fn reg_put(is_a: bool, k: u32, at: u32, v: vec4<f32>) {

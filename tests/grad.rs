@@ -523,6 +523,10 @@ fn implicit_conv_gradients() {
         (1, 8, 7, 8, 8, (3, 3), (1, 1), (2, 2), (2, 2), 2),
         (1, 4, 7, 6, 4, (2, 2), (2, 2), (0, 1), (1, 1), 1),
         (2, 4, 5, 3, 3, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+        // Few channels and more output positions than a tile holds: 380 in `reg`'s 64 x 128
+        // tiles, 256 in one 64 x 256 tile (kernels/matmul.rs `out_tile`).
+        (1, 4, 20, 19, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        (1, 4, 16, 16, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     ] {
         let win = cpu::Window {
             n,

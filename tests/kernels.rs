@@ -523,6 +523,10 @@ fn matmul_register_tiles() {
                         (132, 200, 36),
                         (260, 132, 20),
                         (64, 132, 40),
+                        // M <= 64 and several tiles along N: 64 x 128 tiles (N = 520,
+                        // which 256-wide tiles would pad by half), 64 x 256 (N = 1000).
+                        (36, 520, 28),
+                        (60, 1000, 44),
                     ] {
                         matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None);
                     }
