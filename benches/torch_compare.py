@@ -52,6 +52,9 @@ def bench(row):
     if name == "softmax":
         x = r(d[0], d[1])
         return median_ms(lambda: torch.softmax(x, -1))
+    if name == "column sum":
+        x = r(d[0], d[1])
+        return median_ms(lambda: x.sum(0))
     if name == "layer_norm":
         x = r(d[0], d[1]); g = torch.ones(d[1], device=dev, dtype=dt); b = torch.zeros(d[1], device=dev, dtype=dt)
         return median_ms(lambda: F.layer_norm(x, (d[1],), g, b, 1e-5))

@@ -47,7 +47,7 @@ struct Args {
     /// Convolutions NxCxHxWxOxK [default: 32x64x56x56x64x3].
     #[arg(long, value_parser = dims)]
     conv: Option<Sizes>,
-    /// Row ops (softmax, norms) RxC [default: 4096x4096].
+    /// Row ops (softmax, column sums, norms) RxC [default: 4096x4096].
     #[arg(long, value_parser = dims)]
     rows: Option<Sizes>,
     /// Elements for the elementwise and copy rows [default: 67108864].
@@ -337,6 +337,28 @@ fn main() -> Result<()> {
                         dtype: dt,
                         ms,
                         rate: 2.0 * x.nbytes() as f64 / ms / 1e6,
+                        unit: "GB/s",
+                        check,
+                    },
+                );
+
+                // Column sums (a bias gradient's reduction: rows summed per column), checked
+                // on three columns.
+                let ms = time(&dev, a.ms, || x.sum(0, false).map(drop))?;
+                let y = x.sum(0, false)?.to_f32_vec()?;
+                let check = max_rel(
+                    [0, l / 2, l - 1]
+                        .into_iter()
+                        .map(|c| (y[c] as f64, (0..r).map(|ri| rx[ri * l + c]).sum::<f64>())),
+                );
+                emit(
+                    rows,
+                    Row {
+                        name: "column sum".into(),
+                        shape: format!("{r}x{l}"),
+                        dtype: dt,
+                        ms,
+                        rate: x.nbytes() as f64 / ms / 1e6,
                         unit: "GB/s",
                         check,
                     },

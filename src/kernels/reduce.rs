@@ -131,6 +131,11 @@ const TILES_MIN: usize = 512;
 const TILES_MAX: usize = 65536;
 /// Columns of a `tiles` workgroup (TC in reduce.wgsl).
 const TILE_COLS: usize = 32;
+/// Columns of a `tiles4` workgroup, and its chunks' least rows: 16 per row lane, since it
+/// has a quarter as many column tiles to spread over the GPU (the GPT's 384-column bias
+/// gradients: 384 workgroups, where 512 rows a chunk would leave 96).
+const TILE4_COLS: usize = 4 * TILE_COLS;
+const TILES4_MIN: usize = 128;
 
 /// Whether a reduction over a middle axis (inner > 1) takes the `tiles` kernel: on GPUs,
 /// where one thread per column waited out each load's latency in turn (column sums of the GPT's
@@ -140,12 +145,13 @@ fn tiles_path(dev: &Device, inner: usize) -> bool {
     inner > 1 && gpu_paths(dev) && inner.div_ceil(TILE_COLS) <= 65535
 }
 
-/// (chunk, number of chunks) of a `tiles` pass.
-fn tile_chunks(len: usize, outer: usize, inner: usize) -> (usize, usize) {
-    let tiles = inner.div_ceil(TILE_COLS) * outer;
+/// (chunk, number of chunks) of a `tiles` pass over `cols` columns a workgroup, whose chunks
+/// are at least `min` rows.
+fn tile_chunks(len: usize, outer: usize, inner: usize, cols: usize, min: usize) -> (usize, usize) {
+    let tiles = inner.div_ceil(cols) * outer;
     let chunk = len
         .div_ceil(TILES_WGS.div_ceil(tiles.max(1)))
-        .clamp(TILES_MIN, TILES_MAX);
+        .clamp(min, TILES_MAX);
     (chunk, len.div_ceil(chunk).max(1))
 }
 
@@ -226,15 +232,23 @@ pub(crate) fn reduce(
     u32_len("reduce", outer * len * inner)?;
     let rows = rows_path(dev, inner);
     let tiles = tiles_path(dev, inner);
-    let entry = match (rows, tiles) {
-        (true, _) => "rows",
-        (_, true) => "tiles",
+    // Runs of 4 columns where every row starts on one (x's rows are `inner` apart from 0).
+    let runs = tiles && inner.is_multiple_of(4);
+    let entry = match (rows, tiles, runs) {
+        (true, ..) => "rows",
+        (_, true, true) => "tiles4",
+        (_, true, false) => "tiles",
         _ => "cols",
+    };
+    let (tile_cols, tile_min) = if runs {
+        (TILE4_COLS, TILES4_MIN)
+    } else {
+        (TILE_COLS, TILES_MIN)
     };
     let grid = |n: usize| {
         if tiles {
             let [_, y, z] = rows_grid(1, outer * n);
-            [inner.div_ceil(TILE_COLS) as u32, y, z]
+            [inner.div_ceil(tile_cols) as u32, y, z]
         } else {
             grid(rows, outer, n, inner)
         }
@@ -243,7 +257,7 @@ pub(crate) fn reduce(
     let mut len = len;
     loop {
         let (chunk, n) = if tiles {
-            tile_chunks(len, outer, inner)
+            tile_chunks(len, outer, inner, tile_cols, tile_min)
         } else {
             chunks(len, rows, outer * inner, dev.info().is_cpu())?
         };
