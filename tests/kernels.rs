@@ -1982,3 +1982,60 @@ fn coop_layout_probe() {
     // Measured once: the second call returns the kept result.
     assert_eq!(layout(&dev).expect("again"), found);
 }
+
+/// The embedding's gradient (a scatter-add of dy's rows) against f64 with random dy, in each
+/// of its kernels: `scatter_tab` for small vocabularies (several column groups and chunks,
+/// a 256-row table), `scatter_rows` up to 4096, `scatter_cols` past it; awkward sizes.
+#[test]
+fn embedding_scatter_add() {
+    let dev = poisoned();
+    let mut rng = Rng::new(25);
+    let tab = |dev: &wgrad::Device, vocab: usize| {
+        vocab <= 256 && vocab.next_power_of_two().max(32) * 128 <= dev.caps().workgroup_storage as usize
+    };
+    for dt in DTYPES {
+        for (vocab, dim, n) in [
+            (1, 1, 1),
+            (3, 17, 5),
+            (65, 40, 1000),
+            (256, 33, 700),
+            (300, 5, 400),
+            (5000, 3, 2000),
+        ] {
+            let idx: Vec<u32> = (0..n).map(|_| rng.below(vocab as u64) as u32).collect();
+            let dy = rng.vec(n * dim);
+            let w = Tensor::zeros(&dev, &[vocab, dim], dt).unwrap().variable();
+            let ti = Tensor::from_slice(&dev, &idx, &[n]).unwrap();
+            let tdy = tensor(&dev, &dy, &[n, dim], dt);
+            let (g, ran) = common::ran_kernels(&dev, || {
+                w.embedding(&ti).unwrap().backward_with(&tdy).unwrap();
+                w.grad().unwrap().to_f32_vec().unwrap()
+            });
+            let entry = if tab(&dev, vocab) {
+                "Embedding/scatter_tab"
+            } else if vocab <= 4096 {
+                "Embedding/scatter_rows"
+            } else {
+                "Embedding/scatter_cols"
+            };
+            assert!(ran.iter().any(|k| k == entry), "vocab {vocab}: {ran:?}");
+            let rdy = rounded(&dy, dt);
+            let mut want = vec![0.0f64; vocab * dim];
+            let mut count = vec![0usize; vocab];
+            for (t, &i) in idx.iter().enumerate() {
+                count[i as usize] += 1;
+                for c in 0..dim {
+                    want[i as usize * dim + c] += rdy[t * dim + c];
+                }
+            }
+            let most = count.iter().max().copied().unwrap_or(1) as f64;
+            let (atol, rtol) = tol(dt);
+            assert_close_tol(
+                &g,
+                &want,
+                (atol * most.sqrt() * 4.0, rtol),
+                &format!("embedding gradient vocab={vocab} dim={dim} n={n} {dt}"),
+            );
+        }
+    }
+}

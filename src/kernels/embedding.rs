@@ -15,6 +15,13 @@ const PCHUNK: usize = 8192;
 const SCATTER_THREADS: usize = 1 << 20;
 /// Vocabularies up to this size use the row variant of the scatter.
 const ROWS_VOCAB: usize = 4096;
+/// Vocabularies up to this size use `scatter_tab` where its table ([VT, 32] f32, VT the
+/// vocabulary's next power of two, at least 32) fits the workgroup memory.
+const TAB_VOCAB: usize = 256;
+/// Workgroups (of 32 threads) `scatter_tab` aims for, and the cap on its partial sums: chunks
+/// times vocabulary at most half the positions, so the partials (f32) stay about as large as
+/// dy itself.
+const TAB_WGS: usize = 1024;
 
 crate::params! {
     /// `struct Params` of embedding.wgsl.
@@ -80,6 +87,8 @@ pub(crate) fn gather(
 }
 
 /// dw ([vocab, dim], `dtype`) = the scatter-add of the rows of dy at idx; overwrites dw.
+/// Vocabularies up to 256 take `scatter_tab` (one pass over dy per chunk of positions), up
+/// to 4096 `scatter_rows`, larger ones `scatter_cols`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scatter_add(
     dev: &Device,
@@ -92,6 +101,20 @@ pub(crate) fn scatter_add(
     vocab: usize,
 ) -> Result<()> {
     u32_len("embedding backward", n.max(vocab) * dim)?;
+    if vocab <= TAB_VOCAB
+        && (tab_rows(vocab) * 32 * 4) as u64 <= dev.caps().workgroup_storage as u64
+    {
+        let groups = dim.div_ceil(32).max(1);
+        let nchunks = TAB_WGS
+            .div_ceil(groups)
+            .min(n / (2 * vocab.max(1)))
+            .clamp(1, n.max(1));
+        let pchunk = n.div_ceil(nchunks).clamp(1, PCHUNK);
+        let nchunks = n.div_ceil(pchunk).max(1);
+        if nchunks <= dev.caps().max_groups_per_dim as usize {
+            return scatter_tab(dev, idx, dy, dw, dtype, (n, dim, vocab), (pchunk, nchunks));
+        }
+    }
     let mut p = base(n, dim, vocab);
     let pchunk = scatter_chunk(dev, n, dim, vocab);
     p.pchunk = pchunk as u32;
@@ -159,4 +182,53 @@ pub(crate) fn scatter_add(
         copy::cast(dev, a, DType::F32, dw, dtype, vocab * dim)?;
     }
     Ok(())
+}
+
+/// Rows of `scatter_tab`'s table (VT): the vocabulary's next power of two, at least 32, so
+/// few pipelines serve every small vocabulary.
+fn tab_rows(vocab: usize) -> usize {
+    vocab.next_power_of_two().max(32)
+}
+
+/// `scatter_tab` (embedding.wgsl) over `nchunks` chunks of `pchunk` positions into f32
+/// partials [nchunks, vocab, dim], summed into dw by a reduce pass.
+fn scatter_tab(
+    dev: &Device,
+    idx: &Block,
+    dy: &Block,
+    dw: &Block,
+    dtype: DType,
+    (n, dim, vocab): (usize, usize, usize),
+    (pchunk, nchunks): (usize, usize),
+) -> Result<()> {
+    u32_len("embedding backward", nchunks * vocab * dim)?;
+    let part = dev.alloc((nchunks * vocab * dim * 4) as u64)?;
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Embedding,
+            entry: "scatter_tab",
+            wg: 32,
+            consts: &[("VT", tab_rows(vocab) as u32)],
+            params: EmbedParams {
+                pchunk: pchunk as u32,
+                nchunks: nchunks as u32,
+                ..base(n, dim, vocab)
+            },
+            args: &[arg(idx, DType::U32), arg(dy, dtype), arg(&part, DType::F32)],
+            groups: [dim.div_ceil(32).max(1) as u32, nchunks as u32, 1],
+        },
+    )?;
+    reduce::reduce(
+        dev,
+        ReduceOp::Sum,
+        1.0,
+        &part,
+        DType::F32,
+        dw,
+        dtype,
+        1,
+        nchunks,
+        vocab * dim,
+    )
 }
