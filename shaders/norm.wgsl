@@ -17,6 +17,8 @@
 //              dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); for RMSNorm the mean(g)
 //              term is absent.
 //   fwd_rows, bwd_x_rows  The same with one subgroup per row (below), for short rows.
+//   fwd_vec, bwd_x_vec    fwd_rows and bwd_x_rows with the row in registers, for rows of a
+//              multiple of 4 up to 4 NV subgroup widths (below).
 //   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
 //              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
 //              the host sums the chunks (a reduce pass) into dgamma and dbeta. Chunks bound
@@ -26,7 +28,8 @@
 // Bindings: signature lines (beta is a dummy for RMSNorm). Params: rows, len, eps, rms (0/1),
 // rchunk, nchunks.
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
-// block reductions; the host caps len at 2^20. bwd_params rchunk / 2 + 2 (64 rows a chunk).
+// block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none. bwd_params
+// rchunk / 2 + 2 (64 rows a chunk).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
 // the reductions), in the *_rows entries on the subgroup's (uniform for its subgroupAdd);
 // element loops test i < len; bwd_params threads past the last return.
@@ -91,6 +94,93 @@ fn main(ids: Ids) {
   let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
   if (r >= p.rows) { return; }
   norm_bwd_row(r, ids.sg_lane, ids.sg_size, ids);
+}
+
+//! entry fwd_vec(x: data vec4, gamma: data vec4, beta: data vec4, y: data mut vec4, stats: f32 mut)
+//! requires subgroups
+//! check WG=32,128 NV=1,8
+// fwd_rows where the row's length is a multiple of 4 and at most 4 NV subgroup widths: each
+// lane holds its NV runs of 4 (runs lane, lane + subgroup size, ...) in registers, read once
+// as 8- or 16-byte loads issued together, where fwd_rows reads the row three times element
+// by element, each pass a loop that waits for its own loads (the GPT's 384-wide rows: 26 us a
+// call for 16384 rows on an H200). The same corrected two-pass arithmetic, summed in another
+// order. Runs past the row load nothing and add zeros.
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  if (r >= p.rows) { return; }
+  let q = p.len / 4u;
+  let base = r * q;
+  let inv_len = 1.0 / f32(p.len);
+  //! unroll k in 0..NV
+  let j$k = ids.sg_lane + $k * ids.sg_size;
+  let ok$k = j$k < q;
+  let x$k = select(vec4<f32>(0.0), ld4_x(base + select(0u, j$k, ok$k)), ok$k);
+  //! end
+  var m0 = 0.0;
+  if (p.rms == 0u) {
+    var s = vec4<f32>(0.0);
+    //! unroll k in 0..NV
+    s = s + x$k;
+    //! end
+    m0 = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;
+  }
+  var sd = vec4<f32>(0.0);
+  var sq = vec4<f32>(0.0);
+  //! unroll k in 0..NV
+  let d$k = select(vec4<f32>(0.0), x$k - m0, ok$k);
+  sd = sd + d$k;
+  sq = sq + d$k * d$k;
+  //! end
+  var corr = 0.0;
+  if (p.rms == 0u) { corr = subgroupAdd(sd.x + sd.y + sd.z + sd.w) * inv_len; }
+  let var_ = max(subgroupAdd(sq.x + sq.y + sq.z + sq.w) * inv_len - corr * corr, 0.0);
+  let rstd = inverseSqrt(var_ + p.eps);
+  //! unroll k in 0..NV
+  if (ok$k) {
+    var v = (d$k - corr) * rstd * ld4_gamma(j$k);
+    if (p.rms == 0u) { v = v + ld4_beta(j$k); }
+    st4_y(base + j$k, v);
+  }
+  //! end
+  if (ids.sg_lane == 0u) {
+    st_stats(3u * r, m0);
+    st_stats(3u * r + 1u, corr);
+    st_stats(3u * r + 2u, rstd);
+  }
+}
+
+//! entry bwd_x_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, dx: data mut vec4)
+//! requires subgroups
+//! check WG=32,128 NV=1,8
+// bwd_x_rows with the row in registers, as fwd_vec: x, dy and gamma read once.
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  if (r >= p.rows) { return; }
+  let q = p.len / 4u;
+  let base = r * q;
+  let m0 = ld_stats(3u * r);
+  let corr = ld_stats(3u * r + 1u);
+  let rstd = ld_stats(3u * r + 2u);
+  var sg = vec4<f32>(0.0);
+  var sgx = vec4<f32>(0.0);
+  //! unroll k in 0..NV
+  let j$k = ids.sg_lane + $k * ids.sg_size;
+  let ok$k = j$k < q;
+  let at$k = select(0u, j$k, ok$k);
+  let g$k = select(vec4<f32>(0.0), ld4_dy(base + at$k) * ld4_gamma(at$k), ok$k);
+  let xh$k = ((ld4_x(base + at$k) - m0) - corr) * rstd;
+  sg = sg + g$k;
+  sgx = sgx + g$k * xh$k;
+  //! end
+  let inv_len = 1.0 / f32(p.len);
+  var mg = subgroupAdd(sg.x + sg.y + sg.z + sg.w) * inv_len;
+  let mgx = subgroupAdd(sgx.x + sgx.y + sgx.z + sgx.w) * inv_len;
+  if (p.rms != 0u) { mg = 0.0; }
+  //! unroll k in 0..NV
+  if (ok$k) { st4_dx(base + j$k, rstd * (g$k - mg - xh$k * mgx)); }
+  //! end
 }
 
 //! entry bwd_params(x: data, dy: data, stats: f32, part: f32 mut)

@@ -307,6 +307,48 @@ pub fn norm(
     y
 }
 
+/// Gradients of [`norm`] for output gradient `dy`: (dx, dgamma, dbeta), dbeta zero for
+/// RMSNorm. From the definitions: with xhat = (x - mean) / std and g = dy gamma,
+/// dx = (g - mean(g) - xhat mean(g xhat)) / std (mean(g) left out for RMSNorm, whose mean
+/// is 0), dgamma = sum over rows of dy xhat, dbeta = sum of dy.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_backward(
+    x: &[f64],
+    gamma: &[f64],
+    dy: &[f64],
+    rms: bool,
+    rows: usize,
+    len: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut dx, mut dg, mut db) = (vec![0.0; rows * len], vec![0.0; len], vec![0.0; len]);
+    for r in 0..rows {
+        let row = &x[r * len..(r + 1) * len];
+        let d = &dy[r * len..(r + 1) * len];
+        let mean = if rms {
+            0.0
+        } else {
+            row.iter().sum::<f64>() / len as f64
+        };
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / len as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xh: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let g: Vec<f64> = (0..len).map(|i| d[i] * gamma[i]).collect();
+        let mg = if rms {
+            0.0
+        } else {
+            g.iter().sum::<f64>() / len as f64
+        };
+        let mgx = (0..len).map(|i| g[i] * xh[i]).sum::<f64>() / len as f64;
+        for i in 0..len {
+            dx[r * len + i] = rstd * (g[i] - mg - xh[i] * mgx);
+            dg[i] += d[i] * xh[i];
+            db[i] += d[i];
+        }
+    }
+    (dx, dg, db)
+}
+
 /// Per-row cross-entropy of logits against labels.
 pub fn cross_entropy(x: &[f64], labels: &[u32], rows: usize, classes: usize) -> Vec<f64> {
     (0..rows)

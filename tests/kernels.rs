@@ -1636,7 +1636,18 @@ fn norms() {
     for dt in DTYPES {
         // Rows up to 1024 long take one subgroup each on adapters with subgroups; longer ones a
         // workgroup each.
-        for (rows, len) in [(1, 1), (3, 17), (127, 3), (130, 384), (5, 1000), (6, 1025)] {
+        // Lengths a multiple of 4 hold the row in registers where it is short enough (up to
+        // 8 runs of 4 a lane: 256 on 8-wide subgroups, 1024 on 32-wide).
+        for (rows, len) in [
+            (1, 1),
+            (3, 17),
+            (127, 3),
+            (7, 44),
+            (33, 256),
+            (130, 384),
+            (5, 1000),
+            (6, 1025),
+        ] {
             let x: Vec<f32> = rng
                 .vec(rows * len)
                 .into_iter()
@@ -1660,6 +1671,56 @@ fn norms() {
                 tl,
                 &format!("rms_norm {rows}x{len} {dt}"),
             );
+        }
+    }
+}
+
+/// LayerNorm's and RMSNorm's gradients (dx, dgamma, dbeta) against f64 at the lengths of
+/// `norms` (every entry: workgroup, subgroup and register rows).
+#[test]
+fn norm_gradients() {
+    let dev = poisoned();
+    let mut rng = Rng::new(26);
+    for dt in [DType::F32, DType::F16] {
+        for (rows, len) in [
+            (1, 1),
+            (3, 17),
+            (7, 44),
+            (33, 256),
+            (130, 384),
+            (5, 1000),
+            (6, 1025),
+        ] {
+            let x: Vec<f32> = rng.vec(rows * len).iter().map(|v| v * 2.0 + 0.5).collect();
+            let (g, b, dy) = (rng.vec(len), rng.vec(len), rng.vec(rows * len));
+            let (rx, rg, rdy) = (rounded(&x, dt), rounded(&g, dt), rounded(&dy, dt));
+            for rms in [false, true] {
+                let t = tensor(&dev, &x, &[rows, len], dt).variable();
+                let tg = tensor(&dev, &g, &[len], dt).variable();
+                let tb = tensor(&dev, &b, &[len], dt).variable();
+                let y = if rms {
+                    t.rms_norm(&tg, 1e-5).unwrap()
+                } else {
+                    t.layer_norm(&tg, &tb, 1e-5).unwrap()
+                };
+                y.backward_with(&tensor(&dev, &dy, &[rows, len], dt))
+                    .unwrap();
+                let (dx, dgamma, dbeta) = cpu::norm_backward(&rx, &rg, &rdy, rms, rows, len, 1e-5);
+                let what = format!(
+                    "{} {rows}x{len} {dt}",
+                    if rms { "rms_norm" } else { "layer_norm" }
+                );
+                let (atol, rtol) = tol(dt);
+                let tl = (atol * 20.0, rtol * 4.0);
+                let grad = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
+                assert_close_tol(&grad(&t), &dx, tl, &format!("dx {what}"));
+                // Sums over the rows: error grows with their count.
+                let sum_tol = (tl.0 * (rows as f64).sqrt(), tl.1);
+                assert_close_tol(&grad(&tg), &dgamma, sum_tol, &format!("dgamma {what}"));
+                if !rms {
+                    assert_close_tol(&grad(&tb), &dbeta, sum_tol, &format!("dbeta {what}"));
+                }
+            }
         }
     }
 }
@@ -1991,7 +2052,8 @@ fn embedding_scatter_add() {
     let dev = poisoned();
     let mut rng = Rng::new(25);
     let tab = |dev: &wgrad::Device, vocab: usize| {
-        vocab <= 256 && vocab.next_power_of_two().max(32) * 128 <= dev.caps().workgroup_storage as usize
+        vocab <= 256
+            && vocab.next_power_of_two().max(32) * 128 <= dev.caps().workgroup_storage as usize
     };
     for dt in DTYPES {
         for (vocab, dim, n) in [

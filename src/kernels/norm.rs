@@ -72,23 +72,30 @@ fn rows_wg(dev: &Device, len: usize) -> Option<u32> {
     .then_some(wg)
 }
 
-/// (entry, workgroup size, grid): a subgroup per row where `rows_wg` allows, else a
-/// workgroup per row.
+/// Runs of 4 a lane holds at most in the `_vec` entries (NV).
+const MOST_RUNS: usize = 8;
+
+/// (entry, workgroup size, grid, constants): a subgroup per row where `rows_wg` allows (with
+/// the row in registers, the `_vec` entry, where its length is a multiple of 4 and at most
+/// MOST_RUNS runs of 4 a lane), else a workgroup per row.
 fn row_launch(
     dev: &Device,
     n: &Norm<'_>,
-    rows_entry: &'static str,
-    entry: &'static str,
-) -> (&'static str, u32, [u32; 3]) {
+    [vec_entry, rows_entry, entry]: [&'static str; 3],
+) -> (&'static str, u32, [u32; 3], Vec<(&'static str, u32)>) {
     match rows_wg(dev, n.len) {
-        Some(wg) => (
-            rows_entry,
-            wg,
-            row_grid(n.rows.div_ceil(ROWS_PER_WG as usize), wg),
-        ),
+        Some(wg) => {
+            let grid = row_grid(n.rows.div_ceil(ROWS_PER_WG as usize), wg);
+            let runs = n.len.div_ceil(4 * dev.caps().subgroup_max as usize);
+            if n.len.is_multiple_of(4) && runs <= MOST_RUNS {
+                (vec_entry, wg, grid, vec![("NV", runs.max(1) as u32)])
+            } else {
+                (rows_entry, wg, grid, vec![])
+            }
+        }
         None => {
             let wg = row_wg(n.len);
-            (entry, wg, row_grid(n.rows, wg))
+            (entry, wg, row_grid(n.rows, wg), vec![])
         }
     }
 }
@@ -96,14 +103,14 @@ fn row_launch(
 pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
     u32_len("norm", n.rows * n.len)?;
     check_row("norm", n.len)?;
-    let (entry, wg, groups) = row_launch(dev, n, "fwd_rows", "fwd");
+    let (entry, wg, groups, consts) = row_launch(dev, n, ["fwd_vec", "fwd_rows", "fwd"]);
     launch(
         dev,
         &Launch {
             kernel: Kernel::Norm,
             entry,
             wg,
-            consts: &[],
+            consts: &consts,
             params: n.params(),
             args: &[
                 arg(n.x, n.dtype),
@@ -127,7 +134,7 @@ pub(crate) fn backward(
     dparams: &Block,
 ) -> Result<()> {
     check_row("norm backward", n.len)?;
-    let (entry, wg, groups) = row_launch(dev, n, "bwd_x_rows", "bwd_x");
+    let (entry, wg, groups, consts) = row_launch(dev, n, ["bwd_x_vec", "bwd_x_rows", "bwd_x"]);
     let p = n.params();
     launch(
         dev,
@@ -135,7 +142,7 @@ pub(crate) fn backward(
             kernel: Kernel::Norm,
             entry,
             wg,
-            consts: &[],
+            consts: &consts,
             params: p,
             args: &[
                 arg(n.x, n.dtype),
