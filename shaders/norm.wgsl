@@ -29,7 +29,7 @@
 // rchunk, nchunks.
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
 // block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none. bwd_params
-// rchunk / 2 + 2 (64 rows a chunk).
+// rchunk / 2 + 2 (64 rows a chunk), bwd_params4 rchunk / 4 + 5 (32 rows).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
 // the reductions), in the *_rows entries on the subgroup's (uniform for its subgroupAdd);
 // element loops test i < len; bwd_params threads past the last return.
@@ -180,6 +180,46 @@ fn main(ids: Ids) {
   if (p.rms != 0u) { mg = 0.0; }
   //! unroll k in 0..NV
   if (ok$k) { st4_dx(base + j$k, rstd * (g$k - mg - xh$k * mgx)); }
+  //! end
+}
+
+//! entry bwd_params4(x: data vec4, dy: data vec4, stats: f32, part: f32 mut)
+// bwd_params by runs of 4 columns where len is a multiple of 4: one thread per (run j, chunk
+// k), four rows at a time with their 8- or 16-byte loads issued together (bwd_params reads
+// 2 or 4 bytes a load). The same sums in the same order per column.
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let q = p.len / 4u;
+  let t = flat_id(ids);
+  if (t >= q * p.nchunks) { return; }
+  let kj = udivmod(t, q);
+  let j = kj.y;
+  let k = kj.x;
+  let r0 = k * p.rchunk;
+  let r1 = min(r0 + p.rchunk, p.rows);
+  var dg = vec4<f32>(0.0);
+  var db = vec4<f32>(0.0);
+  var r = r0;
+  for (; r + 4u <= r1; r = r + 4u) {
+    //! unroll i in 0..4
+    let dy$i = ld4_dy((r + $i) * q + j);
+    let x$i = ld4_x((r + $i) * q + j);
+    //! end
+    //! unroll i in 0..4
+    let xh$i = ((x$i - ld_stats(3u * (r + $i))) - ld_stats(3u * (r + $i) + 1u)) * ld_stats(3u * (r + $i) + 2u);
+    dg = dg + dy$i * xh$i;
+    db = db + dy$i;
+    //! end
+  }
+  for (; r < r1; r = r + 1u) {
+    let dy = ld4_dy(r * q + j);
+    let xh = ((ld4_x(r * q + j) - ld_stats(3u * r)) - ld_stats(3u * r + 1u)) * ld_stats(3u * r + 2u);
+    dg = dg + dy * xh;
+    db = db + dy;
+  }
+  //! unroll i in 0..4
+  st_part(k * p.len + 4u * j + $i, dg[$i]);
+  st_part((p.nchunks + k) * p.len + 4u * j + $i, db[$i]);
   //! end
 }
 

@@ -154,13 +154,25 @@ pub(crate) fn backward(
             groups,
         },
     )?;
+    // By runs of 4 columns where the rows allow, in chunks of half the rows (so as many
+    // threads run as elements per thread double).
+    let runs = n.len.is_multiple_of(4);
+    let p = if runs {
+        NormParams {
+            rchunk: (RCHUNK / 2) as u32,
+            nchunks: n.rows.div_ceil(RCHUNK / 2).max(1) as u32,
+            ..p
+        }
+    } else {
+        p
+    };
     let nchunks = p.nchunks as usize;
     let part = dev.alloc((2 * nchunks * n.len * 4) as u64)?;
     launch(
         dev,
         &Launch {
             kernel: Kernel::Norm,
-            entry: "bwd_params",
+            entry: if runs { "bwd_params4" } else { "bwd_params" },
             wg: 256,
             consts: &[],
             params: p,
@@ -170,7 +182,7 @@ pub(crate) fn backward(
                 arg(n.stats, DType::F32),
                 arg(&part, DType::F32),
             ],
-            groups: grid_1d(n.len * nchunks, 256),
+            groups: grid_1d(n.len / if runs { 4 } else { 1 } * nchunks, 256),
         },
     )?;
     // [2, nchunks, len] -> [2, len].
