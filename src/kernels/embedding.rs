@@ -136,18 +136,7 @@ pub(crate) fn scatter_add(
                 groups: grid_1d(nchunks * vocab * dim, 256),
             },
         )?;
-        return reduce::reduce(
-            dev,
-            ReduceOp::Sum,
-            1.0,
-            &part,
-            DType::F32,
-            dw,
-            dtype,
-            1,
-            nchunks,
-            vocab * dim,
-        );
+        return sum_chunks(dev, &part, dw, dtype, nchunks, vocab * dim);
     }
     // Column variant: one f32 accumulator, one dispatch per chunk of positions, in order.
     let f32_acc = if dtype == DType::F32 {
@@ -219,16 +208,28 @@ fn scatter_tab(
             groups: [dim.div_ceil(32).max(1) as u32, nchunks as u32, 1],
         },
     )?;
+    sum_chunks(dev, &part, dw, dtype, nchunks, vocab * dim)
+}
+
+/// dw (`dtype`) = the sum over the chunks of the row scatters' f32 partials [nchunks, len].
+fn sum_chunks(
+    dev: &Device,
+    part: &Block,
+    dw: &Block,
+    dtype: DType,
+    nchunks: usize,
+    len: usize,
+) -> Result<()> {
     reduce::reduce(
         dev,
         ReduceOp::Sum,
         1.0,
-        &part,
+        part,
         DType::F32,
         dw,
         dtype,
         1,
         nchunks,
-        vocab * dim,
+        len,
     )
 }

@@ -154,8 +154,8 @@ pub(crate) fn backward(
             groups,
         },
     )?;
-    // By runs of 4 columns where the rows allow, in chunks of half the rows (so as many
-    // threads run as elements per thread double).
+    // By runs of 4 columns where the rows allow, over chunks of 32 rows instead of 64: a
+    // thread then covers twice the elements, and half as many threads run.
     let runs = n.len.is_multiple_of(4);
     let p = if runs {
         NormParams {
