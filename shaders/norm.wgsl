@@ -18,7 +18,7 @@
 //              term is absent.
 //   fwd_rows, bwd_x_rows  The same with one subgroup per row (below), for short rows.
 //   fwd_vec, bwd_x_vec    fwd_rows and bwd_x_rows with the row in registers, for rows of a
-//              multiple of 4 up to 4 NV subgroup widths (below).
+//              multiple of 4 up to 4 NV subgroup widths (NV up to 16: 2048 on 32-wide subgroups).
 //   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
 //              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
 //              the host sums the chunks (a reduce pass) into dgamma and dbeta. Chunks bound
@@ -98,7 +98,7 @@ fn main(ids: Ids) {
 
 //! entry fwd_vec(x: data vec4, gamma: data vec4, beta: data vec4, y: data mut vec4, stats: f32 mut)
 //! requires subgroups
-//! check WG=32,128 NV=1,8
+//! check WG=32,128 NV=1,16
 // fwd_rows where the row's length is a multiple of 4 and at most 4 NV subgroup widths: each
 // lane holds its NV runs of 4 (runs lane, lane + subgroup size, ...) in registers, read once
 // as 8- or 16-byte loads issued together, where fwd_rows reads the row three times element
@@ -152,7 +152,7 @@ fn main(ids: Ids) {
 
 //! entry bwd_x_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, dx: data mut vec4)
 //! requires subgroups
-//! check WG=32,128 NV=1,8
+//! check WG=32,128 NV=1,16
 // bwd_x_rows with the row in registers, as fwd_vec: x, dy and gamma read once.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {

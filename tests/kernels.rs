@@ -1635,18 +1635,19 @@ fn norms() {
     let mut rng = Rng::new(21);
     for dt in DTYPES {
         // Rows up to 1024 long take one subgroup each on adapters with subgroups; longer ones a
-        // workgroup each.
-        // Lengths a multiple of 4 hold the row in registers where it is short enough (up to
-        // 8 runs of 4 a lane: 256 on 8-wide subgroups, 1024 on 32-wide).
+        // workgroup each. Lengths a multiple of 4 hold the row in registers where it is short
+        // enough (up to 16 runs of 4 a lane: 512 on 8-wide subgroups, 2048 on 32-wide).
         for (rows, len) in [
             (1, 1),
             (3, 17),
             (127, 3),
             (7, 44),
             (33, 256),
+            (9, 512),
             (130, 384),
             (5, 1000),
             (6, 1025),
+            (3, 1152),
         ] {
             let x: Vec<f32> = rng
                 .vec(rows * len)
@@ -1659,8 +1660,24 @@ fn norms() {
             let (tg, tb) = (tensor(&dev, &g, &[len], dt), tensor(&dev, &b, &[len], dt));
             let (rx, rg, rb) = (rounded(&x, dt), rounded(&g, dt), rounded(&b, dt));
             let tl = (tol(dt).0 * 10.0, tol(dt).1 * 2.0);
+            let (y, ran) = common::ran_kernels(&dev, || {
+                t.layer_norm(&tg, &tb, 1e-5).unwrap().to_f32_vec().unwrap()
+            });
+            // Where the register entry applies (norm.rs `row_launch`), it ran.
+            let c = dev.caps();
+            let sg = c.subgroup_max as usize;
+            let in_registers = c.subgroups
+                && c.subgroup_min == c.subgroup_max
+                && [32, 64, 128, 256].contains(&(4 * sg))
+                && len % 4 == 0
+                && len.div_ceil(4 * sg) <= 16;
+            assert_eq!(
+                ran.iter().any(|k| k == "Norm/fwd_vec"),
+                in_registers,
+                "{rows}x{len}: {ran:?}"
+            );
             assert_close_tol(
-                &t.layer_norm(&tg, &tb, 1e-5).unwrap().to_f32_vec().unwrap(),
+                &y,
                 &cpu::norm(&rx, &rg, Some(&rb), rows, len, 1e-5),
                 tl,
                 &format!("layer_norm {rows}x{len} {dt}"),
@@ -1687,9 +1704,11 @@ fn norm_gradients() {
             (3, 17),
             (7, 44),
             (33, 256),
+            (9, 512),
             (130, 384),
             (5, 1000),
             (6, 1025),
+            (3, 1152),
         ] {
             let x: Vec<f32> = rng.vec(rows * len).iter().map(|v| v * 2.0 + 0.5).collect();
             let (g, b, dy) = (rng.vec(len), rng.vec(len), rng.vec(rows * len));
