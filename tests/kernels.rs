@@ -264,12 +264,31 @@ fn softmax_rows() {
     let dev = poisoned();
     let mut rng = Rng::new(14);
     for dt in DTYPES {
-        for (rows, len) in [(1, 1), (3, 3), (5, 17), (2, 127), (7, 1000), (1, 100_000)] {
+        // Lengths a multiple of 4 up to 16 runs of 4 a lane take a subgroup per row with the
+        // row in registers (`fwd_vec`) where the adapter has one subgroup size: 44, 256 and
+        // 512 on lavapipe's 8-wide subgroups, and 1000 as well on 32-wide ones.
+        for (rows, len) in [
+            (1, 1),
+            (3, 3),
+            (5, 17),
+            (9, 44),
+            (2, 127),
+            (33, 256),
+            (3, 512),
+            (7, 1000),
+            (1, 100_000),
+        ] {
             let x: Vec<f32> = rng.vec(rows * len).into_iter().map(|v| v * 8.0).collect();
             let t = tensor(&dev, &x, &[rows, len], dt);
             let rx = rounded(&x, dt);
+            let (y, ran) = common::ran_kernels(&dev, || t.softmax().unwrap().to_f32_vec().unwrap());
+            assert_eq!(
+                ran.iter().any(|k| k == "Softmax/fwd_vec"),
+                in_registers(&dev, len),
+                "{rows}x{len}: {ran:?}"
+            );
             assert_close(
-                &t.softmax().unwrap().to_f32_vec().unwrap(),
+                &y,
                 &cpu::softmax(&rx, rows, len, false),
                 dt,
                 &format!("softmax {rows}x{len} {dt}"),
@@ -295,6 +314,72 @@ fn softmax_rows() {
         DType::F32,
         "softmax of large logits",
     );
+}
+
+/// Whether rows of `len` take the register entries (kernels/softmax.rs `register_runs` on an
+/// adapter with one subgroup size).
+fn in_registers(dev: &wgrad::Device, len: usize) -> bool {
+    let c = dev.caps();
+    let sg = c.subgroup_max as usize;
+    c.subgroups
+        && c.subgroup_min == c.subgroup_max
+        && [32, 64, 128, 256].contains(&(4 * sg))
+        && len.is_multiple_of(4)
+        && len.div_ceil(4 * sg) <= 16
+}
+
+/// Softmax's and log-softmax's gradients against f64 (from the definitions, on the f64
+/// softmax) at lengths that take the workgroup and the register entries.
+#[test]
+fn softmax_gradients() {
+    let dev = poisoned();
+    let mut rng = Rng::new(27);
+    for dt in [DType::F32, DType::F16] {
+        for (rows, len) in [(1, 1), (5, 17), (9, 44), (33, 256), (3, 512), (7, 1000)] {
+            let x: Vec<f32> = rng.vec(rows * len).into_iter().map(|v| v * 4.0).collect();
+            let dy = rng.vec(rows * len);
+            let (rx, rdy) = (rounded(&x, dt), rounded(&dy, dt));
+            for log in [false, true] {
+                let t = tensor(&dev, &x, &[rows, len], dt).variable();
+                let y = if log {
+                    t.log_softmax().unwrap()
+                } else {
+                    t.softmax().unwrap()
+                };
+                y.backward_with(&tensor(&dev, &dy, &[rows, len], dt))
+                    .unwrap();
+                let sm = cpu::softmax(&rx, rows, len, false);
+                let mut want = vec![0.0; rows * len];
+                for r in 0..rows {
+                    let row = r * len..(r + 1) * len;
+                    let (s, g) = (&sm[row.clone()], &rdy[row.clone()]);
+                    // log: dx = dy - softmax sum(dy); softmax: dx = y (dy - sum(dy y)).
+                    let t: f64 = if log {
+                        g.iter().sum()
+                    } else {
+                        g.iter().zip(s).map(|(a, b)| a * b).sum()
+                    };
+                    for i in 0..len {
+                        want[r * len + i] = if log {
+                            g[i] - s[i] * t
+                        } else {
+                            s[i] * (g[i] - t)
+                        };
+                    }
+                }
+                let (atol, rtol) = tol(dt);
+                assert_close_tol(
+                    &t.grad().unwrap().to_f32_vec().unwrap(),
+                    &want,
+                    (atol * 10.0, rtol * 4.0),
+                    &format!(
+                        "{} gradient {rows}x{len} {dt}",
+                        if log { "log_softmax" } else { "softmax" }
+                    ),
+                );
+            }
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1664,16 +1749,9 @@ fn norms() {
                 t.layer_norm(&tg, &tb, 1e-5).unwrap().to_f32_vec().unwrap()
             });
             // Where the register entry applies (norm.rs `row_launch`), it ran.
-            let c = dev.caps();
-            let sg = c.subgroup_max as usize;
-            let in_registers = c.subgroups
-                && c.subgroup_min == c.subgroup_max
-                && [32, 64, 128, 256].contains(&(4 * sg))
-                && len % 4 == 0
-                && len.div_ceil(4 * sg) <= 16;
             assert_eq!(
                 ran.iter().any(|k| k == "Norm/fwd_vec"),
-                in_registers,
+                in_registers(&dev, len),
                 "{rows}x{len}: {ran:?}"
             );
             assert_close_tol(

@@ -1,7 +1,7 @@
 //! Host side of `shaders/norm.wgsl`.
 
 use super::reduce::{self, ReduceOp};
-use super::softmax::{check_row, row_grid, row_wg};
+use super::softmax::{ROWS_PER_WG, check_row, register_runs, row_grid, row_wg, subgroup_rows_wg};
 use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -56,37 +56,18 @@ impl Norm<'_> {
     }
 }
 
-/// Rows (subgroups) per workgroup of the one-subgroup-per-row entries.
-const ROWS_PER_WG: u32 = 4;
-
-/// The workgroup size of the one-subgroup-per-row entries (`fwd_rows`, `bwd_x_rows` and the
-/// `_vec` ones): ROWS_PER_WG subgroups, on adapters with one subgroup size. None where the
-/// workgroup-per-row entries run instead.
-fn rows_wg(dev: &Device) -> Option<u32> {
-    let c = dev.caps();
-    let wg = ROWS_PER_WG * c.subgroup_max;
-    (c.subgroups && c.subgroup_min == c.subgroup_max && [32, 64, 128, 256].contains(&wg))
-        .then_some(wg)
-}
-
-/// Runs of 4 a lane holds at most in the `_vec` entries (NV): rows of up to 2048 elements on
-/// 32-wide subgroups. (16 runs are 64 registers of x in the forward, of g and of xhat in the
-/// backward.)
-const MOST_RUNS: usize = 16;
-
-/// (entry, workgroup size, grid, constants): a subgroup per row where `rows_wg` allows, with
-/// the row in registers (the `_vec` entry) where its length is a multiple of 4 and at most
-/// MOST_RUNS runs of 4 a lane, else (rows of up to 1024) strided; other rows a workgroup each.
+/// (entry, workgroup size, grid, constants): a subgroup per row where the adapter allows
+/// (`subgroup_rows_wg`), with the row in registers (the `_vec` entry) where `register_runs`
+/// allows, else (rows of up to 1024) strided; other rows a workgroup each.
 fn row_launch(
     dev: &Device,
     n: &Norm<'_>,
     [vec_entry, rows_entry, entry]: [&'static str; 3],
 ) -> (&'static str, u32, [u32; 3], Vec<(&'static str, u32)>) {
-    if let Some(wg) = rows_wg(dev) {
+    if let Some(wg) = subgroup_rows_wg(dev) {
         let grid = row_grid(n.rows.div_ceil(ROWS_PER_WG as usize), wg);
-        let runs = n.len.div_ceil(4 * dev.caps().subgroup_max as usize);
-        if n.len.is_multiple_of(4) && runs <= MOST_RUNS {
-            return (vec_entry, wg, grid, vec![("NV", runs.max(1) as u32)]);
+        if let Some(nv) = register_runs(dev, n.len) {
+            return (vec_entry, wg, grid, vec![("NV", nv)]);
         }
         if n.len <= 1024 {
             return (rows_entry, wg, grid, vec![]);
