@@ -12,6 +12,8 @@
 //            The mask depends only on (seed, i), so the backward pass is the same kernel
 //            applied to dy with the same seed, and a replay (checkpointing) draws the same mask.
 //   dropout4 the same, four elements a thread (the host's choice when n is a multiple of 4)
+//   add_dropout4  y = r + dropout4(x): a residual connection joining a dropped-out branch in
+//            one pass (dropout4's mask for the same seed, so its backward is dropout4 on dy)
 //
 // Bindings: on each entry's signature line. Params: n, a, b, and the 64-bit seed as two words.
 // Loops: none.
@@ -109,4 +111,14 @@ fn main(ids: Ids) {
   let i = 4u * j;
   let k = vec4<bool>(kept(i), kept(i + 1u), kept(i + 2u), kept(i + 3u));
   st4_y(j, select(vec4<f32>(0.0), ld4_x(j) * p.b, k));
+}
+
+//! entry add_dropout4(r: data vec4, x: data vec4, y: data mut vec4)
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let j = flat_id(ids);
+  if (j >= p.n) { return; }
+  let i = 4u * j;
+  let k = vec4<bool>(kept(i), kept(i + 1u), kept(i + 2u), kept(i + 3u));
+  st4_y(j, ld4_r(j) + select(vec4<f32>(0.0), ld4_x(j) * p.b, k));
 }

@@ -102,6 +102,56 @@ fn binary_ops_broadcast() {
     }
 }
 
+/// `add_dropout` (a residual add and its branch's dropout in one pass) against the two ops
+/// under the same seed: the same mask, values within one rounding, and the gradients (to the
+/// residual unchanged, to the branch through the mask), f32 and f16; a size off a multiple of
+/// 4 takes the two ops.
+#[test]
+fn add_dropout_matches_add_and_dropout() {
+    let dev = poisoned();
+    let mut rng = Rng::new(28);
+    for dt in [DType::F32, DType::F16] {
+        for n in [4, 1000, 999] {
+            let (rv, xv, gv) = (rng.vec(n), rng.vec(n), rng.vec(n));
+            let g = tensor(&dev, &gv, &[n], dt);
+            let run = |fused: bool| {
+                let r = tensor(&dev, &rv, &[n], dt).variable();
+                let x = tensor(&dev, &xv, &[n], dt).variable();
+                dev.manual_seed(11);
+                let (y, ran) = common::ran_kernels(&dev, || {
+                    if fused {
+                        r.add_dropout(&x, 0.3).unwrap()
+                    } else {
+                        r.add(&x.dropout(0.3).unwrap()).unwrap()
+                    }
+                });
+                y.backward_with(&g).unwrap();
+                let v = |t: &Tensor| t.to_f32_vec().unwrap();
+                (v(&y), v(&r.grad().unwrap()), v(&x.grad().unwrap()), ran)
+            };
+            let (y1, gr1, gx1, ran) = run(true);
+            let (y2, gr2, gx2, _) = run(false);
+            assert_eq!(
+                ran.iter().any(|k| k == "Fill/add_dropout4"),
+                n.is_multiple_of(4),
+                "n = {n}: {ran:?}"
+            );
+            let what = format!("add_dropout n={n} {dt}");
+            let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+            // The unfused sum rounds the dropped-out branch to the dtype first.
+            assert_close(&y1, &f(&y2), dt, &what);
+            assert_eq!(gr1, gr2, "residual gradient {what}");
+            assert_eq!(gx1, gx2, "branch gradient {what}");
+            // The mask: the branch's gradient is zero exactly where the branch was dropped.
+            let dropped = gx1.iter().filter(|&&v| v == 0.0).count();
+            assert!(
+                n < 100 || (n / 5..n / 2).contains(&dropped),
+                "{what}: {dropped} dropped"
+            );
+        }
+    }
+}
+
 /// Dropout draws the same mask four elements a thread (n a multiple of 4) as one (n odd), with
 /// f16 native or packed: the first 999 of 1000 elements equal 999 elements' dropout under the
 /// same seed, each 0 or x / (1 - p).

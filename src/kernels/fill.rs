@@ -92,6 +92,41 @@ pub(crate) fn random(
     run(dev, entry, p, &[arg(out, dtype)])
 }
 
+/// `y = r + x * mask / (1 - p)`, n a multiple of 4, with `dropout`'s mask for the same seed:
+/// a residual add and its branch's dropout in one pass.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_dropout(
+    dev: &Device,
+    r: &Block,
+    x: &Block,
+    y: &Block,
+    dtype: DType,
+    n: usize,
+    p: f32,
+    seed: u64,
+) -> Result<()> {
+    if !n.is_multiple_of(4) {
+        return Err(crate::error::Error::Internal(format!(
+            "add_dropout of {n} elements, not a multiple of 4"
+        )));
+    }
+    let (lo, hi) = seed_words(seed);
+    let params = FillParams {
+        n: u32_len("dropout", n)? / 4,
+        a: p,
+        b: 1.0 / (1.0 - p),
+        seed_lo: lo,
+        seed_hi: hi,
+        bits: 0,
+    };
+    run(
+        dev,
+        "add_dropout4",
+        params,
+        &[arg(r, dtype), arg(x, dtype), arg(y, dtype)],
+    )
+}
+
 /// `y = x * mask / (1 - p)` with the mask drawn from (seed, index). Applying it to `dy` with the
 /// same seed is the backward pass.
 pub(crate) fn dropout(

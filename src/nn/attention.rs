@@ -137,14 +137,17 @@ impl TransformerBlock {
 
 impl Module for TransformerBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let a = self
-            .drop
-            .forward(&self.attn.forward(&self.ln1.forward(x)?)?)?;
-        let x = x.add(&a)?;
+        // Each residual add takes its branch's dropout in the same pass (`add_dropout`).
+        let p = if self.drop.training() {
+            self.drop.p
+        } else {
+            0.0
+        };
+        let x = x.add_dropout(&self.attn.forward(&self.ln1.forward(x)?)?, p)?;
         let m = self
             .fc2
             .forward(&Activation::Gelu.forward(&self.fc1.forward(&self.ln2.forward(&x)?)?)?)?;
-        x.add(&self.drop.forward(&m)?)
+        x.add_dropout(&m, p)
     }
 
     fn params(&self) -> Vec<(String, Tensor)> {
