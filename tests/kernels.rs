@@ -104,50 +104,51 @@ fn binary_ops_broadcast() {
 
 /// `add_dropout` (a residual add and its branch's dropout in one pass) against the two ops
 /// under the same seed: the same mask, values within one rounding, and the gradients (to the
-/// residual unchanged, to the branch through the mask), f32 and f16; a size off a multiple of
-/// 4 takes the two ops.
+/// residual unchanged, to the branch through the mask), in every dtype and with f16 packed; a
+/// size off a multiple of 4 takes the two ops.
 #[test]
 fn add_dropout_matches_add_and_dropout() {
-    let dev = poisoned();
     let mut rng = Rng::new(28);
-    for dt in [DType::F32, DType::F16] {
-        for n in [4, 1000, 999] {
-            let (rv, xv, gv) = (rng.vec(n), rng.vec(n), rng.vec(n));
-            let g = tensor(&dev, &gv, &[n], dt);
-            let run = |fused: bool| {
-                let r = tensor(&dev, &rv, &[n], dt).variable();
-                let x = tensor(&dev, &xv, &[n], dt).variable();
-                dev.manual_seed(11);
-                let (y, ran) = common::ran_kernels(&dev, || {
-                    if fused {
-                        r.add_dropout(&x, 0.3).unwrap()
-                    } else {
-                        r.add(&x.dropout(0.3).unwrap()).unwrap()
-                    }
-                });
-                y.backward_with(&g).unwrap();
-                let v = |t: &Tensor| t.to_f32_vec().unwrap();
-                (v(&y), v(&r.grad().unwrap()), v(&x.grad().unwrap()), ran)
-            };
-            let (y1, gr1, gx1, ran) = run(true);
-            let (y2, gr2, gx2, _) = run(false);
-            assert_eq!(
-                ran.iter().any(|k| k == "Fill/add_dropout4"),
-                n.is_multiple_of(4),
-                "n = {n}: {ran:?}"
-            );
-            let what = format!("add_dropout n={n} {dt}");
-            let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-            // The unfused sum rounds the dropped-out branch to the dtype first.
-            assert_close(&y1, &f(&y2), dt, &what);
-            assert_eq!(gr1, gr2, "residual gradient {what}");
-            assert_eq!(gx1, gx2, "branch gradient {what}");
-            // The mask: the branch's gradient is zero exactly where the branch was dropped.
-            let dropped = gx1.iter().filter(|&&v| v == 0.0).count();
-            assert!(
-                n < 100 || (n / 5..n / 2).contains(&dropped),
-                "{what}: {dropped} dropped"
-            );
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            for n in [4, 1000, 999] {
+                let (rv, xv, gv) = (rng.vec(n), rng.vec(n), rng.vec(n));
+                let g = tensor(&dev, &gv, &[n], dt);
+                let run = |fused: bool| {
+                    let r = tensor(&dev, &rv, &[n], dt).variable();
+                    let x = tensor(&dev, &xv, &[n], dt).variable();
+                    dev.manual_seed(11);
+                    let (y, ran) = common::ran_kernels(&dev, || {
+                        if fused {
+                            r.add_dropout(&x, 0.3).unwrap()
+                        } else {
+                            r.add(&x.dropout(0.3).unwrap()).unwrap()
+                        }
+                    });
+                    y.backward_with(&g).unwrap();
+                    let v = |t: &Tensor| t.to_f32_vec().unwrap();
+                    (v(&y), v(&r.grad().unwrap()), v(&x.grad().unwrap()), ran)
+                };
+                let (y1, gr1, gx1, ran) = run(true);
+                let (y2, gr2, gx2, _) = run(false);
+                assert_eq!(
+                    ran.iter().any(|k| k == "Fill/add_dropout4"),
+                    n.is_multiple_of(4),
+                    "n = {n}: {ran:?}"
+                );
+                let what = format!("add_dropout n={n} {dt}");
+                let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+                // The unfused sum rounds the dropped-out branch to the dtype first.
+                assert_close(&y1, &f(&y2), dt, &what);
+                assert_eq!(gr1, gr2, "residual gradient {what}");
+                assert_eq!(gx1, gx2, "branch gradient {what}");
+                // The mask: the branch's gradient is zero exactly where the branch was dropped.
+                let dropped = gx1.iter().filter(|&&v| v == 0.0).count();
+                assert!(
+                    n < 100 || (n / 5..n / 2).contains(&dropped),
+                    "{what}: {dropped} dropped"
+                );
+            }
         }
     }
 }
@@ -379,54 +380,56 @@ fn in_registers(dev: &wgrad::Device, len: usize) -> bool {
 }
 
 /// Softmax's and log-softmax's gradients against f64 (from the definitions, on the f64
-/// softmax) at lengths that take the workgroup and the register entries.
+/// softmax) at lengths that take the workgroup and the register entries, in every dtype and
+/// with f16 packed.
 #[test]
 fn softmax_gradients() {
-    let dev = poisoned();
     let mut rng = Rng::new(27);
-    for dt in [DType::F32, DType::F16] {
-        for (rows, len) in [(1, 1), (5, 17), (9, 44), (33, 256), (3, 512), (7, 1000)] {
-            let x: Vec<f32> = rng.vec(rows * len).into_iter().map(|v| v * 4.0).collect();
-            let dy = rng.vec(rows * len);
-            let (rx, rdy) = (rounded(&x, dt), rounded(&dy, dt));
-            for log in [false, true] {
-                let t = tensor(&dev, &x, &[rows, len], dt).variable();
-                let y = if log {
-                    t.log_softmax().unwrap()
-                } else {
-                    t.softmax().unwrap()
-                };
-                y.backward_with(&tensor(&dev, &dy, &[rows, len], dt))
-                    .unwrap();
-                let sm = cpu::softmax(&rx, rows, len, false);
-                let mut want = vec![0.0; rows * len];
-                for r in 0..rows {
-                    let row = r * len..(r + 1) * len;
-                    let (s, g) = (&sm[row.clone()], &rdy[row.clone()]);
-                    // log: dx = dy - softmax sum(dy); softmax: dx = y (dy - sum(dy y)).
-                    let t: f64 = if log {
-                        g.iter().sum()
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            for (rows, len) in [(1, 1), (5, 17), (9, 44), (33, 256), (3, 512), (7, 1000)] {
+                let x: Vec<f32> = rng.vec(rows * len).into_iter().map(|v| v * 4.0).collect();
+                let dy = rng.vec(rows * len);
+                let (rx, rdy) = (rounded(&x, dt), rounded(&dy, dt));
+                for log in [false, true] {
+                    let t = tensor(&dev, &x, &[rows, len], dt).variable();
+                    let y = if log {
+                        t.log_softmax().unwrap()
                     } else {
-                        g.iter().zip(s).map(|(a, b)| a * b).sum()
+                        t.softmax().unwrap()
                     };
-                    for i in 0..len {
-                        want[r * len + i] = if log {
-                            g[i] - s[i] * t
+                    y.backward_with(&tensor(&dev, &dy, &[rows, len], dt))
+                        .unwrap();
+                    let sm = cpu::softmax(&rx, rows, len, false);
+                    let mut want = vec![0.0; rows * len];
+                    for r in 0..rows {
+                        let row = r * len..(r + 1) * len;
+                        let (s, g) = (&sm[row.clone()], &rdy[row.clone()]);
+                        // log: dx = dy - softmax sum(dy); softmax: dx = y (dy - sum(dy y)).
+                        let t: f64 = if log {
+                            g.iter().sum()
                         } else {
-                            s[i] * (g[i] - t)
+                            g.iter().zip(s).map(|(a, b)| a * b).sum()
                         };
+                        for i in 0..len {
+                            want[r * len + i] = if log {
+                                g[i] - s[i] * t
+                            } else {
+                                s[i] * (g[i] - t)
+                            };
+                        }
                     }
+                    let (atol, rtol) = tol(dt);
+                    assert_close_tol(
+                        &t.grad().unwrap().to_f32_vec().unwrap(),
+                        &want,
+                        (atol * 10.0, rtol * 4.0),
+                        &format!(
+                            "{} gradient {rows}x{len} {dt}",
+                            if log { "log_softmax" } else { "softmax" }
+                        ),
+                    );
                 }
-                let (atol, rtol) = tol(dt);
-                assert_close_tol(
-                    &t.grad().unwrap().to_f32_vec().unwrap(),
-                    &want,
-                    (atol * 10.0, rtol * 4.0),
-                    &format!(
-                        "{} gradient {rows}x{len} {dt}",
-                        if log { "log_softmax" } else { "softmax" }
-                    ),
-                );
             }
         }
     }
@@ -1821,51 +1824,54 @@ fn norms() {
 }
 
 /// LayerNorm's and RMSNorm's gradients (dx, dgamma, dbeta) against f64 at the lengths of
-/// `norms` (every entry: workgroup, subgroup and register rows).
+/// `norms` (every entry: workgroup, subgroup and register rows), in every dtype and with f16
+/// packed.
 #[test]
 fn norm_gradients() {
-    let dev = poisoned();
     let mut rng = Rng::new(26);
-    for dt in [DType::F32, DType::F16] {
-        for (rows, len) in [
-            (1, 1),
-            (3, 17),
-            (7, 44),
-            (33, 256),
-            (9, 512),
-            (130, 384),
-            (5, 1000),
-            (6, 1025),
-            (3, 1152),
-        ] {
-            let x: Vec<f32> = rng.vec(rows * len).iter().map(|v| v * 2.0 + 0.5).collect();
-            let (g, b, dy) = (rng.vec(len), rng.vec(len), rng.vec(rows * len));
-            let (rx, rg, rdy) = (rounded(&x, dt), rounded(&g, dt), rounded(&dy, dt));
-            for rms in [false, true] {
-                let t = tensor(&dev, &x, &[rows, len], dt).variable();
-                let tg = tensor(&dev, &g, &[len], dt).variable();
-                let tb = tensor(&dev, &b, &[len], dt).variable();
-                let y = if rms {
-                    t.rms_norm(&tg, 1e-5).unwrap()
-                } else {
-                    t.layer_norm(&tg, &tb, 1e-5).unwrap()
-                };
-                y.backward_with(&tensor(&dev, &dy, &[rows, len], dt))
-                    .unwrap();
-                let (dx, dgamma, dbeta) = cpu::norm_backward(&rx, &rg, &rdy, rms, rows, len, 1e-5);
-                let what = format!(
-                    "{} {rows}x{len} {dt}",
-                    if rms { "rms_norm" } else { "layer_norm" }
-                );
-                let (atol, rtol) = tol(dt);
-                let tl = (atol * 20.0, rtol * 4.0);
-                let grad = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
-                assert_close_tol(&grad(&t), &dx, tl, &format!("dx {what}"));
-                // Sums over the rows: error grows with their count.
-                let sum_tol = (tl.0 * (rows as f64).sqrt(), tl.1);
-                assert_close_tol(&grad(&tg), &dgamma, sum_tol, &format!("dgamma {what}"));
-                if !rms {
-                    assert_close_tol(&grad(&tb), &dbeta, sum_tol, &format!("dbeta {what}"));
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            for (rows, len) in [
+                (1, 1),
+                (3, 17),
+                (7, 44),
+                (33, 256),
+                (9, 512),
+                (130, 384),
+                (5, 1000),
+                (6, 1025),
+                (3, 1152),
+            ] {
+                let x: Vec<f32> = rng.vec(rows * len).iter().map(|v| v * 2.0 + 0.5).collect();
+                let (g, b, dy) = (rng.vec(len), rng.vec(len), rng.vec(rows * len));
+                let (rx, rg, rdy) = (rounded(&x, dt), rounded(&g, dt), rounded(&dy, dt));
+                for rms in [false, true] {
+                    let t = tensor(&dev, &x, &[rows, len], dt).variable();
+                    let tg = tensor(&dev, &g, &[len], dt).variable();
+                    let tb = tensor(&dev, &b, &[len], dt).variable();
+                    let y = if rms {
+                        t.rms_norm(&tg, 1e-5).unwrap()
+                    } else {
+                        t.layer_norm(&tg, &tb, 1e-5).unwrap()
+                    };
+                    y.backward_with(&tensor(&dev, &dy, &[rows, len], dt))
+                        .unwrap();
+                    let (dx, dgamma, dbeta) =
+                        cpu::norm_backward(&rx, &rg, &rdy, rms, rows, len, 1e-5);
+                    let what = format!(
+                        "{} {rows}x{len} {dt}",
+                        if rms { "rms_norm" } else { "layer_norm" }
+                    );
+                    let (atol, rtol) = tol(dt);
+                    let tl = (atol * 20.0, rtol * 4.0);
+                    let grad = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
+                    assert_close_tol(&grad(&t), &dx, tl, &format!("dx {what}"));
+                    // Sums over the rows: error grows with their count.
+                    let sum_tol = (tl.0 * (rows as f64).sqrt(), tl.1);
+                    assert_close_tol(&grad(&tg), &dgamma, sum_tol, &format!("dgamma {what}"));
+                    if !rms {
+                        assert_close_tol(&grad(&tb), &dbeta, sum_tol, &format!("dbeta {what}"));
+                    }
                 }
             }
         }
@@ -2193,58 +2199,60 @@ fn coop_layout_probe() {
 
 /// The embedding's gradient (a scatter-add of dy's rows) against f64 with random dy, in each
 /// of its kernels: `scatter_tab` for small vocabularies (several column groups and chunks,
-/// a 256-row table), `scatter_rows` up to 4096, `scatter_cols` past it; awkward sizes.
+/// a 256-row table), `scatter_rows` up to 4096, `scatter_cols` past it; awkward sizes, every
+/// dtype and f16 packed.
 #[test]
 fn embedding_scatter_add() {
-    let dev = poisoned();
     let mut rng = Rng::new(25);
     let tab = |dev: &wgrad::Device, vocab: usize| {
         vocab <= 256
             && vocab.next_power_of_two().max(32) * 128 <= dev.caps().workgroup_storage as usize
     };
-    for dt in DTYPES {
-        for (vocab, dim, n) in [
-            (1, 1, 1),
-            (3, 17, 5),
-            (65, 40, 1000),
-            (256, 33, 700),
-            (300, 5, 400),
-            (5000, 3, 2000),
-        ] {
-            let idx: Vec<u32> = (0..n).map(|_| rng.below(vocab as u64) as u32).collect();
-            let dy = rng.vec(n * dim);
-            let w = Tensor::zeros(&dev, &[vocab, dim], dt).unwrap().variable();
-            let ti = Tensor::from_slice(&dev, &idx, &[n]).unwrap();
-            let tdy = tensor(&dev, &dy, &[n, dim], dt);
-            let (g, ran) = common::ran_kernels(&dev, || {
-                w.embedding(&ti).unwrap().backward_with(&tdy).unwrap();
-                w.grad().unwrap().to_f32_vec().unwrap()
-            });
-            let entry = if tab(&dev, vocab) {
-                "Embedding/scatter_tab"
-            } else if vocab <= 4096 {
-                "Embedding/scatter_rows"
-            } else {
-                "Embedding/scatter_cols"
-            };
-            assert!(ran.iter().any(|k| k == entry), "vocab {vocab}: {ran:?}");
-            let rdy = rounded(&dy, dt);
-            let mut want = vec![0.0f64; vocab * dim];
-            let mut count = vec![0usize; vocab];
-            for (t, &i) in idx.iter().enumerate() {
-                count[i as usize] += 1;
-                for c in 0..dim {
-                    want[i as usize * dim + c] += rdy[t * dim + c];
+    for (dev, dtypes) in elementwise_devices() {
+        for &dt in dtypes {
+            for (vocab, dim, n) in [
+                (1, 1, 1),
+                (3, 17, 5),
+                (65, 40, 1000),
+                (256, 33, 700),
+                (300, 5, 400),
+                (5000, 3, 2000),
+            ] {
+                let idx: Vec<u32> = (0..n).map(|_| rng.below(vocab as u64) as u32).collect();
+                let dy = rng.vec(n * dim);
+                let w = Tensor::zeros(&dev, &[vocab, dim], dt).unwrap().variable();
+                let ti = Tensor::from_slice(&dev, &idx, &[n]).unwrap();
+                let tdy = tensor(&dev, &dy, &[n, dim], dt);
+                let (g, ran) = common::ran_kernels(&dev, || {
+                    w.embedding(&ti).unwrap().backward_with(&tdy).unwrap();
+                    w.grad().unwrap().to_f32_vec().unwrap()
+                });
+                let entry = if tab(&dev, vocab) {
+                    "Embedding/scatter_tab"
+                } else if vocab <= 4096 {
+                    "Embedding/scatter_rows"
+                } else {
+                    "Embedding/scatter_cols"
+                };
+                assert!(ran.iter().any(|k| k == entry), "vocab {vocab}: {ran:?}");
+                let rdy = rounded(&dy, dt);
+                let mut want = vec![0.0f64; vocab * dim];
+                let mut count = vec![0usize; vocab];
+                for (t, &i) in idx.iter().enumerate() {
+                    count[i as usize] += 1;
+                    for c in 0..dim {
+                        want[i as usize * dim + c] += rdy[t * dim + c];
+                    }
                 }
+                let most = count.iter().max().copied().unwrap_or(1) as f64;
+                let (atol, rtol) = tol(dt);
+                assert_close_tol(
+                    &g,
+                    &want,
+                    (atol * most.sqrt() * 4.0, rtol),
+                    &format!("embedding gradient vocab={vocab} dim={dim} n={n} {dt}"),
+                );
             }
-            let most = count.iter().max().copied().unwrap_or(1) as f64;
-            let (atol, rtol) = tol(dt);
-            assert_close_tol(
-                &g,
-                &want,
-                (atol * most.sqrt() * 4.0, rtol),
-                &format!("embedding gradient vocab={vocab} dim={dim} n={n} {dt}"),
-            );
         }
     }
 }
