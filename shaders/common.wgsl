@@ -247,6 +247,14 @@ struct MatmulParams {
   _im_pad: u32,
 }
 
+//! fn subgroup_row
+// The row a subgroup owns in the one-subgroup-per-row entries (norm.wgsl's `_rows` and `_vec`,
+// softmax.wgsl's `_vec`): the host's ROWS_PER_WG subgroups a workgroup, workgroups folded
+// over a 2-D grid.
+fn subgroup_row(ids: Ids) -> u32 {
+  return (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+}
+
 //! fn norm_fwd_row
 // norm.wgsl's forward for row r, element i = lane, lane + stride, ...; `row_sum` (defined by
 // each entry: a workgroup or a subgroup reduction) adds up the row's partial sums.

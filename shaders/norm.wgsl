@@ -67,7 +67,7 @@ fn row_sum(v: f32, ids: Ids) -> f32 { return subgroupAdd(v); }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  let r = subgroup_row(ids);
   if (r >= p.rows) { return; }
   norm_fwd_row(r, ids.sg_lane, ids.sg_size, ids);
 }
@@ -91,7 +91,7 @@ fn row_sum(v: f32, ids: Ids) -> f32 { return subgroupAdd(v); }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  let r = subgroup_row(ids);
   if (r >= p.rows) { return; }
   norm_bwd_row(r, ids.sg_lane, ids.sg_size, ids);
 }
@@ -107,7 +107,7 @@ fn main(ids: Ids) {
 // order. Runs past the row load nothing and add zeros.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  let r = subgroup_row(ids);
   if (r >= p.rows) { return; }
   let q = p.len / 4u;
   let base = r * q;
@@ -156,7 +156,7 @@ fn main(ids: Ids) {
 // bwd_x_rows with the row in registers, as fwd_vec: x, dy and gamma read once.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  let r = subgroup_row(ids);
   if (r >= p.rows) { return; }
   let q = p.len / 4u;
   let base = r * q;

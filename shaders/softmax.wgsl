@@ -93,7 +93,7 @@ fn main(ids: Ids) {
 // rate on an H200). The same results up to the order of the sum.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  let r = subgroup_row(ids);
   if (r >= p.rows) { return; }
   let q = p.len / 4u;
   let base = r * q;
@@ -130,7 +130,7 @@ fn main(ids: Ids) {
 // bwd with one subgroup per row and the row in registers, as fwd_vec.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let r = (ids.wid.y * ids.nwg.x + ids.wid.x) * ids.sg_num + ids.sg_id;
+  let r = subgroup_row(ids);
   if (r >= p.rows) { return; }
   let q = p.len / 4u;
   let base = r * q;

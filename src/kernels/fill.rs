@@ -110,14 +110,9 @@ pub(crate) fn add_dropout(
             "add_dropout of {n} elements, not a multiple of 4"
         )));
     }
-    let (lo, hi) = seed_words(seed);
     let params = FillParams {
         n: u32_len("dropout", n)? / 4,
-        a: p,
-        b: 1.0 / (1.0 - p),
-        seed_lo: lo,
-        seed_hi: hi,
-        bits: 0,
+        ..dropout_params(p, seed)
     };
     run(
         dev,
@@ -125,6 +120,20 @@ pub(crate) fn add_dropout(
         params,
         &[arg(r, dtype), arg(x, dtype), arg(y, dtype)],
     )
+}
+
+/// The dropout entries' parameters but the count: drop probability, the kept values' scale
+/// 1 / (1 - p), and the seed.
+fn dropout_params(p: f32, seed: u64) -> FillParams {
+    let (lo, hi) = seed_words(seed);
+    FillParams {
+        n: 0,
+        a: p,
+        b: if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 },
+        seed_lo: lo,
+        seed_hi: hi,
+        bits: 0,
+    }
 }
 
 /// `y = x * mask / (1 - p)` with the mask drawn from (seed, index). Applying it to `dy` with the
@@ -139,15 +148,9 @@ pub(crate) fn dropout(
     seed: u64,
 ) -> Result<()> {
     let n32 = u32_len("dropout", n)?;
-    let (lo, hi) = seed_words(seed);
-    let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
     let params = FillParams {
         n: n32,
-        a: p,
-        b: scale,
-        seed_lo: lo,
-        seed_hi: hi,
-        bits: 0,
+        ..dropout_params(p, seed)
     };
     // Four elements a thread where they divide evenly (blocks start at element 0).
     if n.is_multiple_of(4) {
