@@ -1,9 +1,13 @@
-// optim.wgsl: fused optimizer updates (one dispatch per parameter), gradient norms, and the
+// optim.wgsl: fused optimizer updates (one dispatch per parameter, or per four where the
+// adapter binds enough storage buffers), gradient norms, and the
 // device-side decision of a guarded step (clip, skip on overflow, loss-scale update), so a
 // training step needs no read-back.
 //
-// Update entries are one thread per parameter element, 1-D with flat_id; threads past n return
-// (each touches only its own element). All optimizer state is f32 on the device. The gradient
+// Update entries are one thread per parameter element; threads past n return (each touches
+// only its own element). `sgd` and `adam` take one tensor (1-D with flat_id); `sgd4` and
+// `adam4` take up to four, laid out as sumsq lays them out (the workgroups of tensor k start at
+// w_k; has_master is a bit per tensor): the GPT's 76 AdamW dispatches of 7 us each, mostly
+// small tensors, cost the step their launches rather than their bytes. All optimizer state is f32 on the device. The gradient
 // is multiplied by `gmul` and by the step's control word ctl[CTL_MUL] first, which folds
 // loss-scale removal (1/scale) and global-norm clipping into the same pass; when
 // ctl[CTL_STEPPED] is 0 (the gradients held inf or NaN) the update leaves everything as it
@@ -33,7 +37,7 @@
 // Bindings: signature lines. (When there is no master weight or no momentum, a dummy block
 // is bound and never touched.)
 // Loops: sumsq 8 (a constant trip count); decide n / WG + 1 plus the block reduction (the
-// host keeps n under the loop budget); the updates none.
+// host keeps n under the loop budget); the updates none but group_slot's 3.
 
 struct Params {
   n: u32,
@@ -61,8 +65,46 @@ struct Params {
   w1: u32,
   w2: u32,
   w3: u32,
-  _pad0: u32,
+  wtot: u32,       // sumsq: the group's workgroups (a 2-D grid may launch more)
   _pad1: u32,
+}
+
+// The updates of one element, shared by the one-tensor entries and the grouped ones. `g` is
+// already multiplied by gmul and the control word.
+fn sgd_rule(w0: f32, g0: f32, b0: f32) -> vec2<f32> {
+  var g = g0 + p.wd * w0;
+  var b = b0;
+  if (p.beta1 > 0.0) {
+    b = p.beta1 * b0 + g;
+    if (p.nesterov != 0u) { g = g + p.beta1 * b; } else { g = b; }
+  }
+  return vec2<f32>(w0 - p.lr * g, b);
+}
+
+fn adam_rule(w0: f32, g0: f32, m0: f32, v0: f32) -> vec3<f32> {
+  var w = w0;
+  var g = g0;
+  if (p.decoupled != 0u) {
+    w = w - p.lr * p.wd * w;
+  } else {
+    g = g + p.wd * w;
+  }
+  let m = p.beta1 * m0 + (1.0 - p.beta1) * g;
+  let v = p.beta2 * v0 + (1.0 - p.beta2) * g * g;
+  w = w - p.lr * (m * p.c1) / (sqrt(v * p.c2) + p.eps);
+  return vec3<f32>(w, m, v);
+}
+
+// Which tensor of a group workgroup `wg` works on, and its place among that tensor's
+// workgroups: tensor k owns workgroups [starts[k], starts[k + 1]) (the last range is open;
+// a tensor missing from a group, or empty, owns none). Uniform across the workgroup.
+fn group_slot(wg: u32) -> vec2<u32> {
+  let starts = vec4<u32>(0u, p.w1, p.w2, p.w3);
+  var k = 0u;
+  for (var j = 1u; j < 4u; j = j + 1u) {
+    if (wg >= starts[j]) { k = j; }
+  }
+  return vec2<u32>(k, wg - starts[k]);
 }
 
 //! entry sgd(g: data, w: data mut, master: f32 mut, buf: f32 mut, ctl: f32)
@@ -71,17 +113,14 @@ fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n || ld_ctl(CTL_STEPPED) == 0.0) { return; }
   // With a master copy, the dummy-or-master binding is read either way (it is valid memory).
-  let has_master = p.has_master != 0u;
-  var w = select(ld_w(i), ld_master(i), has_master);
-  var g = ld_g(i) * (p.gmul * ld_ctl(CTL_MUL)) + p.wd * w;
-  if (p.beta1 > 0.0) {
-    let b = p.beta1 * ld_buf(i) + g;
-    st_buf(i, b);
-    if (p.nesterov != 0u) { g = g + p.beta1 * b; } else { g = b; }
-  }
-  w = w - p.lr * g;
-  if (has_master) { st_master(i, w); }
-  st_w(i, w);
+  let has_master = (p.has_master & 1u) != 0u;
+  let w = select(ld_w(i), ld_master(i), has_master);
+  var b = 0.0;
+  if (p.beta1 > 0.0) { b = ld_buf(i); }
+  let r = sgd_rule(w, ld_g(i) * (p.gmul * ld_ctl(CTL_MUL)), b);
+  if (p.beta1 > 0.0) { st_buf(i, r.y); }
+  if (has_master) { st_master(i, r.x); }
+  st_w(i, r.x);
 }
 
 //! entry adam(g: data, w: data mut, master: f32 mut, m: f32 mut, v: f32 mut, ctl: f32)
@@ -90,37 +129,68 @@ fn main(ids: Ids) {
   let i = flat_id(ids);
   if (i >= p.n || ld_ctl(CTL_STEPPED) == 0.0) { return; }
   // With a master copy, the dummy-or-master binding is read either way (it is valid memory).
-  let has_master = p.has_master != 0u;
-  var w = select(ld_w(i), ld_master(i), has_master);
-  var g = ld_g(i) * (p.gmul * ld_ctl(CTL_MUL));
-  if (p.decoupled != 0u) {
-    w = w - p.lr * p.wd * w;
-  } else {
-    g = g + p.wd * w;
+  let has_master = (p.has_master & 1u) != 0u;
+  let w = select(ld_w(i), ld_master(i), has_master);
+  let r = adam_rule(w, ld_g(i) * (p.gmul * ld_ctl(CTL_MUL)), ld_m(i), ld_v(i));
+  st_m(i, r.y);
+  st_v(i, r.z);
+  if (has_master) { st_master(i, r.x); }
+  st_w(i, r.x);
+}
+
+//! entry sgd4(g0u: data, par0u: data mut, master0u: f32 mut, buf0u: f32 mut, g1u: data, par1u: data mut, master1u: f32 mut, buf1u: f32 mut, g2u: data, par2u: data mut, master2u: f32 mut, buf2u: f32 mut, g3u: data, par3u: data mut, master3u: f32 mut, buf3u: f32 mut, ctl: f32)
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  if (ld_ctl(CTL_STEPPED) == 0.0) { return; }
+  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x);
+  let i = at.y * WG + ids.lid;
+  let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
+  let gm = p.gmul * ld_ctl(CTL_MUL);
+  //! unroll k in 0..4
+  if (at.x == $k && i < ns[$k]) {
+    let has_master = (p.has_master & (1u << $k)) != 0u;
+    let w = select(ld_par$k(i), ld_master$k(i), has_master);
+    var b = 0.0;
+    if (p.beta1 > 0.0) { b = ld_buf$k(i); }
+    let r = sgd_rule(w, ld_g$k(i) * gm, b);
+    if (p.beta1 > 0.0) { st_buf$k(i, r.y); }
+    if (has_master) { st_master$k(i, r.x); }
+    st_par$k(i, r.x);
   }
-  let m = p.beta1 * ld_m(i) + (1.0 - p.beta1) * g;
-  let v = p.beta2 * ld_v(i) + (1.0 - p.beta2) * g * g;
-  st_m(i, m);
-  st_v(i, v);
-  w = w - p.lr * (m * p.c1) / (sqrt(v * p.c2) + p.eps);
-  if (has_master) { st_master(i, w); }
-  st_w(i, w);
+  //! end
+}
+
+//! entry adam4(g0u: data, par0u: data mut, master0u: f32 mut, m0u: f32 mut, v0u: f32 mut, g1u: data, par1u: data mut, master1u: f32 mut, m1u: f32 mut, v1u: f32 mut, g2u: data, par2u: data mut, master2u: f32 mut, m2u: f32 mut, v2u: f32 mut, g3u: data, par3u: data mut, master3u: f32 mut, m3u: f32 mut, v3u: f32 mut, ctl: f32)
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  if (ld_ctl(CTL_STEPPED) == 0.0) { return; }
+  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x);
+  let i = at.y * WG + ids.lid;
+  let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
+  let gm = p.gmul * ld_ctl(CTL_MUL);
+  //! unroll k in 0..4
+  if (at.x == $k && i < ns[$k]) {
+    let has_master = (p.has_master & (1u << $k)) != 0u;
+    let w = select(ld_par$k(i), ld_master$k(i), has_master);
+    let r = adam_rule(w, ld_g$k(i) * gm, ld_m$k(i), ld_v$k(i));
+    st_m$k(i, r.y);
+    st_v$k(i, r.z);
+    if (has_master) { st_master$k(i, r.x); }
+    st_par$k(i, r.x);
+  }
+  //! end
 }
 
 //! entry sumsq(x0u: data, x1u: data, x2u: data, x3u: data, partial: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let wg = ids.wid.y * ids.nwg.x + ids.wid.x;
-  let starts = vec4<u32>(0u, p.w1, p.w2, p.w3);
-  let ends = vec4<u32>(p.w1, p.w2, p.w3, 0xffffffffu);
+  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x);
   let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
   var s = 0.0;
-  // The workgroup's tensor: a test on the workgroup id, uniform across it.
   //! unroll k in 0..4
-  if (wg >= starts[$k] && wg < ends[$k]) {
-    let start = (wg - starts[$k]) * WG * 8u;
+  if (at.x == $k) {
     for (var j = 0u; j < 8u; j = j + 1u) {
-      let i = start + j * WG + ids.lid;
+      let i = (at.y * 8u + j) * WG + ids.lid;
       if (i < ns[$k]) {
         let x = ld_x$k(i);
         s = s + x * x;
@@ -129,7 +199,8 @@ fn main(ids: Ids) {
   }
   //! end
   let t = block_sum(s, ids);
-  if (ids.lid == 0u) { st_partial(p.out_off + wg, t); }
+  let wg = ids.wid.y * ids.nwg.x + ids.wid.x;
+  if (ids.lid == 0u && wg < p.wtot) { st_partial(p.out_off + wg, t); }
 }
 
 //! entry decide(partial: f32, ctl: f32 mut)

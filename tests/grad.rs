@@ -1038,6 +1038,172 @@ fn optimizers_match_cpu_steps() {
     }
 }
 
+/// The optimizers' rules in f64: one step of element `i` given its gradient `g`; the state is
+/// (momentum buffer) for SGD and (m, v) for Adam; `t` counts from 1.
+#[derive(Clone, Copy, Debug)]
+enum CpuRule {
+    Sgd { mom: f64, wd: f64, nesterov: bool },
+    Adam { wd: f64, decoupled: bool },
+}
+
+impl CpuRule {
+    const LR: f64 = 0.01;
+
+    fn make(self, params: Vec<(String, Tensor)>) -> Box<dyn Optimizer> {
+        let lr = Self::LR as f32;
+        match self {
+            CpuRule::Sgd { mom, wd, nesterov } => {
+                Box::new(Sgd::new(params, lr, mom as f32, wd as f32, nesterov).unwrap())
+            }
+            CpuRule::Adam { wd, decoupled } => {
+                Box::new(Adam::with(params, lr, (0.9, 0.999), 1e-8, wd as f32, decoupled).unwrap())
+            }
+        }
+    }
+
+    fn step(self, w: &mut f64, g: f64, s: &mut [f64; 2], t: i32) {
+        let lr = Self::LR;
+        match self {
+            CpuRule::Sgd { mom, wd, nesterov } => {
+                let gi = g + wd * *w;
+                if mom > 0.0 {
+                    s[0] = mom * s[0] + gi;
+                    *w -= lr * if nesterov { gi + mom * s[0] } else { s[0] };
+                } else {
+                    *w -= lr * gi;
+                }
+            }
+            CpuRule::Adam { wd, decoupled } => {
+                let mut gi = g;
+                if decoupled {
+                    *w -= lr * wd * *w;
+                } else {
+                    gi += wd * *w;
+                }
+                s[0] = 0.9 * s[0] + 0.1 * gi;
+                s[1] = 0.999 * s[1] + 0.001 * gi * gi;
+                let mh = s[0] / (1.0 - 0.9f64.powi(t));
+                let vh = s[1] / (1.0 - 0.999f64.powi(t));
+                *w -= lr * mh / (vh.sqrt() + 1e-8);
+            }
+        }
+    }
+}
+
+/// Several parameters of awkward sizes and mixed dtypes (f16 and bf16 ones with f32 master
+/// weights),
+/// one without a gradient: every optimizer updates each as the f64 rule does, in as few
+/// launches as the adapter's grouped updates allow (four parameters a launch where it binds
+/// 21 storage buffers).
+#[test]
+fn optimizers_update_parameter_groups() {
+    // f16 in shader f16 and packed into words (adapters without SHADER_F16).
+    for dev in [device(), device_with(|o| o.disable_f16 = true)] {
+        update_groups(dev);
+    }
+}
+
+fn update_groups(dev: Device) {
+    let sizes = [1usize, 3, 17, 127, 1000, 300, 5, 2];
+    let dtypes = [
+        DType::F32,
+        DType::F16,
+        DType::F32,
+        DType::F32,
+        DType::F16,
+        DType::F32,
+        DType::BF16,
+        DType::F16,
+    ];
+    // Parameter 2 gets no gradient: it must come out unchanged and take no slot in a group.
+    let no_grad = 2;
+    let rules = [
+        CpuRule::Sgd {
+            mom: 0.9,
+            wd: 0.01,
+            nesterov: true,
+        },
+        CpuRule::Sgd {
+            mom: 0.9,
+            wd: 0.0,
+            nesterov: false,
+        },
+        CpuRule::Sgd {
+            mom: 0.0,
+            wd: 0.01,
+            nesterov: false,
+        },
+        CpuRule::Adam {
+            wd: 0.05,
+            decoupled: false,
+        },
+        CpuRule::Adam {
+            wd: 0.05,
+            decoupled: true,
+        },
+    ];
+    let grouped = dev.caps().max_storage_buffers > 20;
+    let mut rng = Rng::new(83);
+    for rule in rules {
+        let ps: Vec<Tensor> = sizes
+            .iter()
+            .zip(dtypes)
+            .map(|(&n, dt)| {
+                Tensor::from_f32(&dev, &v(&mut rng, n), &[n], dt)
+                    .unwrap()
+                    .variable()
+            })
+            .collect();
+        // f64 copies of what the device holds (the f16 values as rounded, the masters made
+        // from them).
+        let mut w: Vec<Vec<f64>> = ps
+            .iter()
+            .map(|p| p.to_f32_vec().unwrap().iter().map(|&x| x as f64).collect())
+            .collect();
+        let mut state: Vec<Vec<[f64; 2]>> = sizes.iter().map(|&n| vec![[0.0; 2]; n]).collect();
+        let named = ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("p{i}"), p.clone()))
+            .collect();
+        let mut opt = rule.make(named);
+        for t in 1..=3 {
+            for (i, p) in ps.iter().enumerate() {
+                if i == no_grad {
+                    continue;
+                }
+                let g =
+                    Tensor::from_f32(&dev, &v(&mut rng, sizes[i]), &[sizes[i]], dtypes[i]).unwrap();
+                let gv = g.to_f32_vec().unwrap();
+                for (j, wj) in w[i].iter_mut().enumerate() {
+                    rule.step(wj, gv[j] as f64, &mut state[i][j], t);
+                }
+                p.set_grad(Some(g));
+            }
+            dev.sync().unwrap();
+            let before = dev.dispatch_stats().dispatches;
+            opt.step().unwrap();
+            let launches = dev.dispatch_stats().dispatches - before;
+            let with_grad = sizes.len() as u64 - 1;
+            let want = if grouped {
+                with_grad.div_ceil(4)
+            } else {
+                with_grad
+            };
+            assert_eq!(launches, want, "{rule:?}: update launches");
+        }
+        let masters: std::collections::HashMap<String, Tensor> = opt.state().into_iter().collect();
+        for (i, p) in ps.iter().enumerate() {
+            let what = format!("{rule:?} parameter {i} ({} x {:?})", sizes[i], dtypes[i]);
+            assert_close(&p.to_f32_vec().unwrap(), &w[i], dtypes[i], &what);
+            if dtypes[i] != DType::F32 {
+                let m = masters[&format!("p{i}.master")].to_f32_vec().unwrap();
+                assert_close(&m, &w[i], DType::F32, &format!("{what}, master"));
+            }
+        }
+    }
+}
+
 #[test]
 fn f16_parameters_keep_f32_master_weights() {
     let dev = device();

@@ -284,6 +284,51 @@ fn layer_norm_parameter_gradients_over_many_rows() {
 }
 
 #[test]
+fn grouped_optimizer_update_past_65535_workgroups() {
+    // Two parameters whose workgroups (256 elements each) add up past one grid dimension's
+    // 65,535: the grouped update folds its grid into two dimensions and maps every workgroup
+    // back to its tensor.
+    let dev = poisoned();
+    let n = 65_536 * 256 / 2 + 1001;
+    let ps: Vec<Tensor> = (0..2)
+        .map(|_| {
+            Tensor::randn(&dev, &[n], 0.0, 1.0, DType::F32)
+                .unwrap()
+                .variable()
+        })
+        .collect();
+    let w0: Vec<Vec<f32>> = ps.iter().map(|p| p.to_f32_vec().unwrap()).collect();
+    let gs: Vec<Tensor> = (0..2)
+        .map(|_| Tensor::randn(&dev, &[n], 0.0, 1.0, DType::F32).unwrap())
+        .collect();
+    for (p, g) in ps.iter().zip(&gs) {
+        p.set_grad(Some(g.clone()));
+    }
+    let named = ps
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("p{i}"), p.clone()))
+        .collect();
+    let mut opt = wgrad::optim::Sgd::new(named, 0.5, 0.0, 0.0, false).unwrap();
+    use wgrad::optim::Optimizer;
+    opt.step().unwrap();
+    for (i, (p, g)) in ps.iter().zip(&gs).enumerate() {
+        let g = g.to_f32_vec().unwrap();
+        let want: Vec<f64> = w0[i]
+            .iter()
+            .zip(&g)
+            .map(|(&w, &g)| w as f64 - 0.5 * g as f64)
+            .collect();
+        assert_close(
+            &p.to_f32_vec().unwrap(),
+            &want,
+            DType::F32,
+            &format!("parameter {i} of {n} after one step"),
+        );
+    }
+}
+
+#[test]
 fn what_cannot_be_split_is_an_error() {
     let dev = poisoned();
     // A row longer than the row kernels take.

@@ -19,8 +19,9 @@ use std::hash::{Hash, Hasher};
 /// Entries kept before the cache is cleared.
 pub(crate) const MAX_ENTRIES: usize = 8192;
 
-/// Most storage bindings a dispatch may have.
-pub(crate) const MAX_STORAGE: usize = 10;
+/// Most storage bindings a dispatch may have: the grouped optimizer update's 21 (four
+/// parameters' five blocks each, and the control block).
+pub(crate) const MAX_STORAGE: usize = 21;
 
 /// What a bind group binds. The storage ranges sit inline, not behind a pointer: a lookup
 /// then reads the table's entry alone, where a vector's elements cost one more cache miss

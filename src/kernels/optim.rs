@@ -1,8 +1,6 @@
 //! Host side of `shaders/optim.wgsl`.
 
-use super::{
-    Arg, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, launch_flat, over_budget, u32_len,
-};
+use super::{Arg, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, over_budget, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -36,7 +34,7 @@ crate::params! {
         w1: u32,
         w2: u32,
         w3: u32,
-        _pad0: u32,
+        wtot: u32,
         _pad1: u32,
     }
 }
@@ -74,7 +72,58 @@ pub(crate) struct Slot<'a> {
     pub g: &'a Block,
     /// f32 master copy, when the parameter is stored in f16.
     pub master: Option<&'a Block>,
+    /// The momentum buffer (SGD) or (m, v) (Adam), f32. Where a rule keeps less state, the
+    /// rest are blocks the kernel binds and never touches.
+    pub state: [&'a Block; 2],
     pub n: usize,
+}
+
+impl Slot<'_> {
+    /// The master binding: the master copy, or (never touched) the first state block.
+    fn master_or_dummy(&self) -> &Block {
+        self.master.unwrap_or(self.state[0])
+    }
+}
+
+/// Parameters one grouped update (`sgd4`, `adam4`) or `sumsq` dispatch takes.
+pub(crate) const GROUP: usize = 4;
+
+/// Parameters one update dispatch takes on `dev`: [`GROUP`] where the adapter binds `adam4`'s
+/// 21 storage buffers (every desktop driver; WebGPU only promises 8), else 1.
+pub(crate) fn group_len(dev: &Device) -> usize {
+    if dev.caps().max_storage_buffers as usize > 5 * GROUP {
+        GROUP
+    } else {
+        1
+    }
+}
+
+/// Where a group's tensors of `lens` elements start in a dispatch that gives each workgroup
+/// `per_wg` elements of one tensor: (element counts, first workgroup of each tensor, and the
+/// total) as `group_slot` in optim.wgsl reads them; tensors past `lens` are empty.
+fn group_layout(
+    op: &'static str,
+    lens: &[usize],
+    per_wg: usize,
+) -> Result<([u32; GROUP], [u32; GROUP], u32)> {
+    if lens.len() > GROUP {
+        return Err(crate::error::Error::Internal(format!(
+            "{op} of {} tensors",
+            lens.len()
+        )));
+    }
+    let mut n = [0u32; GROUP];
+    let mut w = [0u32; GROUP];
+    let mut total = 0usize;
+    for (k, &len) in lens.iter().enumerate() {
+        n[k] = u32_len(op, len)?;
+        w[k] = u32_len(op, total)?;
+        total += len.div_ceil(per_wg);
+    }
+    for k in lens.len()..GROUP {
+        w[k] = u32_len(op, total)?;
+    }
+    Ok((n, w, u32_len(op, total)?))
 }
 
 /// Hyper-parameters of one step.
@@ -93,49 +142,52 @@ pub(crate) enum Rule {
     },
 }
 
-/// One fused update of `slot` with learning rate `lr`, weight decay `wd`, and the gradient
-/// multiplied by `gmul` and by the control block's multiplier (`ctl`, [`CTL_LEN`] f32; no
-/// update where it says the step was skipped). `state` holds the momentum buffer (SGD) or
-/// (m, v) (Adam), f32.
-#[allow(clippy::too_many_arguments)]
+/// One fused update of the parameters `slots` (at most [`group_len`]) with learning rate `lr`,
+/// weight decay `wd`, and the gradient multiplied by `gmul` and by the control block's
+/// multiplier (`ctl`, [`CTL_LEN`] f32; no update where it says the step was skipped).
 pub(crate) fn step(
     dev: &Device,
-    slot: &Slot<'_>,
+    slots: &[Slot<'_>],
     rule: Rule,
     lr: f32,
     wd: f32,
     gmul: f32,
-    state: &[&Block],
     ctl: &Block,
 ) -> Result<()> {
-    let master = slot.master.unwrap_or(state[0]);
+    let Some(first) = slots.first() else {
+        return Ok(());
+    };
+    let lens: Vec<usize> = slots.iter().map(|s| s.n).collect();
+    let (n, w, wtot) = group_layout("optimizer step", &lens, WG as usize)?;
+    let has_master = slots
+        .iter()
+        .enumerate()
+        .map(|(k, s)| (s.master.is_some() as u32) << k)
+        .sum();
     let base = OptimParams {
-        n: u32_len("optimizer step", slot.n)?,
+        n: n[0],
+        n1: n[1],
+        n2: n[2],
+        n3: n[3],
+        w1: w[1],
+        w2: w[2],
+        w3: w[3],
+        wtot,
         lr,
         gmul,
         wd,
-        has_master: slot.master.is_some() as u32,
+        has_master,
         ..Default::default()
     };
-    match rule {
-        Rule::Sgd { momentum, nesterov } => launch_flat(
-            dev,
-            Kernel::Optim,
-            "sgd",
-            WG,
+    let (entry, params, per_slot) = match rule {
+        Rule::Sgd { momentum, nesterov } => (
+            ["sgd", "sgd4"],
             OptimParams {
                 beta1: momentum,
                 nesterov: nesterov as u32,
                 ..base
             },
-            &[
-                arg(slot.g, slot.p_dtype),
-                arg(slot.p, slot.p_dtype),
-                arg(master, DType::F32),
-                arg(state[0], DType::F32),
-                arg(ctl, DType::F32),
-            ],
-            slot.n,
+            4,
         ),
         Rule::Adam {
             beta1,
@@ -145,34 +197,50 @@ pub(crate) fn step(
             decoupled,
         } => {
             let t = step.max(1) as i32;
-            let c1 = 1.0 / (1.0 - beta1.powi(t));
-            let c2 = 1.0 / (1.0 - beta2.powi(t));
-            launch_flat(
-                dev,
-                Kernel::Optim,
-                "adam",
-                WG,
+            (
+                ["adam", "adam4"],
                 OptimParams {
                     beta1,
                     beta2,
                     eps,
-                    c1,
-                    c2,
+                    c1: 1.0 / (1.0 - beta1.powi(t)),
+                    c2: 1.0 / (1.0 - beta2.powi(t)),
                     decoupled: decoupled as u32,
                     ..base
                 },
-                &[
-                    arg(slot.g, slot.p_dtype),
-                    arg(slot.p, slot.p_dtype),
-                    arg(master, DType::F32),
-                    arg(state[0], DType::F32),
-                    arg(state[1], DType::F32),
-                    arg(ctl, DType::F32),
-                ],
-                slot.n,
+                5,
             )
         }
+    };
+    // One tensor takes the one-tensor entry; a group binds four, the missing ones as the
+    // first again (with no elements).
+    let bound = if slots.len() == 1 { 1 } else { GROUP };
+    let mut args: Vec<Arg<'_>> = Vec::with_capacity(bound * per_slot + 1);
+    for k in 0..bound {
+        let s = slots.get(k).unwrap_or(first);
+        let all = [
+            arg(s.g, s.p_dtype),
+            arg(s.p, s.p_dtype),
+            arg(s.master_or_dummy(), DType::F32),
+            arg(s.state[0], DType::F32),
+            arg(s.state[1], DType::F32),
+        ];
+        // SGD binds one state block.
+        args.extend(all.into_iter().take(per_slot));
     }
+    args.push(arg(ctl, DType::F32));
+    launch(
+        dev,
+        &Launch {
+            kernel: Kernel::Optim,
+            entry: entry[(bound > 1) as usize],
+            wg: WG,
+            consts: &[],
+            params,
+            args: &args,
+            groups: grid_1d(wtot as usize * WG as usize, WG),
+        },
+    )
 }
 
 /// Number of f32 partials `sumsq` writes for `n` elements.
@@ -180,10 +248,7 @@ pub(crate) fn sumsq_parts(n: usize) -> usize {
     n.div_ceil(WG as usize * 8).max(1)
 }
 
-/// Tensors one `sumsq` dispatch reads.
-pub(crate) const SUMSQ_GROUP: usize = 4;
-
-/// Partial f32 sums of squares of up to [`SUMSQ_GROUP`] tensors `xs` (block, dtype, elements)
+/// Partial f32 sums of squares of up to [`GROUP`] tensors `xs` (block, dtype, elements)
 /// into `partial`, from element `at` on: sumsq_parts(n) values per tensor, in order.
 pub(crate) fn sumsq(
     dev: &Device,
@@ -194,24 +259,11 @@ pub(crate) fn sumsq(
     let Some(&first) = xs.first() else {
         return Ok(());
     };
-    if xs.len() > SUMSQ_GROUP {
-        return Err(crate::error::Error::Internal(format!(
-            "sumsq of {} tensors",
-            xs.len()
-        )));
-    }
-    // Workgroup starts and element counts; missing tensors are the first one again, empty.
-    let mut n = [0u32; SUMSQ_GROUP];
-    let mut w = [0u32; SUMSQ_GROUP + 1];
-    for (i, &(_, _, len)) in xs.iter().enumerate() {
-        n[i] = u32_len("sum of squares", len)?;
-        w[i + 1] = w[i] + sumsq_parts(len) as u32;
-    }
-    for i in xs.len()..SUMSQ_GROUP {
-        w[i + 1] = w[i];
-    }
-    let parts = w[SUMSQ_GROUP] as usize;
-    let args: Vec<Arg<'_>> = (0..SUMSQ_GROUP)
+    let op = "sum of squares";
+    let lens: Vec<usize> = xs.iter().map(|x| x.2).collect();
+    let (n, w, parts) = group_layout(op, &lens, WG as usize * 8)?;
+    // Missing tensors are the first one again, empty.
+    let args: Vec<Arg<'_>> = (0..GROUP)
         .map(|i| {
             let (b, d, _) = xs.get(i).copied().unwrap_or(first);
             arg(b, d)
@@ -233,11 +285,12 @@ pub(crate) fn sumsq(
                 w1: w[1],
                 w2: w[2],
                 w3: w[3],
-                out_off: u32_len("sum of squares", at + parts)? - parts as u32,
+                wtot: parts,
+                out_off: u32_len(op, at + parts as usize)? - parts,
                 ..Default::default()
             },
             args: &args,
-            groups: grid_1d(parts * WG as usize, WG),
+            groups: grid_1d(parts as usize * WG as usize, WG),
         },
     )
 }

@@ -44,7 +44,6 @@ pub use sgd::Sgd;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::optim::{self as ko, Rule, Slot};
-use crate::memory::Block;
 use crate::tensor::Tensor;
 
 /// What every optimizer does.
@@ -151,25 +150,19 @@ impl Slotted {
         })
     }
 
-    /// Runs one fused update if the parameter has a gradient.
-    fn update(&self, rule: Rule, lr: f32, wd: f32, gmul: f32, ctl: &Block) -> Result<()> {
-        let Some(g) = self.p.grad() else {
-            return Ok(());
-        };
-        let g = g.to_dtype(self.p.dtype())?.contiguous()?;
+    /// The blocks one update of this parameter touches, with `g` its gradient (dense, in the
+    /// parameter's dtype).
+    fn slot<'a>(&'a self, g: &'a Tensor) -> Result<Slot<'a>> {
         let op = "optimizer step";
         // Without state or master weights the kernel still binds something there; the
         // parameter itself is valid memory of the right size and is never written through it.
         let dummy = self.master.as_ref().unwrap_or(&self.p).dense_block(op)?;
-        let state: Vec<_> = if self.state.is_empty() {
-            vec![dummy]
-        } else {
-            self.state
-                .iter()
-                .map(|t| t.dense_block(op))
-                .collect::<Result<Vec<_>>>()?
+        let state = match self.state.as_slice() {
+            [] => [dummy, dummy],
+            [a] => [a.dense_block(op)?, dummy],
+            [a, b, ..] => [a.dense_block(op)?, b.dense_block(op)?],
         };
-        let slot = Slot {
+        Ok(Slot {
             p: self.p.dense_block(op)?,
             p_dtype: self.p.dtype(),
             g: g.dense_block(op)?,
@@ -177,9 +170,9 @@ impl Slotted {
                 Some(m) => Some(m.dense_block(op)?),
                 None => None,
             },
+            state,
             n: self.p.numel(),
-        };
-        ko::step(self.p.device(), &slot, rule, lr, wd, gmul, &state, ctl)
+        })
     }
 }
 
@@ -204,8 +197,24 @@ impl Slots {
             return Ok(());
         };
         let ctl = ctl.block()?;
-        for s in &self.list {
-            s.update(rule, lr, wd, gmul, ctl)?;
+        // Every parameter with a gradient, the gradient dense and in the parameter's dtype.
+        let ready = self
+            .list
+            .iter()
+            .filter_map(|s| s.p.grad().map(|g| (s, g)))
+            .map(|(s, g)| Ok((s, g.to_dtype(s.p.dtype())?.contiguous()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let Some((first, _)) = ready.first() else {
+            return Ok(());
+        };
+        let dev = first.p.device();
+        // Consecutive parameters share a dispatch (the GPT's 76 updates were 76 launches).
+        for group in ready.chunks(ko::group_len(dev)) {
+            let slots = group
+                .iter()
+                .map(|(s, g)| s.slot(g))
+                .collect::<Result<Vec<_>>>()?;
+            ko::step(dev, &slots, rule, lr, wd, gmul, ctl)?;
         }
         Ok(())
     }
@@ -232,7 +241,7 @@ pub(crate) fn sum_of_squares(params: &[Tensor]) -> Result<Option<Tensor>> {
     let partial = Tensor::uninit(first.device(), &[total], DType::F32)?;
     let op = "grad_norm";
     let mut at = 0;
-    for group in grads.chunks(ko::SUMSQ_GROUP) {
+    for group in grads.chunks(ko::GROUP) {
         let xs = group
             .iter()
             .map(|g| Ok((g.dense_block(op)?, g.dtype(), g.numel())))
