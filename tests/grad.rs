@@ -145,16 +145,49 @@ fn binary_gradients_with_broadcast() {
             let a = pos(&mut rng, na);
             let b = pos(&mut rng, nb);
             let out = wgrad::ops::elementwise::broadcast_shape("t", &sa, &sb).unwrap();
-            let (sa2, sb2, out2) = (sa.clone(), sb.clone(), out.clone());
-            check(
-                &dev,
-                &format!("{name} {sa:?} {sb:?}"),
-                &[(a, sa.clone(), true), (b, sb.clone(), true)],
-                &|t| g(&t[0], &t[1]),
-                &move |x| broadcast_apply(&x[0], &sa2, &x[1], &sb2, &out2, c),
-            );
+            // Both inputs variables, then each alone (the other side's gradient is skipped).
+            for (va, vb) in [(true, true), (true, false), (false, true)] {
+                let (sa2, sb2, out2) = (sa.clone(), sb.clone(), out.clone());
+                check(
+                    &dev,
+                    &format!("{name} {sa:?} {sb:?} variables {va} {vb}"),
+                    &[(a.clone(), sa.clone(), va), (b.clone(), sb.clone(), vb)],
+                    &|t| g(&t[0], &t[1]),
+                    &move |x| broadcast_apply(&x[0], &sa2, &x[1], &sb2, &out2, c),
+                );
+            }
         }
     }
+}
+
+/// A binary op computes no gradient for an input that needs none: `x * scale` with a
+/// constant scale (a loss scaler's) launches fewer kernels in backward than with a variable
+/// one, whose gradient is a product and a sum over the broadcast.
+#[test]
+fn binary_backward_skips_constant_inputs() {
+    let dev = device();
+    let launches = |scale_grad: bool| {
+        let x = Tensor::ones(&dev, &[64, 8], DType::F32).unwrap().variable();
+        let mut s = Tensor::full(&dev, &[1], 2.0, DType::F32).unwrap();
+        if scale_grad {
+            s = s.variable();
+        }
+        let y = x.mul(&s).unwrap().sum_all().unwrap();
+        dev.sync().unwrap();
+        let before = dev.dispatch_stats().dispatches;
+        y.backward().unwrap();
+        let n = dev.dispatch_stats().dispatches - before;
+        assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0; 512]);
+        if scale_grad {
+            assert_eq!(s.grad().unwrap().to_vec::<f32>().unwrap(), vec![512.0]);
+        }
+        n
+    };
+    let (constant, variable) = (launches(false), launches(true));
+    assert!(
+        constant + 2 <= variable,
+        "backward launched {constant} kernels with a constant scale, {variable} with a variable one"
+    );
 }
 
 #[test]

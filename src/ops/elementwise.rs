@@ -44,16 +44,40 @@ macro_rules! unary_methods {
 
 crate::for_each_unary!(unary_methods);
 
-/// A broadcasting binary op's gradients (inputs x, y), summed back to each input's shape.
+/// A broadcasting binary op's gradients (inputs x, y), summed back to each input's shape;
+/// `None` for an input that needs none (a loss scale, a mask, a constant), whose gradient
+/// would cost kernels and a sum over the broadcast for nothing.
 fn binary_grads(op: Binary, xy: &[Tensor], out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
     let (x, y) = (&xy[0], &xy[1]);
+    let (want_x, want_y) = (x.requires_grad(), y.requires_grad());
+    // Each side's gradient, computed only where wanted.
+    let side =
+        |want: bool, f: &dyn Fn() -> Result<Tensor>, shape: &[usize]| -> Result<Option<Tensor>> {
+            if want {
+                Ok(Some(f()?.sum_to(shape)?))
+            } else {
+                Ok(None)
+            }
+        };
     let (gx, gy) = match op {
-        Binary::Add => (g.clone(), g),
-        Binary::Sub => (g.clone(), g.neg()?),
-        Binary::Mul => (g.mul(y)?, g.mul(x)?),
+        Binary::Add => (
+            side(want_x, &|| Ok(g.clone()), x.shape())?,
+            side(want_y, &|| Ok(g.clone()), y.shape())?,
+        ),
+        Binary::Sub => (
+            side(want_x, &|| Ok(g.clone()), x.shape())?,
+            side(want_y, &|| g.neg(), y.shape())?,
+        ),
+        Binary::Mul => (
+            side(want_x, &|| g.mul(y), x.shape())?,
+            side(want_y, &|| g.mul(x), y.shape())?,
+        ),
         Binary::Div => {
             let gx = g.div(y)?;
-            (gx.clone(), gx.mul(x)?.div(y)?.neg()?)
+            (
+                side(want_x, &|| Ok(gx.clone()), x.shape())?,
+                side(want_y, &|| gx.mul(x)?.div(y)?.neg(), y.shape())?,
+            )
         }
         Binary::Max | Binary::Min => {
             // Ties split the gradient evenly, as PyTorch does.
@@ -64,26 +88,27 @@ fn binary_grads(op: Binary, xy: &[Tensor], out: &Tensor, g: Tensor) -> Result<Ve
             };
             let ties = x.eq(y)?.mul_scalar(0.5)?;
             let mx = wins.add(&ties)?;
-            let my = mx.rsub_scalar(1.0)?;
-            (g.mul(&mx)?, g.mul(&my)?)
+            (
+                side(want_x, &|| g.mul(&mx), x.shape())?,
+                side(want_y, &|| g.mul(&mx.rsub_scalar(1.0)?), y.shape())?,
+            )
         }
         Binary::Pow => {
             // d/dx x^y = y x^(y-1); d/dy x^y = x^y ln x, taken as 0 where x = 0 and y >= 0
             // (PyTorch's convention; 0 * -inf would be NaN).
-            let gx = g.mul(y)?.mul(&x.pow(&y.add_scalar(-1.0)?)?)?;
-            let zero_base = x.eq(&Tensor::zeros(x.device(), &[1], x.dtype())?)?;
-            let safe_log = x.add(&zero_base)?.log()?;
-            let gy = g.mul(out)?.mul(&safe_log)?;
-            (gx, gy)
+            let gx = || g.mul(y)?.mul(&x.pow(&y.add_scalar(-1.0)?)?);
+            let gy = || {
+                let zero_base = x.eq(&Tensor::zeros(x.device(), &[1], x.dtype())?)?;
+                let safe_log = x.add(&zero_base)?.log()?;
+                g.mul(out)?.mul(&safe_log)
+            };
+            (side(want_x, &gx, x.shape())?, side(want_y, &gy, y.shape())?)
         }
         Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge => {
             return Err(Error::Internal("a comparison was recorded".into()));
         }
     };
-    Ok(vec![
-        Some(gx.sum_to(x.shape())?),
-        Some(gy.sum_to(y.shape())?),
-    ])
+    Ok(vec![gx, gy])
 }
 
 /// `where`'s gradients (inputs: the two branches): to the selected branch; the condition
