@@ -120,10 +120,9 @@ fn group_layout(
         w[k] = u32_len(op, total)?;
         total += len.div_ceil(per_wg);
     }
-    for k in lens.len()..GROUP {
-        w[k] = u32_len(op, total)?;
-    }
-    Ok((n, w, u32_len(op, total)?))
+    let total = u32_len(op, total)?;
+    w[lens.len()..].fill(total);
+    Ok((n, w, total))
 }
 
 /// Hyper-parameters of one step.
