@@ -21,15 +21,15 @@
 //              multiple of 4 up to 4 NV subgroup widths (NV up to 16: 2048 on 32-wide subgroups).
 //   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
 //              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
-//              the host sums the chunks (a reduce pass) into dgamma and dbeta. Chunks bound
-//              each thread's loop and give the device rows x len / rchunk threads instead of
-//              len.
+//              bwd_params_sum sums the chunks into dgamma and dbeta. Chunks bound each
+//              thread's loop and give the device rows x len / rchunk threads instead of len.
 //
 // Bindings: signature lines (beta is a dummy for RMSNorm). Params: rows, len, eps, rms (0/1),
 // rchunk, nchunks.
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
 // block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none. bwd_params
-// rchunk / 2 + 2 (64 rows a chunk), bwd_params4 rchunk / 4 + 5 (32 rows).
+// rchunk / 2 + 2 (64 rows a chunk), bwd_params4 rchunk / 4 + 5 (32 rows), bwd_params_sum
+// nchunks / 8 + 9 (the host keeps it in the loop budget).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
 // the reductions), in the *_rows entries on the subgroup's (uniform for its subgroupAdd);
 // element loops test i < len; bwd_params threads past the last return.
@@ -221,6 +221,39 @@ fn main(ids: Ids) {
   st_part(k * p.len + 4u * j + $i, dg[$i]);
   st_part((p.nchunks + k) * p.len + 4u * j + $i, db[$i]);
   //! end
+}
+
+//! entry bwd_params_sum(part: f32, dgamma: data mut, dbeta: data mut)
+//! check WG=256
+// The chunk sums of bwd_params(4) into dgamma and dbeta, each its own tensor: the outputs
+// o = s len + c (s = 0 for gamma, 1 for beta; beta's only without rms) go 32 to a workgroup,
+// one a lane, and the workgroup's 8 groups of 32 lanes take every 8th chunk each,
+// then add their 8 sums in order in workgroup memory. A general reduce took two passes here,
+// and beta's gradient, the second row of one [2, len] result, a copy of its own.
+var<workgroup> psum: array<f32, 256>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let lane = ids.lid % 32u;
+  let grp = ids.lid / 32u;
+  let o = (ids.wid.y * ids.nwg.x + ids.wid.x) * 32u + lane;
+  let outs = select(2u, 1u, p.rms != 0u) * p.len;
+  let s = o / max(p.len, 1u);
+  let c = o - s * p.len;
+  var t = 0.0;
+  if (o < outs) {
+    for (var k = grp; k < p.nchunks; k = k + 8u) {
+      t = t + ld_part((s * p.nchunks + k) * p.len + c);
+    }
+  }
+  psum[ids.lid] = t;
+  workgroupBarrier();
+  if (grp != 0u || o >= outs) { return; }
+  var sum = 0.0;
+  for (var g = 0u; g < 8u; g = g + 1u) {
+    sum = sum + psum[g * 32u + lane];
+  }
+  if (s == 0u) { st_dgamma(c, sum); } else { st_dbeta(c, sum); }
 }
 
 //! entry bwd_params(x: data, dy: data, stats: f32, part: f32 mut)

@@ -1841,6 +1841,9 @@ fn norm_gradients() {
                 (5, 1000),
                 (6, 1025),
                 (3, 1152),
+                // Enough row chunks (32 or 64 rows each) for every group of the chunk sums.
+                (600, 20),
+                (600, 17),
             ] {
                 let x: Vec<f32> = rng.vec(rows * len).iter().map(|v| v * 2.0 + 0.5).collect();
                 let (g, b, dy) = (rng.vec(len), rng.vec(len), rng.vec(rows * len));

@@ -1,8 +1,7 @@
 //! Host side of `shaders/norm.wgsl`.
 
-use super::reduce::{self, ReduceOp};
 use super::softmax::{ROWS_PER_WG, check_row, register_runs, row_grid, row_wg, subgroup_rows_wg};
-use super::{Kernel, Launch, arg, grid_1d, launch, u32_len};
+use super::{Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -42,15 +41,13 @@ pub(crate) struct Norm<'a> {
 }
 
 impl Norm<'_> {
+    /// The parameters every entry reads; `backward` adds the parameter gradients' chunks.
     fn params(&self) -> NormParams {
-        let nchunks = self.rows.div_ceil(RCHUNK).max(1);
         NormParams {
             rows: self.rows as u32,
             len: self.len as u32,
             eps: self.eps,
             rms: self.beta.is_none() as u32,
-            rchunk: RCHUNK as u32,
-            nchunks: nchunks as u32,
             ..Default::default()
         }
     }
@@ -101,14 +98,15 @@ pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
     )
 }
 
-/// dx, and the parameter gradients as one [2, len] block (`dparams`: dgamma, then dbeta,
-/// which is zero-use for RMSNorm).
+/// dx, and the parameter gradients `dgamma` and `dbeta` (`None` for RMSNorm), each its own
+/// block.
 pub(crate) fn backward(
     dev: &Device,
     n: &Norm<'_>,
     dy: &Block,
     dx: &Block,
-    dparams: &Block,
+    dgamma: &Block,
+    dbeta: Option<&Block>,
 ) -> Result<()> {
     check_row("norm backward", n.len)?;
     let (entry, wg, groups, consts) = row_launch(dev, n, ["bwd_x_vec", "bwd_x_rows", "bwd_x"]);
@@ -132,18 +130,18 @@ pub(crate) fn backward(
         },
     )?;
     // By runs of 4 columns where the rows allow, over chunks of 32 rows instead of 64: a
-    // thread then covers twice the elements, and half as many threads run.
+    // thread then covers twice the elements, and half as many threads run. Longer chunks
+    // where the chunk count would take bwd_params_sum past the loop budget (over 16 million
+    // rows), so that one pass always sums them.
     let runs = n.len.is_multiple_of(4);
-    let p = if runs {
-        NormParams {
-            rchunk: (RCHUNK / 2) as u32,
-            nchunks: n.rows.div_ceil(RCHUNK / 2).max(1) as u32,
-            ..p
-        }
-    } else {
-        p
+    let least = if runs { RCHUNK / 2 } else { RCHUNK };
+    let rchunk = least.max(n.rows.div_ceil(8 * (LOOP_BUDGET - 16)));
+    let nchunks = n.rows.div_ceil(rchunk).max(1);
+    let p = NormParams {
+        rchunk: u32_len("norm backward", rchunk)?,
+        nchunks: u32_len("norm backward", nchunks)?,
+        ..p
     };
-    let nchunks = p.nchunks as usize;
     let part = dev.alloc((2 * nchunks * n.len * 4) as u64)?;
     launch(
         dev,
@@ -162,17 +160,22 @@ pub(crate) fn backward(
             groups: grid_1d(n.len / if runs { 4 } else { 1 } * nchunks, 256),
         },
     )?;
-    // [2, nchunks, len] -> [2, len].
-    reduce::reduce(
+    // [2, nchunks, len] -> dgamma and dbeta.
+    let outs = if dbeta.is_some() { 2 * n.len } else { n.len };
+    launch(
         dev,
-        ReduceOp::Sum,
-        1.0,
-        &part,
-        DType::F32,
-        dparams,
-        n.dtype,
-        2,
-        nchunks,
-        n.len,
+        &Launch {
+            kernel: Kernel::Norm,
+            entry: "bwd_params_sum",
+            wg: 256,
+            consts: &[],
+            params: p,
+            args: &[
+                arg(&part, DType::F32),
+                arg(dgamma, n.dtype),
+                arg(dbeta.unwrap_or(dgamma), n.dtype),
+            ],
+            groups: grid_1d(outs.div_ceil(32) * 256, 256),
+        },
     )
 }

@@ -25,7 +25,12 @@ impl Backward for NormBack {
         let len = gamma.numel();
         let dev = x.device();
         let dx = Tensor::uninit(dev, x.shape(), x.dtype())?;
-        let dparams = Tensor::uninit(dev, &[2, len], x.dtype())?;
+        let dgamma = Tensor::uninit(dev, &[len], x.dtype())?;
+        let dbeta = if has_beta {
+            Some(Tensor::uninit(dev, &[len], x.dtype())?)
+        } else {
+            None
+        };
         let dy = dy.to_dtype(x.dtype())?.contiguous()?;
         let (xg, gg) = (x.contiguous()?, gamma.contiguous()?);
         let n = Norm {
@@ -47,11 +52,15 @@ impl Backward for NormBack {
             &n,
             dy.dense_block("norm backward")?,
             dx.dense_block("norm backward")?,
-            dparams.dense_block("norm backward")?,
+            dgamma.dense_block("norm backward")?,
+            match &dbeta {
+                Some(t) => Some(t.dense_block("norm backward")?),
+                None => None,
+            },
         )?;
-        let mut v = vec![Some(dx), Some(dparams.narrow(0, 0, 1)?.reshape(&[len])?)];
+        let mut v = vec![Some(dx), Some(dgamma)];
         if has_beta {
-            v.push(Some(dparams.narrow(0, 1, 1)?.reshape(&[len])?));
+            v.push(dbeta);
         }
         Ok(v)
     }
