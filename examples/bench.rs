@@ -477,6 +477,35 @@ fn main() -> Result<()> {
                 };
                 let ms = time(&dev, a.ms, lin)?;
                 if tc {
+                    // What a linear layer's forward costs beyond A B: W read transposed, and the
+                    // bias in the epilogue, each alone.
+                    let xwt = || {
+                        x.matmul_with(
+                            &w,
+                            MatmulOpts {
+                                trans_b: true,
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop)
+                    };
+                    side(rows, "linear (x W^T alone, wide)", Config::CoopWide, &xwt)?;
+                    let ab_bias = || {
+                        ta.matmul_with(
+                            &tb,
+                            MatmulOpts {
+                                bias: Some(&bias),
+                                ..Default::default()
+                            },
+                        )
+                        .map(drop)
+                    };
+                    side(
+                        rows,
+                        "linear (A B + bias, wide)",
+                        Config::CoopWide,
+                        &ab_bias,
+                    )?;
                     side(rows, "linear (forced main)", Config::CoopTiled, &lin)?;
                     side(rows, "linear (forced wide)", Config::CoopWide, &lin)?;
                     side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
