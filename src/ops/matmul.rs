@@ -333,24 +333,39 @@ impl Padding {
 
 /// A dense copy of `t` with its last two dimensions zero-padded to `rows` x `cols`.
 fn padded(t: &Tensor, rows: usize, cols: usize) -> Result<Tensor> {
-    pad_axis(&pad_axis(t, -1, cols)?, -2, rows)?.contiguous()
+    let r = t.rank();
+    let mut dims = t.shape().to_vec();
+    dims[r - 2] = dims[r - 2].max(rows);
+    dims[r - 1] = dims[r - 1].max(cols);
+    pad_to(t, &dims)
 }
 
 /// `v` (one dimension) zero-padded to `len`.
 fn padded_vec(v: &Tensor, len: usize) -> Result<Tensor> {
-    pad_axis(v, -1, len)
+    pad_to(v, &[v.numel().max(len)])
 }
 
-/// `t` with zeros appended along `axis` up to `len` (`t` itself where it is that long).
-fn pad_axis(t: &Tensor, axis: isize, len: usize) -> Result<Tensor> {
-    let mut shape = t.shape().to_vec();
-    let i = t.axis(axis, "matmul padding")?;
-    if shape[i] >= len {
-        return Ok(t.clone());
+/// `t` (dense) in the leading corner of zeros of shape `dims`: two launches, a fill and one
+/// copy (zeros joined on one axis at a time were three launches an axis, and a lm head's
+/// 65-word vocabulary padded both of its product's operands every step).
+fn pad_to(t: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    if t.shape() == dims {
+        return t.contiguous();
     }
-    shape[i] = len - shape[i];
-    let z = Tensor::zeros(t.device(), &shape, t.dtype())?;
-    Tensor::cat(&[t, &z], axis)
+    let out = Tensor::zeros(t.device(), dims, t.dtype())?;
+    let mut corner = out.layout().clone();
+    for (axis, &n) in t.shape().iter().enumerate() {
+        corner = corner.narrow(axis, 0, n);
+    }
+    crate::kernels::copy::strided_layout(
+        t.device(),
+        t.block(),
+        t.layout(),
+        out.block(),
+        &corner,
+        t.dtype(),
+    )?;
+    Ok(out)
 }
 
 thread_local! {
