@@ -5,8 +5,8 @@
 //
 // Update entries are one thread per parameter element; threads past n return (each touches
 // only its own element). `sgd` and `adam` take one tensor (1-D with flat_id); `sgd4` and
-// `adam4` take up to four, laid out as sumsq lays them out (the workgroups of tensor k start at
-// w_k; has_master is a bit per tensor): the GPT's 76 AdamW dispatches of 7 us each, mostly
+// `adam4` take up to four, laid out as sumsq lays them out (`group_slot`; has_master is a bit
+// per tensor): the GPT's 76 AdamW dispatches of 7 us each, mostly
 // small tensors, cost the step their launches rather than their bytes. All optimizer state is f32 on the device. The gradient
 // is multiplied by `gmul` and by the step's control word ctl[CTL_MUL] first, which folds
 // loss-scale removal (1/scale) and global-norm clipping into the same pass; when
@@ -20,8 +20,9 @@
 //   adam   (AdamW when decoupled: w -= lr * wd * w, else g += wd * w)
 //          m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //          w -= lr * (m * c1) / (sqrt(v * c2) + eps),  c1 = 1/(1 - b1^t), c2 = 1/(1 - b2^t)
-//   sumsq  Up to four tensors a dispatch (x0u .. x3u: 76 dispatches of mostly small
-//          gradients cost the GPT step more than their arithmetic), one workgroup per chunk of
+//   sumsq  Up to four tensors a dispatch (x0u .. x3u; sumsq16 sixteen, where the adapter
+//          binds them: 76 dispatches of mostly small gradients cost the GPT step more than
+//          their arithmetic), one workgroup per chunk of
 //          WG * 8 elements of one of them, in order: the f32 sum of squares of its chunk,
 //          written to partial[out_off + wid]. Accumulating in f32 keeps an f16 gradient's
 //          squares from overflowing; an inf or NaN anywhere makes the sum inf or NaN, which
@@ -37,7 +38,7 @@
 // Bindings: signature lines. (When there is no master weight or no momentum, a dummy block
 // is bound and never touched.)
 // Loops: sumsq 8 (a constant trip count); decide n / WG + 1 plus the block reduction (the
-// host keeps n under the loop budget); the updates none but group_slot's 3.
+// host keeps n under the loop budget); the updates none but group_slot's (count - 1).
 
 struct Params {
   n: u32,
@@ -57,16 +58,13 @@ struct Params {
   growth: f32,     // decide: scale multiplier after `interval` clean steps
   backoff: f32,    // decide: scale multiplier after an overflow
   interval: u32,   // decide
-  // sumsq: the element counts of x1u, x2u, x3u (x0u's is n) and the workgroups where their
-  // chunks start (x0u's at 0).
-  n1: u32,
-  n2: u32,
-  n3: u32,
-  w1: u32,
-  w2: u32,
-  w3: u32,
-  wtot: u32,       // sumsq: the group's workgroups (a 2-D grid may launch more)
+  wtot: u32,       // grouped entries: the group's workgroups (a 2-D grid may launch more)
+  _pad0: u32,
   _pad1: u32,
+  // Grouped entries (sgd4, adam4, sumsq, sumsq16): tensor k's element count, ns[k / 4][k % 4]
+  // (group_n), and the first workgroup of its chunks, ws[k / 4][k % 4] (group_w).
+  ns: array<vec4<u32>, 4>,
+  ws: array<vec4<u32>, 4>,
 }
 
 // The updates of one element, shared by the one-tensor entries and the grouped ones. `g` is
@@ -95,16 +93,18 @@ fn adam_rule(w0: f32, g0: f32, m0: f32, v0: f32) -> vec3<f32> {
   return vec3<f32>(w, m, v);
 }
 
-// Which tensor of a group workgroup `wg` works on, and its place among that tensor's
-// workgroups: tensor k owns workgroups [starts[k], starts[k + 1]) (the last range is open;
-// a tensor missing from a group, or empty, owns none). Uniform across the workgroup.
-fn group_slot(wg: u32) -> vec2<u32> {
-  let starts = vec4<u32>(0u, p.w1, p.w2, p.w3);
+fn group_n(k: u32) -> u32 { return p.ns[k / 4u][k % 4u]; }
+fn group_w(k: u32) -> u32 { return p.ws[k / 4u][k % 4u]; }
+
+// Which tensor of a group of `count` workgroup `wg` works on, and its place among that
+// tensor's workgroups: tensor k owns workgroups [group_w(k), group_w(k + 1)) (the last range
+// is open; a tensor missing from a group, or empty, owns none). Uniform across the workgroup.
+fn group_slot(wg: u32, count: u32) -> vec2<u32> {
   var k = 0u;
-  for (var j = 1u; j < 4u; j = j + 1u) {
-    if (wg >= starts[j]) { k = j; }
+  for (var j = 1u; j < count; j = j + 1u) {
+    if (wg >= group_w(j)) { k = j; }
   }
-  return vec2<u32>(k, wg - starts[k]);
+  return vec2<u32>(k, wg - group_w(k));
 }
 
 //! entry sgd(g: data, w: data mut, master: f32 mut, buf: f32 mut, ctl: f32)
@@ -142,12 +142,11 @@ fn main(ids: Ids) {
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   if (ld_ctl(CTL_STEPPED) == 0.0) { return; }
-  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x);
+  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x, 4u);
   let i = at.y * WG + ids.lid;
-  let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
   let gm = p.gmul * ld_ctl(CTL_MUL);
   //! unroll k in 0..4
-  if (at.x == $k && i < ns[$k]) {
+  if (at.x == $k && i < group_n($k)) {
     let has_master = (p.has_master & (1u << $k)) != 0u;
     let w = select(ld_par$k(i), ld_master$k(i), has_master);
     var b = 0.0;
@@ -164,12 +163,11 @@ fn main(ids: Ids) {
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   if (ld_ctl(CTL_STEPPED) == 0.0) { return; }
-  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x);
+  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x, 4u);
   let i = at.y * WG + ids.lid;
-  let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
   let gm = p.gmul * ld_ctl(CTL_MUL);
   //! unroll k in 0..4
-  if (at.x == $k && i < ns[$k]) {
+  if (at.x == $k && i < group_n($k)) {
     let has_master = (p.has_master & (1u << $k)) != 0u;
     let w = select(ld_par$k(i), ld_master$k(i), has_master);
     let r = adam_rule(w, ld_g$k(i) * gm, ld_m$k(i), ld_v$k(i));
@@ -184,14 +182,14 @@ fn main(ids: Ids) {
 //! entry sumsq(x0u: data, x1u: data, x2u: data, x3u: data, partial: f32 mut)
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-  let at = group_slot(ids.wid.y * ids.nwg.x + ids.wid.x);
-  let ns = vec4<u32>(p.n, p.n1, p.n2, p.n3);
+  let wg = ids.wid.y * ids.nwg.x + ids.wid.x;
+  let at = group_slot(wg, 4u);
   var s = 0.0;
   //! unroll k in 0..4
   if (at.x == $k) {
     for (var j = 0u; j < 8u; j = j + 1u) {
       let i = (at.y * 8u + j) * WG + ids.lid;
-      if (i < ns[$k]) {
+      if (i < group_n($k)) {
         let x = ld_x$k(i);
         s = s + x * x;
       }
@@ -199,7 +197,28 @@ fn main(ids: Ids) {
   }
   //! end
   let t = block_sum(s, ids);
+  if (ids.lid == 0u && wg < p.wtot) { st_partial(p.out_off + wg, t); }
+}
+
+//! entry sumsq16(x0u: data, x1u: data, x2u: data, x3u: data, x4u: data, x5u: data, x6u: data, x7u: data, x8u: data, x9u: data, x10u: data, x11u: data, x12u: data, x13u: data, x14u: data, x15u: data, partial: f32 mut)
+// sumsq for 16 tensors, where the adapter binds 17 storage buffers.
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
   let wg = ids.wid.y * ids.nwg.x + ids.wid.x;
+  let at = group_slot(wg, 16u);
+  var s = 0.0;
+  //! unroll k in 0..16
+  if (at.x == $k) {
+    for (var j = 0u; j < 8u; j = j + 1u) {
+      let i = (at.y * 8u + j) * WG + ids.lid;
+      if (i < group_n($k)) {
+        let x = ld_x$k(i);
+        s = s + x * x;
+      }
+    }
+  }
+  //! end
+  let t = block_sum(s, ids);
   if (ids.lid == 0u && wg < p.wtot) { st_partial(p.out_off + wg, t); }
 }
 

@@ -394,13 +394,17 @@ fn clipping_and_nonfinite_guards() {
 }
 
 /// The global gradient norm over many gradients of awkward sizes and both float dtypes
-/// (summed four tensors a dispatch), against an f64 sum; a parameter without a gradient is
-/// left out, and an inf in one late gradient makes the norm inf.
+/// (summed sixteen tensors a dispatch where the adapter binds them, else four: 21 gradients
+/// make a full group and a partial one), against an f64 sum; a parameter without a gradient
+/// is left out, and an inf in one late gradient makes the norm inf.
 #[test]
 fn grad_norm_over_many_tensors() {
     let dev = device_with(|o| o.poison = true);
     let mut rng = Rng::new(40);
-    let sizes = [1usize, 3, 17, 127, 1000, 2049, 5000, 2, 4100];
+    let sizes = [
+        1usize, 3, 17, 127, 1000, 2049, 5000, 2, 4100, 9, 33, 65, 300, 700, 1, 2, 3, 4097, 5, 6,
+        8191,
+    ];
     let mut params = Vec::new();
     let mut want = 0.0f64;
     for (i, &n) in sizes.iter().enumerate() {

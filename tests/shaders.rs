@@ -328,6 +328,7 @@ fn host_params_match_the_shaders() {
             let host_end = last.offset
                 + match last.wgsl {
                     "array<vec4<u32>, 2>" => 32,
+                    "array<vec4<u32>, 4>" => 64,
                     _ => 4,
                 };
             assert_eq!(

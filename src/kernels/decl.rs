@@ -44,6 +44,9 @@ impl Wgsl for f32 {
 impl Wgsl for [[u32; 4]; 2] {
     const WGSL: &'static str = "array<vec4<u32>, 2>";
 }
+impl Wgsl for [[u32; 4]; 4] {
+    const WGSL: &'static str = "array<vec4<u32>, 4>";
+}
 
 /// Declares a kernel parameter struct and its field list (see the module docs).
 #[macro_export]

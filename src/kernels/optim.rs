@@ -28,14 +28,11 @@ crate::params! {
         growth: f32,
         backoff: f32,
         interval: u32,
-        n1: u32,
-        n2: u32,
-        n3: u32,
-        w1: u32,
-        w2: u32,
-        w3: u32,
         wtot: u32,
+        _pad0: u32,
         _pad1: u32,
+        ns: [[u32; 4]; 4],
+        ws: [[u32; 4]; 4],
     }
 }
 
@@ -87,6 +84,8 @@ impl Slot<'_> {
 
 /// Parameters one grouped update (`sgd4`, `adam4`) or `sumsq` dispatch takes.
 pub(crate) const GROUP: usize = 4;
+/// Tensors `sumsq16` takes.
+const GROUP16: usize = 16;
 
 /// Parameters one update dispatch takes on `dev`: [`GROUP`] where the adapter binds `adam4`'s
 /// 21 storage buffers (every desktop driver; WebGPU only promises 8), else 1.
@@ -98,31 +97,38 @@ pub(crate) fn group_len(dev: &Device) -> usize {
     }
 }
 
+/// Tensors one `sumsq` dispatch takes on `dev`: 16 where the adapter binds 17 storage
+/// buffers, else 4.
+pub(crate) fn sumsq_group(dev: &Device) -> usize {
+    if dev.caps().max_storage_buffers as usize > GROUP16 {
+        GROUP16
+    } else {
+        GROUP
+    }
+}
+
 /// Where a group's tensors of `lens` elements start in a dispatch that gives each workgroup
-/// `per_wg` elements of one tensor: (element counts, first workgroup of each tensor, and the
-/// total) as `group_slot` in optim.wgsl reads them; tensors past `lens` are empty.
-fn group_layout(
-    op: &'static str,
-    lens: &[usize],
-    per_wg: usize,
-) -> Result<([u32; GROUP], [u32; GROUP], u32)> {
-    if lens.len() > GROUP {
+/// `per_wg` elements of one tensor, as `group_slot` in optim.wgsl reads them: (element
+/// counts, first workgroup of each tensor, and the total), tensors past `lens` empty.
+type GroupLayout = ([[u32; 4]; 4], [[u32; 4]; 4], u32);
+
+fn group_layout(op: &'static str, lens: &[usize], per_wg: usize) -> Result<GroupLayout> {
+    if lens.len() > GROUP16 {
         return Err(crate::error::Error::Internal(format!(
             "{op} of {} tensors",
             lens.len()
         )));
     }
-    let mut n = [0u32; GROUP];
-    let mut w = [0u32; GROUP];
+    let (mut n, mut w) = ([[0u32; 4]; 4], [[0u32; 4]; 4]);
     let mut total = 0usize;
-    for (k, &len) in lens.iter().enumerate() {
-        n[k] = u32_len(op, len)?;
-        w[k] = u32_len(op, total)?;
-        total += len.div_ceil(per_wg);
+    for k in 0..GROUP16 {
+        w[k / 4][k % 4] = u32_len(op, total)?;
+        if let Some(&len) = lens.get(k) {
+            n[k / 4][k % 4] = u32_len(op, len)?;
+            total += len.div_ceil(per_wg);
+        }
     }
-    let total = u32_len(op, total)?;
-    w[lens.len()..].fill(total);
-    Ok((n, w, total))
+    Ok((n, w, u32_len(op, total)?))
 }
 
 /// Hyper-parameters of one step.
@@ -157,20 +163,16 @@ pub(crate) fn step(
         return Ok(());
     };
     let lens: Vec<usize> = slots.iter().map(|s| s.n).collect();
-    let (n, w, wtot) = group_layout("optimizer step", &lens, WG as usize)?;
+    let (ns, ws, wtot) = group_layout("optimizer step", &lens, WG as usize)?;
     let has_master = slots
         .iter()
         .enumerate()
         .map(|(k, s)| (s.master.is_some() as u32) << k)
         .sum();
     let base = OptimParams {
-        n: n[0],
-        n1: n[1],
-        n2: n[2],
-        n3: n[3],
-        w1: w[1],
-        w2: w[2],
-        w3: w[3],
+        n: ns[0][0],
+        ns,
+        ws,
         wtot,
         lr,
         gmul,
@@ -247,8 +249,8 @@ pub(crate) fn sumsq_parts(n: usize) -> usize {
     n.div_ceil(WG as usize * 8).max(1)
 }
 
-/// Partial f32 sums of squares of up to [`GROUP`] tensors `xs` (block, dtype, elements)
-/// into `partial`, from element `at` on: sumsq_parts(n) values per tensor, in order.
+/// Partial f32 sums of squares of up to [`sumsq_group`] tensors `xs` (block, dtype,
+/// elements) into `partial`, from element `at` on: sumsq_parts(n) values per tensor, in order.
 pub(crate) fn sumsq(
     dev: &Device,
     xs: &[(&Block, DType, usize)],
@@ -260,9 +262,14 @@ pub(crate) fn sumsq(
     };
     let op = "sum of squares";
     let lens: Vec<usize> = xs.iter().map(|x| x.2).collect();
-    let (n, w, parts) = group_layout(op, &lens, WG as usize * 8)?;
+    let (ns, ws, parts) = group_layout(op, &lens, WG as usize * 8)?;
+    let (entry, bound) = if xs.len() > GROUP {
+        ("sumsq16", GROUP16)
+    } else {
+        ("sumsq", GROUP)
+    };
     // Missing tensors are the first one again, empty.
-    let args: Vec<Arg<'_>> = (0..GROUP)
+    let args: Vec<Arg<'_>> = (0..bound)
         .map(|i| {
             let (b, d, _) = xs.get(i).copied().unwrap_or(first);
             arg(b, d)
@@ -273,17 +280,12 @@ pub(crate) fn sumsq(
         dev,
         &Launch {
             kernel: Kernel::Optim,
-            entry: "sumsq",
+            entry,
             wg: WG,
             consts: &[],
             params: OptimParams {
-                n: n[0],
-                n1: n[1],
-                n2: n[2],
-                n3: n[3],
-                w1: w[1],
-                w2: w[2],
-                w3: w[3],
+                ns,
+                ws,
                 wtot: parts,
                 out_off: u32_len(op, at + parts as usize)? - parts,
                 ..Default::default()

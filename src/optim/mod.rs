@@ -241,7 +241,7 @@ pub(crate) fn sum_of_squares(params: &[Tensor]) -> Result<Option<Tensor>> {
     let partial = Tensor::uninit(first.device(), &[total], DType::F32)?;
     let op = "grad_norm";
     let mut at = 0;
-    for group in grads.chunks(ko::GROUP) {
+    for group in grads.chunks(ko::sumsq_group(first.device())) {
         let xs = group
             .iter()
             .map(|g| Ok((g.dense_block(op)?, g.dtype(), g.numel())))
