@@ -239,8 +239,9 @@ impl Dims {
     /// The backward register kernels' constants: `coop_consts`, then HOLD. bwd_kv_reg
     /// (`for_q` false) then keeps its K and V tiles in registers across its loop, which
     /// measured best at both head dimensions (fwd + bwd causal 2x16x4096x128 on an H100:
-    /// 3.67-3.70 ms against 4.12-4.14 loading them per pair of query tiles); bwd_q_reg loads
-    /// the next block ahead, as fwd_reg does, except at 128 (3.57 ms against 3.62-3.67).
+    /// 3.67-3.70 ms against 4.12-4.14 loading them per pair of query tiles), and at 64 also
+    /// loads the next block ahead (not at 128: the shader's `ahead`); bwd_q_reg loads the next
+    /// block ahead, as fwd_reg does, except at 128 (3.57 ms against 3.62-3.67).
     fn reg_consts(&self, for_q: bool) -> Vec<(&'static str, u32)> {
         let mut c = self.coop_consts(true).to_vec();
         c.push(("HOLD", !(for_q && self.d == 128) as u32));
