@@ -291,7 +291,7 @@ fn norm_fwd_row(r: u32, lane: u32, stride: u32, ids: Ids) {
 }
 
 //! fn norm_bwd_row
-// norm.wgsl's dx for row r, strided as norm_fwd_row.
+// norm.wgsl's dx for row r, strided as norm_fwd_row, plus `res` where p.res says.
 fn norm_bwd_row(r: u32, lane: u32, stride: u32, ids: Ids) {
   let base = r * p.len;
   let m0 = ld_stats(3u * r);
@@ -312,7 +312,9 @@ fn norm_bwd_row(r: u32, lane: u32, stride: u32, ids: Ids) {
   for (var i = lane; i < p.len; i = i + stride) {
     let g = ld_dy(base + i) * ld_gamma(i);
     let xh = ((ld_x(base + i) - m0) - corr) * rstd;
-    st_dx(base + i, rstd * (g - mg - xh * mgx));
+    var d = rstd * (g - mg - xh * mgx);
+    if (p.res != 0u) { d = d + ld_res(base + i); }
+    st_dx(base + i, d);
   }
 }
 

@@ -15,7 +15,8 @@
 //              the size of the mean and put that error into every xhat.
 //   bwd_x      One workgroup per row: with xhat and g = dy * gamma,
 //              dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); for RMSNorm the mean(g)
-//              term is absent.
+//              term is absent. With `res`, dx also adds the gradient x already has (a
+//              residual stream's, from the skip connection), which was an add of its own.
 //   fwd_rows, bwd_x_rows  The same with one subgroup per row (below), for short rows.
 //   fwd_vec, bwd_x_vec    fwd_rows and bwd_x_rows with the row in registers, for rows of a
 //              multiple of 4 up to 4 NV subgroup widths (NV up to 16: 2048 on 32-wide subgroups).
@@ -24,7 +25,7 @@
 //              bwd_params_sum sums the chunks into dgamma and dbeta. Chunks bound each
 //              thread's loop and give the device rows x len / rchunk threads instead of len.
 //
-// Bindings: signature lines (beta is a dummy for RMSNorm). Params: rows, len, eps, rms (0/1),
+// Bindings: signature lines (beta is a dummy for RMSNorm, res one without `res`). Params: rows, len, eps, rms (0/1),
 // rchunk, nchunks.
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
 // block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none. bwd_params
@@ -41,7 +42,7 @@ struct Params {
   rms: u32,
   rchunk: u32,
   nchunks: u32,
-  _pad0: u32,
+  res: u32,        // bwd_x*: 1 adds `res` (the gradient x already has) into dx
   _pad1: u32,
 }
 
@@ -72,7 +73,7 @@ fn main(ids: Ids) {
   norm_fwd_row(r, ids.sg_lane, ids.sg_size, ids);
 }
 
-//! entry bwd_x(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
+//! entry bwd_x(x: data, dy: data, gamma: data, stats: f32, res: data, dx: data mut)
 //! check WG=32,64,128,256
 fn row_sum(v: f32, ids: Ids) -> f32 { return block_sum(v, ids); }
 
@@ -83,7 +84,7 @@ fn main(ids: Ids) {
   norm_bwd_row(r, ids.lid, WG, ids);
 }
 
-//! entry bwd_x_rows(x: data, dy: data, gamma: data, stats: f32, dx: data mut)
+//! entry bwd_x_rows(x: data, dy: data, gamma: data, stats: f32, res: data, dx: data mut)
 //! requires subgroups
 //! check WG=32,64,128,256
 // bwd_x with one subgroup per row (see fwd_rows).
@@ -150,7 +151,7 @@ fn main(ids: Ids) {
   }
 }
 
-//! entry bwd_x_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, dx: data mut vec4)
+//! entry bwd_x_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, res: data vec4, dx: data mut vec4)
 //! requires subgroups
 //! check WG=32,128 NV=1,16
 // bwd_x_rows with the row in registers, as fwd_vec: x, dy and gamma read once.
@@ -179,7 +180,11 @@ fn main(ids: Ids) {
   let mgx = subgroupAdd(sgx.x + sgx.y + sgx.z + sgx.w) * inv_len;
   if (p.rms != 0u) { mg = 0.0; }
   //! unroll k in 0..NV
-  if (ok$k) { st4_dx(base + j$k, rstd * (g$k - mg - xh$k * mgx)); }
+  if (ok$k) {
+    var d$k = rstd * (g$k - mg - xh$k * mgx);
+    if (p.res != 0u) { d$k = d$k + ld4_res(base + j$k); }
+    st4_dx(base + j$k, d$k);
+  }
   //! end
 }
 

@@ -743,6 +743,38 @@ fn softmax_norm_loss_gradients() {
         &|t| t[0].rms_norm(&t[1], 1e-5),
         &|x| cpu::norm(&x[0], &x[1], None, 3, 6, 1e-5),
     );
+    // A residual stream: x feeds the norm and the skip connection, and the norm's dx kernel
+    // adds the skip's gradient (rows of 6 and of 8 take different dx entries).
+    for len in [6usize, 8] {
+        for rms in [false, true] {
+            let n = 3 * len;
+            let mut inputs = vec![
+                (v(&mut rng, n), vec![3, len], true),
+                (v(&mut rng, len), vec![len], true),
+            ];
+            if !rms {
+                inputs.push((v(&mut rng, len), vec![len], true));
+            }
+            check(
+                &dev,
+                &format!("x + norm(x), len {len}, rms {rms}"),
+                &inputs,
+                &|t| {
+                    let y = if t.len() == 3 {
+                        t[0].layer_norm(&t[1], &t[2], 1e-5)?
+                    } else {
+                        t[0].rms_norm(&t[1], 1e-5)?
+                    };
+                    t[0].add(&y)
+                },
+                &move |x| {
+                    let beta = x.get(2).map(|b| b.as_slice());
+                    let y = cpu::norm(&x[0], &x[1], beta, 3, len, 1e-5);
+                    x[0].iter().zip(&y).map(|(a, b)| a + b).collect()
+                },
+            );
+        }
+    }
     let labels = [2u32, 0, 4, 1];
     let l = Tensor::from_slice(&dev, &labels, &[4]).unwrap();
     check(
@@ -769,6 +801,40 @@ fn softmax_norm_loss_gradients() {
                     / 6.0,
             ]
         },
+    );
+}
+
+/// The residual stream's two gradients meet inside the norm's dx kernel: in the backward of
+/// sum(w * (x + layer_norm(x))) the only add is the product's, before the norm's (the
+/// values are checked by `softmax_norm_loss_gradients`' x + norm(x) cases).
+#[test]
+fn norm_backward_adds_the_skip_gradient() {
+    let dev = device();
+    let x = Tensor::randn(&dev, &[16, 32], 0.0, 1.0, DType::F32)
+        .unwrap()
+        .variable();
+    let g = Tensor::ones(&dev, &[32], DType::F32).unwrap().variable();
+    let b = Tensor::zeros(&dev, &[32], DType::F32).unwrap().variable();
+    let w = Tensor::randn(&dev, &[16, 32], 0.0, 1.0, DType::F32).unwrap();
+    let y = x.add(&x.layer_norm(&g, &b, 1e-5).unwrap()).unwrap();
+    let loss = y.mul(&w).unwrap().sum_all().unwrap();
+    dev.sync().unwrap();
+    dev.start_profiling().unwrap();
+    loss.backward().unwrap();
+    let ran: Vec<String> = dev
+        .stop_profiling()
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.kernel.to_string())
+        .collect();
+    let norm = ran.iter().position(|k| k.starts_with("Norm/bwd_x"));
+    let adds: Vec<usize> = (0..ran.len())
+        .filter(|&i| ran[i].starts_with("Elementwise/binary"))
+        .collect();
+    assert!(
+        norm.is_some() && adds.iter().all(|&i| Some(i) < norm),
+        "an add after the norm's dx: {ran:?}"
     );
 }
 

@@ -107,7 +107,18 @@ fn backward(
                 }
                 Some(mut rec) => {
                     let inputs = std::mem::take(&mut rec.inputs);
-                    let gs = rec.back.backward(&inputs, &node, g)?;
+                    // The gradients the inputs already have, offered to the op's kernels.
+                    let mut acc: Vec<Option<Tensor>> = inputs
+                        .iter()
+                        .map(|i| {
+                            if i.requires_grad() {
+                                grads.remove(&i.id())
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
+                    let gs = rec.back.backward_acc(&inputs, &node, g, &mut acc)?;
                     if gs.len() != inputs.len() {
                         return Err(Error::Internal(format!(
                             "{}: {} gradients for {} inputs",
@@ -117,15 +128,17 @@ fn backward(
                         )));
                     }
                     drop(rec);
-                    for (input, gi) in inputs.into_iter().zip(gs) {
-                        let Some(gi) = gi else { continue };
+                    for ((input, gi), prev) in inputs.into_iter().zip(gs).zip(acc) {
                         if !input.requires_grad() {
                             continue;
                         }
-                        let gi = fit_grad(&input, gi)?;
-                        let sum = match grads.remove(&input.id()) {
-                            Some(prev) => prev.add(&gi)?,
-                            None => gi,
+                        // An input listed twice finds the first listing's sum in the map.
+                        let prev = prev.or_else(|| grads.remove(&input.id()));
+                        let sum = match (prev, gi) {
+                            (Some(prev), Some(gi)) => prev.add(&fit_grad(&input, gi)?)?,
+                            (None, Some(gi)) => fit_grad(&input, gi)?,
+                            (Some(prev), None) => prev,
+                            (None, None) => continue,
                         };
                         grads.insert(input.id(), sum);
                     }

@@ -21,7 +21,7 @@ crate::params! {
         rms: u32,
         rchunk: u32,
         nchunks: u32,
-        _pad0: u32,
+        res: u32,
         _pad1: u32,
     }
 }
@@ -98,8 +98,8 @@ pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
     )
 }
 
-/// dx, and the parameter gradients `dgamma` and `dbeta` (`None` for RMSNorm), each its own
-/// block.
+/// dx (plus `res`, a gradient x already has, where given), and the parameter gradients
+/// `dgamma` and `dbeta` (`None` for RMSNorm), each its own block.
 pub(crate) fn backward(
     dev: &Device,
     n: &Norm<'_>,
@@ -107,6 +107,7 @@ pub(crate) fn backward(
     dx: &Block,
     dgamma: &Block,
     dbeta: Option<&Block>,
+    res: Option<&Block>,
 ) -> Result<()> {
     check_row("norm backward", n.len)?;
     let (entry, wg, groups, consts) = row_launch(dev, n, ["bwd_x_vec", "bwd_x_rows", "bwd_x"]);
@@ -118,12 +119,17 @@ pub(crate) fn backward(
             entry,
             wg,
             consts: &consts,
-            params: p,
+            params: NormParams {
+                res: res.is_some() as u32,
+                ..p
+            },
             args: &[
                 arg(n.x, n.dtype),
                 arg(dy, n.dtype),
                 arg(n.gamma, n.dtype),
                 arg(n.stats, DType::F32),
+                // Without one, dy stands in (the same size; never read).
+                arg(res.unwrap_or(dy), n.dtype),
                 arg(dx, n.dtype),
             ],
             groups,

@@ -21,6 +21,37 @@ impl Backward for NormBack {
         _out: &Tensor,
         dy: Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
+        self.grads(inputs, dy, None)
+    }
+
+    /// Adds the gradient x already has (a residual stream's, from the skip connection) in
+    /// the dx kernel, where it is dense and of x's shape and dtype.
+    fn backward_acc(
+        &self,
+        inputs: &[Tensor],
+        _out: &Tensor,
+        dy: Tensor,
+        acc: &mut [Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let x = &inputs[0];
+        let fits =
+            |t: &Tensor| t.shape() == x.shape() && t.dtype() == x.dtype() && t.layout().is_dense();
+        let res = match acc.first_mut() {
+            Some(slot) if slot.as_ref().is_some_and(fits) => slot.take(),
+            _ => None,
+        };
+        self.grads(inputs, dy, res.as_ref())
+    }
+}
+
+impl NormBack {
+    /// dx (plus `res` where given), dgamma and (LayerNorm) dbeta.
+    fn grads(
+        &self,
+        inputs: &[Tensor],
+        dy: Tensor,
+        res: Option<&Tensor>,
+    ) -> Result<Vec<Option<Tensor>>> {
         let (x, gamma, has_beta) = (&inputs[0], &inputs[1], inputs.len() == 3);
         let len = gamma.numel();
         let dev = x.device();
@@ -54,6 +85,10 @@ impl Backward for NormBack {
             dx.dense_block("norm backward")?,
             dgamma.dense_block("norm backward")?,
             match &dbeta {
+                Some(t) => Some(t.dense_block("norm backward")?),
+                None => None,
+            },
+            match res {
                 Some(t) => Some(t.dense_block("norm backward")?),
                 None => None,
             },

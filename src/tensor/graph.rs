@@ -17,6 +17,22 @@ pub trait Backward: Send + Sync {
     /// The gradients of `inputs`, in their order (`None` where an input gets none), given
     /// the op's output and the gradient of that output. Runs with recording off.
     fn backward(&self, inputs: &[Tensor], out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>>;
+
+    /// [`Backward::backward`], offered the gradient each input already has from the ops
+    /// walked before (`acc[i]`). An op whose kernel can add it into its own output takes it
+    /// (leaving `None`) and returns the sum, which saves a separate add: a pre-norm residual
+    /// stream's gradient from the skip connection meets the norm's. What is left in `acc` the
+    /// caller adds as usual.
+    fn backward_acc(
+        &self,
+        inputs: &[Tensor],
+        out: &Tensor,
+        g: Tensor,
+        acc: &mut [Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let _ = acc;
+        self.backward(inputs, out, g)
+    }
 }
 
 impl<F> Backward for F
