@@ -247,7 +247,7 @@ const HALF: u32 = 576u;
 //
 // The bias comes from Bs, which every workgroup fills before its loop: loaded here from
 // memory, every lane of the workgroup waited for it at once, and a bias made the GPT's K = 384
-// products 9-21% slower than without one (with Bs, 3-9%: 16384x1152x384 on an H200,
+// products 9-21% slower than without one (with Bs, 4-9%: 16384x1152x384 on an H200,
 // 0.127-0.133 ms -> 0.116-0.117, A B alone 0.107). (tm0, tn0) is (gm0, gn0) in the tile.
 fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0: u32) {
   let whole = (p.n % 4u == 0u) & (p.c_off % 4u == 0u);
