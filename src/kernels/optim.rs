@@ -162,6 +162,12 @@ pub(crate) fn step(
     let Some(first) = slots.first() else {
         return Ok(());
     };
+    if slots.len() > GROUP {
+        return Err(crate::error::Error::Internal(format!(
+            "optimizer step of {} parameters in one launch",
+            slots.len()
+        )));
+    }
     let lens: Vec<usize> = slots.iter().map(|s| s.n).collect();
     let (ns, ws, wtot) = group_layout("optimizer step", &lens, WG as usize)?;
     let has_master = slots

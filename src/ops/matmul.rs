@@ -345,7 +345,7 @@ fn padded_vec(v: &Tensor, len: usize) -> Result<Tensor> {
     pad_to(v, &[v.numel().max(len)])
 }
 
-/// `t` (dense) in the leading corner of zeros of shape `dims`: two launches, a fill and one
+/// `t` (any layout) in the leading corner of zeros of shape `dims`: two launches, a fill and one
 /// copy (zeros joined on one axis at a time were three launches an axis, and a lm head's
 /// 65-word vocabulary padded both of its product's operands every step).
 fn pad_to(t: &Tensor, dims: &[usize]) -> Result<Tensor> {
