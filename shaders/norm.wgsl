@@ -25,8 +25,8 @@
 //              bwd_params_sum sums the chunks into dgamma and dbeta. Chunks bound each
 //              thread's loop and give the device rows x len / rchunk threads instead of len.
 //
-// Bindings: signature lines (beta is a dummy for RMSNorm, res one without `res`). Params: rows, len, eps, rms (0/1),
-// rchunk, nchunks.
+// Bindings: signature lines (beta is a dummy for RMSNorm, res one without `res`). Params:
+// rows, len, eps, rms (0/1), rchunk, nchunks, res (0/1).
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
 // block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none. bwd_params
 // rchunk / 2 + 2 (64 rows a chunk), bwd_params4 rchunk / 4 + 5 (32 rows), bwd_params_sum
