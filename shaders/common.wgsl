@@ -330,10 +330,16 @@ fn matmul_bias_base(bt: u32) -> u32 {
 fn matmul_apply(v: f32, m: u32, n: u32, bb: u32, bias: bool, act: u32) -> f32 {
   var r = v;
   if (bias) { r = r + ld_bias(bb + select(n, m, p.bias_rows != 0u)); }
-  if (act == ACT_NONE) { return r; }
-  if (act == ACT_RELU) { r = max(r, 0.0); }
-  if (act == ACT_GELU) { r = 0.5 * r * (1.0 + erf_(r * 0.7071067811865476)); }
-  return r;
+  return matmul_act(r, act);
+}
+
+//! fn matmul_act
+// The activation `act` (ACT_*) of a product's output.
+fn matmul_act(v: f32, act: u32) -> f32 {
+  if (act == ACT_NONE) { return v; }
+  if (act == ACT_RELU) { return max(v, 0.0); }
+  if (act == ACT_GELU) { return 0.5 * v * (1.0 + erf_(v * 0.7071067811865476)); }
+  return v;
 }
 
 //! fn matmul_epilogue

@@ -269,15 +269,15 @@ fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0
       let at = c_base + gm * p.n + gn;
       if (whole) {
         let v = vec4<f32>(
-          matmul_apply(x.x, gm, gn, 0u, false, act),
-          matmul_apply(x.y, gm, gn + 1u, 0u, false, act),
-          matmul_apply(x.z, gm, gn + 2u, 0u, false, act),
-          matmul_apply(x.w, gm, gn + 3u, 0u, false, act),
+          matmul_act(x.x, act),
+          matmul_act(x.y, act),
+          matmul_act(x.z, act),
+          matmul_act(x.w, act),
         );
         st4_c(at / 4u, v);
       } else {
         for (var j = 0u; j < 4u && gn + j < p.n; j = j + 1u) {
-          st_c(at + j, matmul_apply(x[j], gm, gn + j, 0u, false, act));
+          st_c(at + j, matmul_act(x[j], act));
         }
       }
     }
