@@ -409,6 +409,7 @@ fn main() -> Result<()> {
                 {
                     Config::CoopTiled => "matmul (tensor cores, tiled)".to_string(),
                     Config::CoopWide => "matmul (tensor cores, tiled, 16-byte runs)".to_string(),
+                    Config::CoopWideTall => "matmul (tensor cores, 256x128 tiles)".to_string(),
                     Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
                     Config::Coop => "matmul (tensor cores, any shape)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
@@ -424,7 +425,10 @@ fn main() -> Result<()> {
                 let plain = plan(&dev, dt, (m, n, k), &Operands::dense(m, n, k, false, false));
                 let tc = matches!(
                     plain,
-                    Config::CoopTiled | Config::CoopWide | Config::CoopDirect
+                    Config::CoopTiled
+                        | Config::CoopWide
+                        | Config::CoopWideTall
+                        | Config::CoopDirect
                 );
                 let side = |rows: &mut Vec<Row>,
                             name: &str,
@@ -439,6 +443,7 @@ fn main() -> Result<()> {
                     for (name, config) in [
                         ("matmul (forced main)", Config::CoopTiled),
                         ("matmul (forced wide)", Config::CoopWide),
+                        ("matmul (forced wide 256x128)", Config::CoopWideTall),
                         ("matmul (forced direct)", Config::CoopDirect),
                     ] {
                         side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
@@ -508,6 +513,12 @@ fn main() -> Result<()> {
                     )?;
                     side(rows, "linear (forced main)", Config::CoopTiled, &lin)?;
                     side(rows, "linear (forced wide)", Config::CoopWide, &lin)?;
+                    side(
+                        rows,
+                        "linear (forced wide 256x128)",
+                        Config::CoopWideTall,
+                        &lin,
+                    )?;
                     side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
                 }
                 emit(
@@ -537,6 +548,12 @@ fn main() -> Result<()> {
                     side(rows, "matmul A^T B (forced wide)", Config::CoopWide, &atb)?;
                     side(
                         rows,
+                        "matmul A^T B (forced wide 256x128)",
+                        Config::CoopWideTall,
+                        &atb,
+                    )?;
+                    side(
+                        rows,
                         "matmul A^T B (forced direct)",
                         Config::CoopDirect,
                         &atb,
@@ -555,7 +572,10 @@ fn main() -> Result<()> {
                         (m, n, k),
                         &Operands::dense(m, n, k, false, false)
                     ),
-                    Config::CoopTiled | Config::CoopWide | Config::CoopDirect
+                    Config::CoopTiled
+                        | Config::CoopWide
+                        | Config::CoopWideTall
+                        | Config::CoopDirect
                 );
                 if dt == DType::F32 && f16_tc {
                     dev.set_matmul_precision(MatmulPrecision::High);

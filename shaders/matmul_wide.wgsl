@@ -5,7 +5,9 @@
 // A workgroup of 4 subgroups (WG = 128, subgroup size 32) computes a 128 x 128 tile of C;
 // each subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32. RM = 64 (products
 // with M <= 64, such as a convolution's 64 output channels) makes the tile 64 x 128, each
-// subgroup's block 64 x 32: the rows past M are neither multiplied nor kept.
+// subgroup's block 64 x 32: the rows past M are neither multiplied nor kept. RM = 256
+// (`Config::CoopWideTall`) makes it 256 x 128 with 8 subgroups (WG = 256) of 64 x 64 each,
+// in K steps of 32: see "Traffic".
 //
 // 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
 // computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
@@ -17,6 +19,14 @@
 // 8 runs of A and 8 of B for the next step into registers before the current step's products
 // and stores them after (two barriers a step). Double-buffered steps of 32 (one barrier a
 // step, 48 KiB) ran 20% slower on an H100.
+//
+// Traffic. Left out in turn (wrong results, timing only; H200, 8192^3, 4.79 ms whole), the
+// products left 3.90 ms of loads, stores and barriers, and the loads from the buffers 3.15
+// ms: the kernel waits on what it reads, 1/64 byte a flop at 128 x 128 (3.7 TB/s at 230
+// TFLOP/s). A 256 x 128 tile reads 3/4 of that, but in 48 KiB of workgroup memory only in K
+// steps of 32 (A and B of K 64 would take 54 KiB with their padding): 8192^3 in 4.15 ms,
+// 4096^3 11% faster. Its products per step are half those of RM = 128 (two barriers a 32 of
+// K); loading two steps ahead in registers instead of one was slower (4.34 ms).
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
@@ -31,7 +41,7 @@
 // the bounds-free path 205-211, the loop kept rolled (the driver had unrolled it 8 times and
 // spilled) 235, this epilogue 241.
 //
-// Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows 128 + 8, so the 8
+// Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows BM (BN) + 8, so the 8
 // rows of 16 bytes a fragment load reads at once fall in distinct banks.
 //
 // Epilogue: see `write_half`; the tiles' memory stages the outputs once the loop is done.
@@ -40,7 +50,7 @@
 // offsets multiples of 8, checked by the host); runs outside load as zero and add nothing;
 // outputs past M or N are not stored.
 //
-// Loops (per invocation): 1 per 64 of K, plus up to 204 in the epilogue: per half 17 for a
+// Loops (per invocation): 1 per KW of K, plus up to 204 in the epilogue: per half 17 for a
 // lane's 16 output rows, up to 5 more a row where N is not a multiple of 4 (outputs stored one
 // by one), and 5 for the bias (matmul.rs `Config::kchunk` keeps 256).
 //
@@ -56,7 +66,6 @@
 
 alias Params = MatmulParams;
 
-const BM: u32 = 128u;
 const BN: u32 = 128u;
 
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
@@ -65,21 +74,34 @@ const BN: u32 = 128u;
 //! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1 RM=64,128
 //! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128
 //! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128
-const KW: u32 = 64u;
-const PK8: u32 = 9u;
-const PMN8: u32 = 17u;
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256
+// RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32, in the same 36 KiB.
+const R256: u32 = RM / 256u;
+const BM: u32 = 128u + 128u * R256;
+const KW: u32 = 64u - 32u * R256;
+// Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
+const PK8: u32 = KW / 8u + 1u;
+const PMA8: u32 = BM / 8u + 1u;
+const PMN8: u32 = BN / 8u + 1u;
+// Runs an invocation loads of A and of B a step, and how far apart they lie: RSK rows of a
+// k-fast tile, RSA (RSB) K rows of an m-fast (n-fast) one.
+const NA: u32 = BM * KW / 8u / WG;
+const NB: u32 = BN * KW / 8u / WG;
+const RSK: u32 = WG / (KW / 8u);
+const RSA: u32 = WG / (BM / 8u);
+const RSB: u32 = WG / (BN / 8u);
 // Distance in the tile between an invocation's runs, and their K offsets (see `Runs`): fixed
 // by the layouts, so stores and bounds take immediate offsets instead of registers.
-const SIA: u32 = (1u - TA) * 16u * PK8 + TA * 8u * PMN8;
-const SIB: u32 = TB * 16u * PK8 + (1u - TB) * 8u * PMN8;
-const KIA: u32 = TA * 8u;
-const KIB: u32 = (1u - TB) * 8u;
+const SIA: u32 = (1u - TA) * RSK * PK8 + TA * RSA * PMA8;
+const SIB: u32 = TB * RSK * PK8 + (1u - TB) * RSB * PMN8;
+const KIA: u32 = TA * RSA;
+const KIB: u32 = (1u - TB) * RSB;
 // A's tile, then B's at TB8; after the last step, the epilogue's staging (`write_half`).
-const TB8: u32 = 1152u;
+const TB8: u32 = BM * PK8;
 var<workgroup> Ts: array<vec4<f32>, 2304>;
 // The tile's bias (FUSE's): 128 values along N, or along M with bias_rows, staged at the start
 // (see write_half).
-var<workgroup> Bs: array<f32, 128>;
+var<workgroup> Bs: array<f32, 256>;
 
 // Where an invocation's runs of one operand's tile are (see the header), for the
 // first step of its K range: in the buffer, g0 + i gi, then gk further each step; in the
@@ -95,30 +117,33 @@ struct Runs {
 }
 
 // The runs of an operand whose tile is `rows` x K (rows along M or N, starting at `r0`, of
-// `extent`) at `base` with row pitch `pr` and K pitch `pk`; k-fast when `kfast`. Run v =
-// lid + 128 i: a k-fast tile has 8 runs a row (rows lid / 8 + 16 i), an m- or n-fast one 16
-// runs a K row (K rows lid / 16 + 8 i).
-fn runs(kfast: bool, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
+// `extent`) at `base` with row pitch `pr` and K pitch `pk`; k-fast when `kfast`; `count`
+// runs an invocation. Run v = lid + WG i: a k-fast tile has KW / 8 runs a row (rows
+// lid / (KW / 8) + RSK i), an m- or n-fast one rows / 8 a K row (K rows lid / (rows / 8) +
+// WG / (rows / 8) i).
+fn runs(kfast: bool, rows: u32, count: u32, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
   var o: Runs;
   if (kfast) {
-    let r = lid / 8u;
-    let q = (lid % 8u) * 8u;
+    let r = lid / (KW / 8u);
+    let q = (lid % (KW / 8u)) * 8u;
     o.g0 = (base + (r0 + r) * pr + k0 + q) / 8u;
-    o.gi = 2u * pr;
+    o.gi = RSK / 8u * pr;
     o.gk = KW / 8u;
-    o.s0 = r * PK8 + lid % 8u;
+    o.s0 = r * PK8 + lid % (KW / 8u);
     o.mask = 0u;
+    // Bits past `count` are set: those runs do not exist.
     //! unroll i in 0..8
-    o.mask = o.mask | select(0u, 1u << $i, r0 + r + 16u * $i < extent);
+    o.mask = o.mask | select(0u, 1u << $i, ($i >= count) | (r0 + r + RSK * $i < extent));
     //! end
     o.k_lo = q;
   } else {
-    let r = lid / 16u;
-    let q = (lid % 16u) * 8u;
+    let per = rows / 8u;
+    let r = lid / per;
+    let q = (lid % per) * 8u;
     o.g0 = (base + (k0 + r) * pk + r0 + q) / 8u;
-    o.gi = pk;
+    o.gi = WG / per * pk / 8u;
     o.gk = KW / 8u * pk;
-    o.s0 = r * PMN8 + lid % 16u;
+    o.s0 = r * (per + 1u) + lid % per;
     o.mask = select(0u, 0xffu, r0 + q < extent);
     o.k_lo = r;
   }
@@ -287,7 +312,7 @@ fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0
 // Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile.
 fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f32, A> {
   if (TA == 0u) { return coopLoadT<coop_mat16x16<f32, A>>(&Ts[r * PK8 + kk / 8u], PK8); }
-  return coopLoad<coop_mat16x16<f32, A>>(&Ts[kk * PMN8 + r / 8u], PMN8);
+  return coopLoad<coop_mat16x16<f32, A>>(&Ts[kk * PMA8 + r / 8u], PMA8);
 }
 
 // Fragment of op(B): rows kk.. kk+15, columns q.. q+15.
@@ -311,13 +336,13 @@ fn main(ids: Ids) {
   let wc = select((sg % 2u) * 64u, sg * 32u, RM == 64u);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
-  let ra = runs(TA == 0u, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
-  let rb = runs(TB == 1u, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
+  let ra = runs(TA == 0u, BM, NA, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
+  let rb = runs(TB == 1u, BN, NB, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
   // The bias for the epilogue, one value a thread; the loop's barriers publish it.
   if ((FUSE & 1u) != 0u) {
     let rows = p.bias_rows != 0u;
     let at = select(n0, m0, rows) + lid;
-    let ok = at < select(p.n, p.m, rows);
+    let ok = at < select(p.n, p.m, rows) & (rows | (lid < BN));
     Bs[lid] = select(0.0, ld_bias(bb + select(0u, at, ok)), ok);
   }
 
@@ -338,9 +363,9 @@ fn main(ids: Ids) {
   let kq = (lid % 8u) * 8u;
   let kr16 = lid / 16u;
   //! unroll i in 0..8
-  let oka$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+  let oka$i = ($i < NA) & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
   var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
-  let okb$i = (GATHER == 0u) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+  let okb$i = (GATHER == 0u) & ($i < NB) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
   var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
   //! end
   if (GATHER == 1u && TB == 1u) {
@@ -356,8 +381,8 @@ fn main(ids: Ids) {
     //! end
   }
   //! unroll i in 0..8
-  Ts[ra.s0 + $i * SIA] = xa$i;
-  Ts[TB8 + rb.s0 + $i * SIB] = xb$i;
+  if ($i < NA) { Ts[ra.s0 + $i * SIA] = xa$i; }
+  if ($i < NB) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
   //! end
   workgroupBarrier();
 
@@ -371,11 +396,11 @@ fn main(ids: Ids) {
       // load without bounds or zeroing.
       if (ra.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
-        xa$i = a[ga + $i * ra.gi];
+        if ($i < NA) { xa$i = a[ga + $i * ra.gi]; }
         //! end
       } else {
         //! unroll i in 0..8
-        let na$i = (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+        let na$i = ($i < NA) & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
         xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
         //! end
       }
@@ -392,32 +417,34 @@ fn main(ids: Ids) {
         //! end
       } else if (rb.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
-        xb$i = b[gb + $i * rb.gi];
+        if ($i < NB) { xb$i = b[gb + $i * rb.gi]; }
         //! end
       } else {
         //! unroll i in 0..8
-        let nb$i = (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+        let nb$i = ($i < NB) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
         xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
         //! end
       }
     }
     //! unroll s in 0..4
-    //! unroll i in 0..4
-    let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
-    let b$s$i = frag_b($s * 16u, wc + select($i, $i % 2u, RM == 64u) * 16u);
-    //! end
-    //! unroll i in 0..4
-    //! unroll j in 0..4
-    if ((RM == 128u) | ($j < 2u)) { c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j); }
-    //! end
-    //! end
+    if ($s * 16u < KW) {
+      //! unroll i in 0..4
+      let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
+      let b$s$i = frag_b($s * 16u, wc + select($i, $i % 2u, RM == 64u) * 16u);
+      //! end
+      //! unroll i in 0..4
+      //! unroll j in 0..4
+      if ((RM != 64u) | ($j < 2u)) { c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j); }
+      //! end
+      //! end
+    }
     //! end
     // `more` is the same for the whole workgroup: the barriers stay uniform.
     workgroupBarrier();
     if (more) {
       //! unroll i in 0..8
-      Ts[ra.s0 + $i * SIA] = xa$i;
-      Ts[TB8 + rb.s0 + $i * SIB] = xb$i;
+      if ($i < NA) { Ts[ra.s0 + $i * SIA] = xa$i; }
+      if ($i < NB) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
       //! end
     }
     workgroupBarrier();
@@ -433,6 +460,34 @@ fn main(ids: Ids) {
     //! end
     workgroupBarrier();
     write_half(sg, lane, c_base, m0, n0 + wc, 0u, wc);
+    return;
+  }
+  if (RM == 256u) {
+    // Four halves fit the tiles' memory at once: subgroups 0-3, then 4-7.
+    //! unroll h in 0..2
+    {
+      let mine = sg / 4u == $h;
+      let slot = sg % 4u;
+      if (mine) {
+        //! unroll i in 0..4
+        coopStoreT(c$i0u, &Ts[slot * HALF + $i * 16u * PO], PO);
+        coopStoreT(c$i1u, &Ts[slot * HALF + $i * 16u * PO + 4u], PO);
+        //! end
+      }
+      workgroupBarrier();
+      if (mine) { write_half(slot, lane, c_base, m0 + wr, n0 + wc, wr, wc); }
+      workgroupBarrier();
+      if (mine) {
+        //! unroll i in 0..4
+        coopStoreT(c$i2u, &Ts[slot * HALF + $i * 16u * PO], PO);
+        coopStoreT(c$i3u, &Ts[slot * HALF + $i * 16u * PO + 4u], PO);
+        //! end
+      }
+      workgroupBarrier();
+      if (mine) { write_half(slot, lane, c_base, m0 + wr, n0 + wc + 32u, wr, wc + 32u); }
+      workgroupBarrier();
+    }
+    //! end
     return;
   }
   //! unroll i in 0..4

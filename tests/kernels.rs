@@ -730,6 +730,89 @@ fn matmul_register_tiles() {
     }
 }
 
+/// `wide` with 256 x 128 tiles (8 subgroups, K steps of 32), forced where the adapter runs
+/// `wide` (elsewhere the usual path, still checked): every transpose; M past one 256-row
+/// tile and N past one 128-column tile, both partial; K of one partial step, of several with
+/// a partial last one (88 = 32 + 32 + 24), and long enough to split into partial products
+/// (4160, with the bias and activation then in the `splitk` pass); the fused epilogues; a
+/// batch broadcasting B; and M below 64.
+#[test]
+fn matmul_tall_tiles() {
+    use wgrad::kernels::matmul::{Config, forced};
+    let dev = poisoned();
+    let mut rng = Rng::new(29);
+    let wide = runs_wide(&dev);
+    forced(Config::CoopWideTall, || {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for s in [(300, 136, 88), (264, 8, 24), (40, 264, 72), (256, 128, 64)] {
+                let ((), ran) = ran_kernels(&dev, || {
+                    matmul_case(&dev, &mut rng, DType::F16, s, ta, tb, false, None)
+                });
+                assert!(
+                    !wide || ran.iter().any(|k| k == "MatmulWide/main"),
+                    "{s:?} {ran:?}"
+                );
+            }
+            for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+                matmul_case(
+                    &dev,
+                    &mut rng,
+                    DType::F16,
+                    (300, 136, 88),
+                    ta,
+                    tb,
+                    true,
+                    act,
+                );
+            }
+        }
+        let act = Some(Activation::Relu);
+        matmul_case(
+            &dev,
+            &mut rng,
+            DType::F16,
+            (300, 136, 4160),
+            false,
+            true,
+            true,
+            act,
+        );
+        matmul_case(
+            &dev,
+            &mut rng,
+            DType::F16,
+            (300, 136, 4160),
+            true,
+            false,
+            true,
+            act,
+        );
+        // [2, 3, M, K] x [3, K, N]: B broadcast over the first dimension.
+        let (a, b) = (rng.vec(2 * 3 * 264 * 40), rng.vec(3 * 40 * 136));
+        let ta = tensor(&dev, &a, &[2, 3, 264, 40], DType::F16);
+        let tb = tensor(&dev, &b, &[3, 40, 136], DType::F16);
+        let got = ta.matmul(&tb).unwrap().to_f32_vec().unwrap();
+        let mut want = Vec::new();
+        for i in 0..6 {
+            let am = &a[i * 264 * 40..(i + 1) * 264 * 40];
+            let bm = &b[(i % 3) * 40 * 136..(i % 3 + 1) * 40 * 136];
+            want.extend(cpu::matmul(
+                &rounded(am, DType::F16),
+                &rounded(bm, DType::F16),
+                None,
+                264,
+                136,
+                40,
+                false,
+                false,
+                None,
+            ));
+        }
+        assert_close(&got, &want, DType::F16, "batched, 256 x 128 tiles");
+    })
+    .unwrap();
+}
+
 /// A product with enough 128 x 128 tiles to fill a large GPU 1.45 times (16384 x 384), which
 /// `reg` splits along K on GPUs to even out the waves: sampled entries against f64 dot
 /// products. (CPU adapters never split this way, and the product is large for them: GPUs
@@ -1246,6 +1329,23 @@ fn conv2d_channels_last() {
             );
         }
     }
+}
+
+/// Convolutions whose products run `wide` with 256 x 128 tiles (forced; those tiles do not
+/// gather, so the columns go through im2col): the forward's bias lies along M (output
+/// channels), here past one 256-row tile.
+#[test]
+fn conv2d_tall_tiles() {
+    use wgrad::kernels::matmul::Config;
+    let dev = poisoned();
+    let mut rng = Rng::new(31);
+    let wide = runs_wide(&dev);
+    let case: ConvCase = (2, 8, 8, 8, 260, (3, 3), (1, 1), (1, 1), (1, 1), 1);
+    let ran = conv_case(&dev, &mut rng, DType::F16, case, Config::CoopWideTall);
+    assert!(
+        !wide || ran.iter().any(|k| k == "MatmulWide/main"),
+        "kernels {ran:?}"
+    );
 }
 
 #[test]

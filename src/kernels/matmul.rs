@@ -118,6 +118,15 @@ fn out_tile(dev: &Device, config: Config, m: usize, n: usize) -> (usize, usize) 
     }
 }
 
+/// Whether `CoopWideTall`'s 256 x 128 tiles of an M x N output fill at least three waves
+/// (they run one a core, `SLOTS / 2` at once). Measured on an H200 (BENCHMARKS.md,
+/// 2026-11-26): 11-15% faster than 128 x 128 at 4096^3 and 8192^3, 14% at 16384 x 1536 x 384
+/// (5.8 waves), 3-5% at 16384 x 1152 x 384 (4.4); 13% slower at 16384 x 384 x 1536 (1.45),
+/// where a last partial wave of large tiles leaves more cores idle.
+fn tall_pays(m: usize, n: usize) -> bool {
+    m > 128 && m.div_ceil(256) * n.div_ceil(128) >= 3 * SLOTS / 2
+}
+
 /// `reg`'s workgroup memory at RM = 64: slices of 16 x 64 and 16 x 256 f32.
 const REG64_STORAGE: u32 = 16 * (64 + 256) * 4;
 
@@ -220,6 +229,11 @@ pub enum Config {
     /// `kernels::spirv`): contiguous extents, pitches and offsets multiples of 8, and an
     /// adapter that takes wgrad's SPIR-V (`Caps::spirv`).
     CoopWide,
+    /// `CoopWide` with 256 x 128 tiles: 8 subgroups of 64 x 64 outputs, K steps of 32 in the
+    /// same workgroup memory (matmul_wide.wgsl, RM = 256). A workgroup loads a quarter less
+    /// per product than two 128 x 128 ones, which is what `wide` waits on at large sizes;
+    /// [`plan`] takes it where such tiles fill at least three waves of the GPU.
+    CoopWideTall,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
     CoopDirect,
@@ -249,12 +263,13 @@ impl Config {
         // whose `main` writes 8 strips, and up to 102 a half in matmul_wide.wgsl, where N is
         // not a multiple of 4 and outputs are stored one by one).
         let reserve = match self {
-            Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 256,
+            Config::CoopTiled | Config::CoopWide | Config::CoopWideTall | Config::CoopDirect => 256,
             _ => 100,
         };
         let (per_step, step) = match self {
             Config::CoopTiled => (1, 32),
             Config::CoopWide => (1, 64),
+            Config::CoopWideTall => (1, 32),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -277,7 +292,7 @@ impl Config {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
             Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 128,
-            Config::Coop | Config::Reg => 256,
+            Config::Coop | Config::Reg | Config::CoopWideTall => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
     }
@@ -292,6 +307,7 @@ impl Config {
             | Config::CoopDirect
             | Config::Coop
             | Config::Reg => (128, 128),
+            Config::CoopWideTall => (256, 128),
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
@@ -401,7 +417,7 @@ thread_local! {
 /// `config` (tests run each kernel on adapters where the rules would not pick it: the GPU
 /// kernels on lavapipe, benchmarks the tensor-core kernels side by side); the layout rules
 /// still apply (`Reg` needs runs of 4, `Simt` takes its 4-wide forms where it can, the
-/// tensor-core kernels their alignments). `CoopTiled`, `CoopWide` and `CoopDirect` apply only
+/// tensor-core kernels their alignments). `CoopTiled`, `CoopWide`, `CoopWideTall` and `CoopDirect` apply only
 /// where the adapter and dtype have tensor cores (elsewhere the usual choice stands); `Coop`
 /// and the CPU kernels' other forms are an error.
 #[doc(hidden)]
@@ -413,6 +429,7 @@ pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
             | Config::Simt(..)
             | Config::CoopTiled
             | Config::CoopWide
+            | Config::CoopWideTall
             | Config::CoopDirect
     ) {
         return Err(Error::invalid(
@@ -434,13 +451,15 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     // op(A) is "transposed" when its columns (k) are the strided axis; likewise op(B).
     let (ta, tb) = (sak != 1, sbn != 1);
     let coop_ok = tensor_cores(dev, dtype);
-    let mut config = match FORCED.with(|c| c.get()) {
-        Some(Config::CoopTiled | Config::CoopWide | Config::CoopDirect) if !coop_ok => {
-            choose(dev, dtype, m, n, k)
-        }
-        Some(f) => f,
-        None => choose(dev, dtype, m, n, k),
-    };
+    let forced = FORCED.with(|c| c.get());
+    let mut config =
+        match forced {
+            Some(
+                Config::CoopTiled | Config::CoopWide | Config::CoopWideTall | Config::CoopDirect,
+            ) if !coop_ok => choose(dev, dtype, m, n, k),
+            Some(f) => f,
+            None => choose(dev, dtype, m, n, k),
+        };
     // Kernels that move runs of 4 elements along each operand's contiguous axis need that
     // axis's extent, the row pitches and every offset to be multiples of 4 (a run is then
     // wholly inside or outside the matrix, and 16-byte aligned for f32). (A row pitch of 0,
@@ -470,7 +489,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let direct_ok = runs_of_8 && [m, n, k].iter().all(|v| v % 16 == 0);
     // `wide` takes runs of 8 and the adapter's passing on wgrad's SPIR-V.
     let wide_ok = runs_of_8 && wide_runs(dev, dtype);
-    if config == Config::CoopWide && !wide_ok {
+    if matches!(config, Config::CoopWide | Config::CoopWideTall) && !wide_ok {
         config = Config::CoopTiled;
     }
     if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok) {
@@ -481,7 +500,9 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         // `direct` on the GPT's shapes and 2.1-2.9x at 4096^3, in every layout. Without it,
         // `direct` where B is contiguous along N: on an H200 it ran 10-15% faster than
         // `main` there, 15% slower where B is contiguous along K.
-        config = if wide_ok {
+        config = if wide_ok && forced.is_none() && tall_pays(m, n) {
+            Config::CoopWideTall
+        } else if wide_ok {
             Config::CoopWide
         } else if !tb && direct_ok {
             Config::CoopDirect
@@ -537,11 +558,19 @@ pub(crate) fn padding_gain(
     let dense = Operands::dense(mq, nq, kq, ta, tb);
     let ideal = plan(dev, dtype, (mq, nq, kq), &dense);
     let q = match ideal {
-        Config::CoopWide => 8,
+        Config::CoopWide | Config::CoopWideTall => 8,
         Config::Reg => 4,
         _ => return None,
     };
-    (plan(dev, dtype, (m, n, k), o) != ideal).then_some(q)
+    // The two `wide` tilings are one kernel's.
+    let family = |c: Config| {
+        if c == Config::CoopWideTall {
+            Config::CoopWide
+        } else {
+            c
+        }
+    };
+    (family(plan(dev, dtype, (m, n, k), o)) != family(ideal)).then_some(q)
 }
 
 /// Which layout an implicit convolution's images (see [`Gather`]) take on `dev` for `dtype`,
@@ -692,7 +721,7 @@ fn variants(
         // `wide` ran 1.5-2.9x faster than `main` and `direct` on every shape measured on an
         // H100 (BENCHMARKS.md, 2026-11-24); trying them only cost compiles, 1.2-3.0 s a run,
         // and never changed a choice. They compete where `wide` does not run.
-        Config::CoopWide => &[],
+        Config::CoopWide | Config::CoopWideTall => &[Config::CoopWide, Config::CoopWideTall],
         Config::CoopTiled | Config::CoopDirect => &[Config::CoopTiled, Config::CoopDirect],
         Config::Reg => &[Config::Reg, tiled],
         c if c == tiled => &[Config::Reg, tiled],
@@ -846,6 +875,17 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
                 ("FUSE", fuse),
                 ("GATHER", g.gather.is_some() as u32),
                 ("RM", reg_rows as u32),
+            ],
+        ),
+        Config::CoopWideTall => (
+            Kernel::MatmulWide,
+            "main",
+            vec![
+                ("TA", ta as u32),
+                ("TB", tb as u32),
+                ("FUSE", fuse),
+                ("GATHER", 0),
+                ("RM", 256),
             ],
         ),
         Config::CoopDirect => (
