@@ -7,7 +7,7 @@
 // with M <= 64, such as a convolution's 64 output channels) makes the tile 64 x 128, each
 // subgroup's block 64 x 32: the rows past M are neither multiplied nor kept. RM = 256
 // (`Config::CoopWideTall`) makes it 256 x 128 with 8 subgroups (WG = 256) of 64 x 64 each,
-// in K steps of 32: see "Traffic".
+// in K steps of 32 or 48: see "Traffic".
 //
 // 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
 // computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
@@ -20,13 +20,17 @@
 // and stores them after (two barriers a step). Double-buffered steps of 32 (one barrier a
 // step, 48 KiB) ran 20% slower on an H100.
 //
-// Traffic. Left out in turn (wrong results, timing only; H200, 8192^3, 4.79 ms whole), the
-// products left 3.90 ms of loads, stores and barriers, and the loads from the buffers 3.15
-// ms: the kernel waits on what it reads, 1/64 byte a flop at 128 x 128 (3.7 TB/s at 230
+// Traffic. Timed with parts left out (wrong results; H200, 8192^3, 4.79 ms whole): without
+// the products 3.90 ms (loads, stores, barriers), without the loads from the buffers 3.15
+// ms. The kernel waits on what it reads, 1/64 byte a flop at 128 x 128 (3.7 TB/s at 230
 // TFLOP/s). A 256 x 128 tile reads 3/4 of that, but in 48 KiB of workgroup memory only in K
 // steps of 32 (A and B of K 64 would take 54 KiB with their padding): 8192^3 in 4.15 ms,
 // 4096^3 11% faster. Its products per step are half those of RM = 128 (two barriers a 32 of
-// K); loading two steps ahead in registers instead of one was slower (4.34 ms).
+// K). Steps of 48 fit too (42 KiB), and ran A^T B (m-fast A, n-fast B) at 8192^3 in 3.59-3.67
+// ms against 3.88-3.92 (300-306 TFLOP/s); where an operand is k-fast they were slower (A B
+// 4.34-4.54 ms, however its 6 runs a row were spread over invocations), so they are only
+// taken there. Loading two steps ahead in registers instead of one was slower (4.34 ms, and
+// 4.93 with the loop written out twice so that no register set is copied).
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
@@ -75,10 +79,11 @@ const BN: u32 = 128u;
 //! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128
 //! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128
 //! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256
-// RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32, in the same 36 KiB.
+// RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32 (30 KiB), or 48 (42
+// KiB) where neither operand is k-fast (A^T B, a weight gradient's layout): see "Traffic".
 const R256: u32 = RM / 256u;
 const BM: u32 = 128u + 128u * R256;
-const KW: u32 = 64u - 32u * R256;
+const KW: u32 = 64u - R256 * (32u - 16u * TA * (1u - TB));
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
 const PMA8: u32 = BM / 8u + 1u;
@@ -98,7 +103,8 @@ const KIA: u32 = TA * RSA;
 const KIB: u32 = (1u - TB) * RSB;
 // A's tile, then B's at TB8; after the last step, the epilogue's staging (`write_half`).
 const TB8: u32 = BM * PK8;
-var<workgroup> Ts: array<vec4<f32>, 2304>;
+// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once.)
+var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, 2304u)>;
 // The tile's bias (FUSE's): 128 values along N, or along M with bias_rows, staged at the start
 // (see write_half).
 var<workgroup> Bs: array<f32, 256>;

@@ -733,7 +733,7 @@ fn matmul_register_tiles() {
 /// `wide` with 256 x 128 tiles (8 subgroups, K steps of 32), forced where the adapter runs
 /// `wide` (elsewhere the usual path, still checked): every transpose; M past one 256-row
 /// tile and N past one 128-column tile, both partial; K of one partial step, of several with
-/// a partial last one (88 = 32 + 32 + 24), and long enough to split into partial products
+/// a partial last one (88 = 32 + 32 + 24, or 48 + 40 for A^T B), and long enough to split into partial products
 /// (4160, with the bias and activation then in the `splitk` pass); the fused epilogues; a
 /// batch broadcasting B; and M below 64.
 #[test]
