@@ -232,8 +232,8 @@ pub enum Config {
     /// `CoopWide` with 256 x 128 tiles: 8 subgroups of 64 x 64 outputs, K steps of 32 (48 for
     /// A^T B) within 48 KiB of workgroup memory (matmul_wide.wgsl, RM = 256). A workgroup
     /// loads a quarter less per product than two 128 x 128 ones, which is what `wide` waits
-    /// on at large sizes;
-    /// [`plan`] takes it where such tiles fill at least three waves of the GPU.
+    /// on at large sizes; [`plan`] takes it where such tiles fill at least three waves of the
+    /// GPU.
     CoopWideTall,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
