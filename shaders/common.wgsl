@@ -244,7 +244,8 @@ struct MatmulParams {
   im_dh: i32,
   im_dw: i32,
   im_wo: u32,
-  _im_pad: u32,
+  // matmul_wide.wgsl's RSUM: where the row sums of op(A) start in `bias`.
+  sum_off: u32,
 }
 
 //! fn subgroup_row

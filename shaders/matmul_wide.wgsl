@@ -72,13 +72,14 @@ alias Params = MatmulParams;
 
 const BN: u32 = 128u;
 
-//! entry main(a: f16 raw16, b: f16 raw16, bias: data, c: data mut vec4)
+//! entry main(a: f16 raw16, b: f16 raw16, bias: data mut, c: data mut vec4)
 //! requires spirv
-//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0,1 RM=64,128
-//! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1 RM=64,128
-//! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128
-//! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128
-//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256
+//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0,1 RM=64,128 RSUM=0
+//! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1 RM=64,128 RSUM=0
+//! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128 RSUM=0,1
+//! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128 RSUM=0,1
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RSUM=0
+//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1
 // RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32 (30 KiB), or 48 (42
 // KiB) where neither operand is k-fast (A^T B, a weight gradient's layout): see "Traffic".
 const R256: u32 = RM / 256u;
@@ -315,6 +316,21 @@ fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0
   }
 }
 
+// RSUM = 1 (m-fast A, no bias): the product also sums op(A)'s rows over its K range, a bias's
+// gradient beside its weight's (dW = dY^T X, db = dY's column sums), from the runs of A each
+// invocation loads, whose 8 halves are 8 rows of op(A): `halves` widens a run. In the first
+// column of workgroups each invocation keeps 8 sums for the whole loop; the RSA invocations
+// that share rows add theirs in the tiles' memory after it and write them to `bias` from
+// p.sum_off (split: f32 partials at s m + row of a buffer of their own, which a second
+// `splitk` pass sums). Cheaper than a column sum's two passes over dY (13 us each in the
+// GPT); the partials after C's in one buffer, summed by the same `splitk` pass, made the
+// GPT's step 8% slower, for reasons not found.
+fn halves(x: vec4<f32>, hi: bool) -> vec4<f32> {
+  let u = unpack2x16float(bitcast<u32>(select(x.x, x.z, hi)));
+  let v = unpack2x16float(bitcast<u32>(select(x.y, x.w, hi)));
+  return vec4<f32>(u, v);
+}
+
 // Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile.
 fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f32, A> {
   if (TA == 0u) { return coopLoadT<coop_mat16x16<f32, A>>(&Ts[r * PK8 + kk / 8u], PK8); }
@@ -386,9 +402,17 @@ fn main(ids: Ids) {
     xb$i = g[$i];
     //! end
   }
+  // (The same for the whole workgroup.)
+  let sums = (RSUM == 1u) & (ids.wid.x == 0u);
+  var rs0 = vec4<f32>(0.0);
+  var rs1 = vec4<f32>(0.0);
   //! unroll i in 0..8
   if ($i < NA) { Ts[ra.s0 + $i * SIA] = xa$i; }
   if ($i < NB) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
+  if (sums & ($i < NA)) {
+    rs0 = rs0 + halves(xa$i, false);
+    rs1 = rs1 + halves(xa$i, true);
+  }
   //! end
   workgroupBarrier();
 
@@ -451,7 +475,26 @@ fn main(ids: Ids) {
       //! unroll i in 0..8
       if ($i < NA) { Ts[ra.s0 + $i * SIA] = xa$i; }
       if ($i < NB) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
+      if (sums & ($i < NA)) {
+        rs0 = rs0 + halves(xa$i, false);
+        rs1 = rs1 + halves(xa$i, true);
+      }
       //! end
+    }
+    workgroupBarrier();
+  }
+
+  if (RSUM == 1u) {
+    // Invocation lid's sums are of rows (lid % (BM / 8)) 8 .. + 8, partial t = lid / (BM / 8).
+    Ts[2u * lid] = rs0;
+    Ts[2u * lid + 1u] = rs1;
+    workgroupBarrier();
+    if (sums & (lid < BM) & (m0 + lid < p.m)) {
+      var sum = 0.0;
+      for (var t = 0u; t < RSA; t = t + 1u) {
+        sum = sum + Ts[2u * (t * (BM / 8u) + lid / 8u) + (lid % 8u) / 4u][lid % 4u];
+      }
+      st_bias(p.sum_off + select(0u, ids.wid.z * p.m, p.raw != 0u) + m0 + lid, sum);
     }
     workgroupBarrier();
   }

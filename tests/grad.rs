@@ -592,6 +592,70 @@ fn implicit_conv_gradients() {
     }
 }
 
+/// A linear layer's bias gradient (the output gradient's column sums) summed by the weight
+/// gradient's product where `wide` runs it (RSUM: no column-sum pass), with 128 x 128 and
+/// 256 x 128 tiles (forced), in one K range (300 rows) and split into partial sums (4160),
+/// at sizes off the tiles (264 outputs, 136 inputs); 65 outputs take the padded product and
+/// sum apart. Against f64 sums of the seed gradient r: db = r's column sums, dW = r^T x,
+/// dx = r W.
+#[test]
+fn linear_bias_gradient_in_the_weight_product() {
+    use wgrad::kernels::matmul::{Config, forced};
+    let dev = poisoned();
+    let dt = DType::F16;
+    let wide = runs_wide(&dev);
+    let mut rng = Rng::new(41);
+    for config in [None, Some(Config::CoopWide), Some(Config::CoopWideTall)] {
+        for (rows, inp, out) in [(300, 136, 264), (4160, 136, 264), (40, 24, 65)] {
+            let name = format!("{config:?} {rows} x {inp} -> {out}");
+            let (xv, wv, bv, rv) = (
+                rng.vec(rows * inp),
+                rng.vec(out * inp),
+                rng.vec(out),
+                rng.vec(rows * out),
+            );
+            let x = tensor(&dev, &xv, &[rows, inp], dt).variable();
+            let w = tensor(&dev, &wv, &[out, inp], dt).variable();
+            let b = tensor(&dev, &bv, &[out], dt).variable();
+            let r = tensor(&dev, &rv, &[rows, out], dt);
+            let run = || x.linear(&w, Some(&b)).unwrap().backward_with(&r).unwrap();
+            let ((), ran) = ran_kernels(&dev, || match config {
+                Some(c) => forced(c, run).unwrap(),
+                None => run(),
+            });
+            if wide && out % 8 == 0 {
+                assert!(
+                    !ran.iter().any(|k| k.starts_with("Reduce/")),
+                    "{name}: kernels {ran:?}"
+                );
+            }
+            let (xr, wr, rr) = (rounded(&xv, dt), rounded(&wv, dt), rounded(&rv, dt));
+            let mut dx = vec![0.0f64; rows * inp];
+            let mut dw = vec![0.0f64; out * inp];
+            let mut db = vec![0.0f64; out];
+            for i in 0..rows {
+                for o in 0..out {
+                    let g = rr[i * out + o];
+                    db[o] += g;
+                    for c in 0..inp {
+                        dx[i * inp + c] += g * wr[o * inp + c];
+                        dw[o * inp + c] += g * xr[i * inp + c];
+                    }
+                }
+            }
+            let t = tol(dt);
+            for (what, got, want) in [("db", &b, &db), ("dW", &w, &dw), ("dx", &x, &dx)] {
+                assert_close_tol(
+                    &got.grad().unwrap().to_f32_vec().unwrap(),
+                    want,
+                    (t.0 * 10.0, t.1),
+                    &format!("{name}: {what}"),
+                );
+            }
+        }
+    }
+}
+
 /// f16 convolution gradients on tensor cores, with `wide` gathering channels-last images
 /// where the adapter runs it (forced; elsewhere the usual path, still checked): the input's
 /// gradient for stride 1 is a mirrored implicit convolution (no col2im), stride 2 and a

@@ -362,3 +362,60 @@ fn codes_are_used_and_files_documented() {
         }
     }
 }
+
+/// `wide`'s split products bind only f32 buffers besides their f16 operands (partial
+/// products, and with RSUM partial row sums), so the module naga writes has no f16 type:
+/// the operand retyping declares one and retypes both matrix types.
+#[test]
+fn operand_retyping_declares_f16() {
+    use wgrad::kernels::spirv::{SpirvTarget, compile, f16_operands};
+    let k = Kernel::MatmulWide;
+    let sig = &k.entries().expect("signatures parse")[0];
+    let t = TARGETS[0];
+    for rsum in [0, 1] {
+        let consts = [
+            ("TA", 1),
+            ("TB", 0),
+            ("FUSE", 0),
+            ("GATHER", 0),
+            ("RM", 128),
+            ("RSUM", rsum),
+        ];
+        let dtypes = [DType::F16, DType::F16, DType::F32, DType::F32];
+        let src = compose::compose(
+            t,
+            k.source(),
+            sig,
+            128,
+            &consts,
+            &dtypes,
+            k.codes(),
+            k.enables(),
+        )
+        .expect("composes");
+        let target = SpirvTarget {
+            f16: true,
+            subgroups: true,
+            coop: true,
+            bounds_checks: true,
+            full_checks: false,
+        };
+        let mut words = compile(&src, target).expect("compiles");
+        let floats = |w: &[u32]| {
+            let (mut at, mut widths) = (5, Vec::new());
+            while at < w.len() {
+                if w[at] & 0xffff == 22 {
+                    widths.push(w[at + 2]);
+                }
+                at += (w[at] >> 16) as usize;
+            }
+            widths
+        };
+        assert_eq!(floats(&words), [32], "RSUM={rsum}: naga wrote an f16 type");
+        let bound = words[3];
+        assert_eq!(f16_operands(&mut words).ok(), Some(2), "RSUM={rsum}");
+        assert_eq!(floats(&words), [32, 16], "RSUM={rsum}");
+        assert_eq!(words[3], bound + 1, "RSUM={rsum}: id bound");
+        assert_eq!(f16_operands(&mut words).ok(), Some(0), "RSUM={rsum}");
+    }
+}

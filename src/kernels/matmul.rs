@@ -63,7 +63,7 @@ crate::params! {
         im_dh: i32,
         im_dw: i32,
         im_wo: u32,
-        _im_pad: u32,
+        sum_off: u32,
     }
 }
 
@@ -190,6 +190,10 @@ pub(crate) struct Gemm<'a> {
     /// An implicit convolution: op(B) is gathered from images with this window instead of
     /// read from a column matrix (see [`Gather`]).
     pub gather: Option<Gather>,
+    /// Where the kernel can (see [`matmul`]'s result), also the sums of op(A)'s rows,
+    /// Σ_k op(A)[m, k], into this block from this element offset in `c_dtype`: a bias's
+    /// gradient beside its weight's.
+    pub row_sums: Option<(&'a Block, usize)>,
 }
 
 /// An implicit convolution's image operand: op(B)[k, n] is what output position n's window
@@ -595,7 +599,8 @@ fn wide_runs(dev: &Device, dtype: DType) -> bool {
     tensor_cores(dev, dtype) && dev.caps().workgroup_storage >= 49152 && dev.caps().spirv
 }
 
-pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
+/// Runs the product; true where it also wrote `row_sums` (else the caller sums them).
+pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<bool> {
     u32_len(
         "matmul",
         g.offsets.2 + g.batch.max(1) * g.m.max(1) * g.n.max(1),
@@ -617,7 +622,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         },
     )?;
     if g.m == 0 || g.n == 0 || g.batch == 0 {
-        return Ok(());
+        return Ok(false);
     }
     if (g.a_strides.0 != 1 && g.a_strides.1 != 1) || (g.b_strides.0 != 1 && g.b_strides.1 != 1) {
         return Err(Error::Internal(format!(
@@ -659,8 +664,13 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<()> {
         g.act,
     );
     let named: Vec<(Config, String)> = variants.iter().map(|&c| (c, format!("{c:?}"))).collect();
-    let (config, ran) = autotune::choose(dev, tuner, &key, &named, &mut |c| run(dev, g, c))?;
-    if ran { Ok(()) } else { run(dev, g, config) }
+    let (config, ran) =
+        autotune::choose(dev, tuner, &key, &named, &mut |c| run(dev, g, c).map(drop))?;
+    if ran {
+        Ok(sums_row_fused(config, g))
+    } else {
+        run(dev, g, config)
+    }
 }
 
 /// The shape class a measured choice is kept under.
@@ -740,8 +750,20 @@ fn variants(
     out
 }
 
-/// Runs the product with `config`.
-fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
+/// Whether `config` writes `g.row_sums` with the product: `wide` where op(A) is contiguous
+/// along M (RSUM), for one matrix without bias, not gathered.
+fn sums_row_fused(config: Config, g: &Gemm<'_>) -> bool {
+    g.row_sums.is_some()
+        && matches!(config, Config::CoopWide | Config::CoopWideTall)
+        && g.a_strides.1 != 1
+        && g.a_strides.0 == 1
+        && g.batch == 1
+        && g.bias.is_none()
+        && g.gather.is_none()
+}
+
+/// Runs the product with `config`; true where it wrote the row sums.
+fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
     let (sam, sak) = g.a_strides;
     let (sbk, sbn) = g.b_strides;
     let (ta, tb) = (sak != 1, sbn != 1);
@@ -829,11 +851,26 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
         }
         None => params,
     };
-    let bias = g.bias.unwrap_or(g.c);
+    let rsum = sums_row_fused(config, g);
     let part = if splits > 1 {
         Some(dev.alloc((splits * g.batch * g.m * g.n * 4) as u64)?)
     } else {
         None
+    };
+    // The row sums go out through the bias binding (RSUM has no bias); a split's are f32
+    // partials in a buffer of their own, summed by a second `splitk` pass.
+    let sums_part = match (rsum, splits > 1) {
+        (true, true) => Some(dev.alloc((splits * g.m * 4) as u64)?),
+        _ => None,
+    };
+    let (bias, bias_dtype, sum_off) = match (&sums_part, g.row_sums) {
+        (Some(b), _) => (b, DType::F32, 0),
+        (None, Some((b, off))) if rsum => (b, g.c_dtype, off),
+        _ => (g.bias.unwrap_or(g.c), g.dtype, 0),
+    };
+    let params = MatmulParams {
+        sum_off: sum_off as u32,
+        ..params
     };
     let (out, out_dtype, p) = match &part {
         Some(b) => (b, DType::F32, MatmulParams { c_off: 0, ..params }),
@@ -850,7 +887,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
     let args = [
         arg(g.a, g.dtype),
         arg(g.b, g.dtype),
-        arg(bias, g.dtype),
+        arg(bias, bias_dtype),
         arg(out, out_dtype),
     ];
     // The CPU kernels compile the epilogue away when there is nothing to apply; the
@@ -876,6 +913,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
                 ("FUSE", fuse),
                 ("GATHER", g.gather.is_some() as u32),
                 ("RM", reg_rows as u32),
+                ("RSUM", rsum as u32),
             ],
         ),
         Config::CoopWideTall => (
@@ -887,6 +925,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
                 ("FUSE", fuse),
                 ("GATHER", 0),
                 ("RM", 256),
+                ("RSUM", rsum as u32),
             ],
         ),
         Config::CoopDirect => (
@@ -955,14 +994,42 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<()> {
                 params: MatmulParams { raw: 0, ..params },
                 args: &[
                     arg(part, DType::F32),
-                    arg(bias, g.dtype),
+                    arg(g.bias.unwrap_or(g.c), g.dtype),
                     arg(g.c, g.c_dtype),
                 ],
                 groups: grid_1d(g.batch * g.m * g.n, 256),
             },
         )?;
     }
-    Ok(())
+    if let (Some(part), Some((sums, off))) = (&sums_part, g.row_sums) {
+        // The row sums' partials, as an M x 1 product's.
+        launch(
+            dev,
+            &Launch {
+                kernel: Kernel::Matmul,
+                entry: "splitk",
+                wg: 256,
+                consts: &[],
+                params: MatmulParams {
+                    n: 1,
+                    batch: 1,
+                    c_off: off as u32,
+                    has_bias: 0,
+                    act: 0,
+                    raw: 0,
+                    bias_rows: 0,
+                    ..params
+                },
+                args: &[
+                    arg(part, DType::F32),
+                    arg(part, DType::F32),
+                    arg(sums, g.c_dtype),
+                ],
+                groups: grid_1d(g.m, 256),
+            },
+        )?;
+    }
+    Ok(rsum)
 }
 
 #[cfg(test)]

@@ -168,9 +168,10 @@ pub fn dont_unroll(words: &mut [u32]) -> Result<usize> {
 
 /// Retypes the module's f32 A and B cooperative-matrix types to f16 (see the module docs):
 /// their OpTypeCooperativeMatrixKHR instructions name the f16 type instead of f32. Returns
-/// how many types it changed. An error when the module has f32 operand matrices but no f16
-/// type to give them.
-pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
+/// how many types it changed. Where the module has no f16 type (every binding f32, as a
+/// split product's partials), it declares one (the module has the Float16 capability
+/// wherever these kernels run: `SpirvTarget::f16`).
+pub fn f16_operands(words: &mut Vec<u32>) -> Result<usize> {
     let insts = instructions(words)?;
     // (`instructions` checked that every instruction's words are inside the module.)
     let float = |width: u32| {
@@ -195,9 +196,20 @@ pub fn f16_operands(words: &mut [u32]) -> Result<usize> {
                 .then(|| words[a + 3])
         });
         if matches!(value, Some(USE_A | USE_B)) {
-            let f16 = f16_id.ok_or_else(|| {
-                Error::Internal("SPIR-V module: f32 operand matrices but no f16 type".into())
-            })?;
+            let Some(f16) = f16_id else {
+                // OpTypeFloat %bound 16 after the f32 type (a type is declared before its
+                // uses), the bound one higher; then retype.
+                let (_, f32_at) = insts
+                    .iter()
+                    .copied()
+                    .find(|&(o, a)| o == OP_TYPE_FLOAT && words[a + 1] == f32_id)
+                    .ok_or_else(|| Error::Internal("SPIR-V module: no f32 type".into()))?;
+                let id = words[3];
+                words[3] += 1;
+                let end = f32_at + (words[f32_at] >> 16) as usize;
+                words.splice(end..end, [(3 << 16) | OP_TYPE_FLOAT, id, 16]);
+                return f16_operands(words);
+            };
             words[at + 2] = f16;
             changed += 1;
         }

@@ -417,6 +417,7 @@ fn conv_forward(
                     mirrored: d.mirrored,
                     layout,
                 }),
+                row_sums: None,
             },
         )?;
     }
@@ -540,6 +541,7 @@ fn input_grad_cols(w: &Tensor, dy: &Tensor, d: &ConvDims, x: &Tensor) -> Result<
                 bias_rows: false,
                 bias_bs: 0,
                 gather: None,
+                row_sums: None,
             },
         )?;
         kc::col2im(
@@ -645,6 +647,7 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
                     mirrored: false,
                     layout,
                 }),
+                row_sums: None,
             },
         )?;
         let s = part.sum(0, false)?;

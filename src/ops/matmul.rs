@@ -88,10 +88,24 @@ pub(crate) fn gemm(
     bias: Option<&Tensor>,
     act: Act,
 ) -> Result<Tensor> {
-    gemm_padding(a, b, trans_a, trans_b, bias, act, true)
+    Ok(gemm_padding(a, b, trans_a, trans_b, bias, act, true, false)?.0)
 }
 
-/// `gemm`, padding misaligned operands (`Padding`) where `pad`.
+/// `gemm` without bias or activation, and the sums of op(A)'s rows where its kernel adds them
+/// on the way (a weight gradient g^T x and its bias's, g's column sums); None where the
+/// caller must sum them.
+pub(crate) fn gemm_row_sums(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    gemm_padding(a, b, trans_a, trans_b, None, Act::None, true, true)
+}
+
+/// `gemm`, padding misaligned operands (`Padding`) where `pad`; with `row_sums`, also the
+/// sums of op(A)'s rows where the product's kernel writes them (one matrix, no bias).
+#[allow(clippy::too_many_arguments)]
 fn gemm_padding(
     a: &Tensor,
     b: &Tensor,
@@ -100,7 +114,8 @@ fn gemm_padding(
     bias: Option<&Tensor>,
     act: Act,
     pad: bool,
-) -> Result<Tensor> {
+    row_sums: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
     let op = "matmul";
     let dtype = same_dtype(op, a, b)?;
     same_device(op, a, b)?;
@@ -182,7 +197,10 @@ fn gemm_padding(
     out_shape.extend_from_slice(&[m, n]);
     if dtype == DType::F32 && split_wanted(a.device(), m, n, k, batch) {
         let ops = [(&a, &va, trans_a), (&b, &vb, trans_b)];
-        return split_gemm(ops, bias.as_ref(), act, batch, &out_shape);
+        return Ok((
+            split_gemm(ops, bias.as_ref(), act, batch, &out_shape)?,
+            None,
+        ));
     }
     let layout = km::Operands {
         a_strides: va.strides,
@@ -204,11 +222,15 @@ fn gemm_padding(
         // unpadded on the general kernels.
         match p.run(&a, &b, bias.as_ref(), act) {
             Err(e) if e.is_oom() => {}
-            r => return r,
+            r => return Ok((r?, None)),
         }
     }
     let out = Tensor::uninit(a.device(), &out_shape, dtype)?;
-    km::matmul(
+    let sums = match row_sums && batch == 1 && bias.is_none() {
+        true => Some(Tensor::uninit(a.device(), &[m], dtype)?),
+        false => None,
+    };
+    let fused = km::matmul(
         a.device(),
         &Gemm {
             a: a.block(),
@@ -235,9 +257,13 @@ fn gemm_padding(
             bias_rows: false,
             bias_bs: 0,
             gather: None,
+            row_sums: match &sums {
+                Some(t) => Some((t.dense_block(op)?, 0)),
+                None => None,
+            },
         },
     )?;
-    Ok(out)
+    Ok((out, sums.filter(|_| fused)))
 }
 
 /// A product run on zero-padded copies of its operands, so that every pitch and contiguous
@@ -322,7 +348,9 @@ impl Padding {
                 bias.as_ref(),
                 act,
                 false,
-            )?;
+                false,
+            )?
+            .0;
             if (self.mq, self.nq) == (self.m, self.n) {
                 return Ok(c);
             }
@@ -518,6 +546,7 @@ fn split_gemm(
             bias_rows: false,
             bias_bs: 0,
             gather: None,
+            row_sums: None,
         },
     )?;
     let out = Tensor::uninit(dev, out_shape, DType::F32)?;
@@ -569,8 +598,16 @@ impl Backward for MatmulBack {
         } else {
             None
         };
+        let bias_grad = inputs.get(2).is_some_and(|t| t.requires_grad());
+        // The bias's gradient, g's column sums, where the weight gradient's kernel (g^T op(A))
+        // adds them as it reads g: the GPT's linear layers saved a pass over g each.
+        let mut g_sums = None;
         let gb = if b.requires_grad() {
-            let gb = if tb {
+            let gb = if tb && bias_grad {
+                let (gb, sums) = gemm_row_sums(&g, a, true, ta)?;
+                g_sums = sums;
+                gb
+            } else if tb {
                 gemm(&g, a, true, ta, None, Act::None)?
             } else {
                 gemm(a, &g, !ta, false, None, Act::None)?
@@ -581,11 +618,13 @@ impl Backward for MatmulBack {
         };
         let mut v = vec![ga, gb];
         if let Some(bias) = inputs.get(2) {
-            v.push(if bias.requires_grad() {
-                let n = bias.numel();
-                Some(g.reshape(&[g.numel() / n.max(1), n])?.sum(0, false)?)
-            } else {
-                None
+            v.push(match (bias_grad, g_sums) {
+                (true, Some(s)) => Some(s),
+                (true, None) => {
+                    let n = bias.numel();
+                    Some(g.reshape(&[g.numel() / n.max(1), n])?.sum(0, false)?)
+                }
+                (false, _) => None,
             });
         }
         Ok(v)
