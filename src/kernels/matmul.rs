@@ -92,7 +92,13 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
     }
     let (tm, tn) = out_tile(dev, config, g.m, g.n);
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-    split_chunk(tiles, g.k, kchunk, config == Config::Reg)
+    // 256 x 128 tiles run one a core.
+    let slots = if config == Config::CoopWideTall {
+        SLOTS / 2
+    } else {
+        SLOTS
+    };
+    split_chunk(tiles, g.k, kchunk, config == Config::Reg, slots)
 }
 
 /// A workgroup's output tile: [`Config::tile`], except where M fits in 64 rows, which
@@ -131,14 +137,14 @@ fn tall_pays(m: usize, n: usize) -> bool {
 const REG64_STORAGE: u32 = 16 * (64 + 256) * 4;
 
 /// `occupancy_kchunk` for a product of `tiles` workgroup tiles and `k`.
-fn split_chunk(tiles: usize, k: usize, kchunk: usize, reg: bool) -> usize {
+fn split_chunk(tiles: usize, k: usize, kchunk: usize, reg: bool, slots: usize) -> usize {
     let (most, min_k) = match () {
         _ if tiles == 0 || k == 0 => return kchunk,
-        _ if tiles < SLOTS => (2 * SLOTS.div_ceil(tiles), if reg { 256 } else { 512 }),
-        _ if reg && tiles < 4 * SLOTS => (4, 256),
+        _ if tiles < slots => (2 * slots.div_ceil(tiles), if reg { 256 } else { 512 }),
+        _ if reg && tiles < 4 * slots => (4, 256),
         _ => return kchunk,
     };
-    let cost = |chunk: usize| (tiles * k.div_ceil(chunk)).div_ceil(SLOTS) * chunk;
+    let cost = |chunk: usize| (tiles * k.div_ceil(chunk)).div_ceil(slots) * chunk;
     // Unsplit, a workgroup covers all of K (or the loop budget's part of it).
     let mut best = (kchunk, cost(kchunk.min(k)));
     for s in 2..=most {
@@ -1037,7 +1043,7 @@ mod tests {
     use super::split_chunk;
 
     fn splits(tiles: usize, k: usize, reg: bool) -> usize {
-        k.div_ceil(split_chunk(tiles, k, usize::MAX, reg))
+        k.div_ceil(split_chunk(tiles, k, usize::MAX, reg, super::SLOTS))
     }
 
     #[test]
@@ -1047,6 +1053,12 @@ mod tests {
         assert_eq!(splits(27, 16384, false), 9);
         assert_eq!(splits(36, 16384, false), 7);
         assert_eq!(splits(36, 16384, true), 7);
+        // 256 x 128 tiles run one a core: 15 of them (1152 x 384) fill 132 cores in 8
+        // splits, where counted as two a core they would take 16 (two waves).
+        assert_eq!(
+            16384usize.div_ceil(split_chunk(15, 16384, usize::MAX, false, 132)),
+            8
+        );
         // A 64-channel convolution's weight gradient (160 tiles, K = 3136 positions): 480
         // workgroups in two waves, where two splits (320) left the second mostly idle.
         assert_eq!(splits(160, 3136, true), 3);
@@ -1067,16 +1079,16 @@ mod tests {
         assert_eq!(splits(200, 2048, false), 1);
         // Nothing to split.
         assert_eq!(splits(0, 100, true), 1);
-        assert_eq!(split_chunk(5, 0, 7, true), 7);
+        assert_eq!(split_chunk(5, 0, 7, true, super::SLOTS), 7);
     }
 
     #[test]
     fn splits_respect_the_loop_budget() {
         // kchunk below K: at least K / kchunk splits whatever the waves say.
         assert_eq!(
-            16384usize.div_ceil(split_chunk(2000, 16384, 4096, false)),
+            16384usize.div_ceil(split_chunk(2000, 16384, 4096, false, super::SLOTS)),
             4
         );
-        assert!(split_chunk(27, 16384, 1024, false) <= 1024);
+        assert!(split_chunk(27, 16384, 1024, false, super::SLOTS) <= 1024);
     }
 }
