@@ -26,9 +26,9 @@
 // TFLOP/s). A 256 x 128 tile reads 3/4 of that, but in 48 KiB of workgroup memory only in K
 // steps of 32 (A and B of K 64 would take 54 KiB with their padding): 8192^3 in 4.15 ms,
 // 4096^3 11% faster. Its products per step are half those of RM = 128 (two barriers a 32 of
-// K). Steps of 48 fit too (42 KiB), and ran A^T B (m-fast A, n-fast B) at 8192^3 in 3.59-3.67
-// ms against 3.88-3.92 (300-306 TFLOP/s); where an operand is k-fast they were slower (A B
-// 4.34-4.54 ms, however its 6 runs a row were spread over invocations), so they are only
+// K). Steps of 48 fit too (42 KiB), and ran A^T B (m-fast A, n-fast B) at 8192^3 in 3.59-3.71
+// ms against 3.88-3.94 (296-306 TFLOP/s); where an operand is k-fast they were slower (A B
+// 4.27-4.54 ms, however its 6 runs a row were spread over invocations), so they are only
 // taken there. Loading two steps ahead in registers instead of one was slower (4.34 ms, and
 // 4.93 with the loop written out twice so that no register set is copied).
 //
