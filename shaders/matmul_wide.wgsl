@@ -56,7 +56,8 @@
 //
 // Loops (per invocation): 1 per KW of K, plus up to 204 in the epilogue: per half 17 for a
 // lane's 16 output rows, up to 5 more a row where N is not a multiple of 4 (outputs stored one
-// by one), and 5 for the bias (matmul.rs `Config::kchunk` keeps 256).
+// by one), and 5 for the bias; 9 more for RSUM's row sums (matmul.rs `Config::kchunk` keeps
+// 256).
 //
 // GATHER = 1 makes the product an implicit convolution: op(B) is the column matrix of NHWC
 // images, never written. TB = 1 is a forward product (B = col, K x positions); TB = 0 a

@@ -124,13 +124,21 @@ fn out_tile(dev: &Device, config: Config, m: usize, n: usize) -> (usize, usize) 
     }
 }
 
-/// Whether `CoopWideTall`'s 256 x 128 tiles of an M x N output fill at least three waves
-/// (they run one a core, `SLOTS / 2` at once). Measured on an H200 (BENCHMARKS.md,
-/// 2026-11-26): 11-15% faster than 128 x 128 at 4096^3 and 8192^3, 14% at 16384 x 1536 x 384
-/// (5.8 waves), 3-5% at 16384 x 1152 x 384 (4.4); 13% slower at 16384 x 384 x 1536 (1.45),
-/// where a last partial wave of large tiles leaves more cores idle.
-fn tall_pays(m: usize, n: usize) -> bool {
-    m > 128 && m.div_ceil(256) * n.div_ceil(128) >= 3 * SLOTS / 2
+/// Whether `CoopWideTall`'s 256 x 128 tiles pay for an M x N x K product whose op(A) is
+/// contiguous along K unless `ta` and op(B) along N unless `tb`: where they fill at least
+/// three waves (they run one a core, `SLOTS / 2` at once), or where they are few, split
+/// along a long K, waste at most an eighth of their rows, and neither operand is contiguous
+/// along K (A^T B, a weight gradient's layout, whose K steps of 48 ran 313 TFLOP/s at 8192^3
+/// against 242 on an H100). Measured on an H200 (BENCHMARKS.md, 2026-11-26): 11-15% faster than
+/// 128 x 128 at 4096^3 and 8192^3, 14% at 16384 x 1536 x 384 (5.8 waves), 3-5% at
+/// 16384 x 1152 x 384 (4.4); 13% slower at 16384 x 384 x 1536 (1.45), where a last partial
+/// wave of large tiles leaves more cores idle.
+fn tall_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
+    let tiles = m.div_ceil(256) * n.div_ceil(128);
+    let rows = m.next_multiple_of(256);
+    m > 128
+        && (tiles >= 3 * SLOTS / 2
+            || (ta && !tb && tiles < SLOTS / 2 && k >= 8192 && (rows - m) * 8 <= rows))
 }
 
 /// `reg`'s workgroup memory at RM = 64: slices of 16 x 64 and 16 x 256 f32.
@@ -511,7 +519,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         // `direct` on the GPT's shapes and 2.1-2.9x at 4096^3, in every layout. Without it,
         // `direct` where B is contiguous along N: on an H200 it ran 10-15% faster than
         // `main` there, 15% slower where B is contiguous along K.
-        config = if wide_ok && forced.is_none() && tall_pays(m, n) {
+        config = if wide_ok && forced.is_none() && tall_pays(m, n, k, ta, tb) {
             Config::CoopWideTall
         } else if wide_ok {
             Config::CoopWide
