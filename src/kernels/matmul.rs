@@ -918,7 +918,8 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             "main",
             vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
-        Config::CoopWide => (
+        // (`out_tile` gives the tall tiles RM = 256; only `CoopWide` gathers.)
+        Config::CoopWide | Config::CoopWideTall => (
             Kernel::MatmulWide,
             "main",
             vec![
@@ -927,18 +928,6 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
                 ("FUSE", fuse),
                 ("GATHER", g.gather.is_some() as u32),
                 ("RM", reg_rows as u32),
-                ("RSUM", rsum as u32),
-            ],
-        ),
-        Config::CoopWideTall => (
-            Kernel::MatmulWide,
-            "main",
-            vec![
-                ("TA", ta as u32),
-                ("TB", tb as u32),
-                ("FUSE", fuse),
-                ("GATHER", 0),
-                ("RM", 256),
                 ("RSUM", rsum as u32),
             ],
         ),
