@@ -81,8 +81,9 @@ const BN: u32 = 128u;
 //! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128 RSUM=0,1
 //! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RSUM=0
 //! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1
-// RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32 (30 KiB), or 48 (42
-// KiB) where neither operand is k-fast (A^T B, a weight gradient's layout): see "Traffic".
+// RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32 (in RM = 128's 36
+// KiB), or 48 (42 KiB) where neither operand is k-fast (A^T B, a weight gradient's layout):
+// see "Traffic".
 const R256: u32 = RM / 256u;
 const BM: u32 = 128u + 128u * R256;
 const KW: u32 = 64u - R256 * (32u - 16u * TA * (1u - TB));
@@ -107,8 +108,8 @@ const KIB: u32 = (1u - TB) * RSB;
 const TB8: u32 = BM * PK8;
 // (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once.)
 var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, 2304u)>;
-// The tile's bias (FUSE's): 128 values along N, or along M with bias_rows, staged at the start
-// (see write_half).
+// The tile's bias (FUSE's): 128 values along N, or BM along M with bias_rows, staged at the
+// start (see write_half).
 var<workgroup> Bs: array<f32, 256>;
 
 // Where an invocation's runs of one operand's tile are (see the header), for the
