@@ -13,7 +13,7 @@
 //! only re-creation.
 
 use super::stream::Slice;
-use crate::hash::{FastHasher, FastMap};
+use crate::hash::FastMap;
 use std::hash::{Hash, Hasher};
 
 /// Entries kept before the cache is cleared.
@@ -23,130 +23,154 @@ pub(crate) const MAX_ENTRIES: usize = 8192;
 /// parameters' five blocks each, and the control block).
 pub(crate) const MAX_STORAGE: usize = 21;
 
-/// What a bind group binds. The storage ranges sit inline, not behind a pointer: a lookup
-/// then reads the table's entry alone, where a vector's elements cost one more cache miss
-/// each launch (and an allocation to build the key; seen in a lavapipe profile). The key owns
-/// its handles, so no entry can match a later buffer that reuses a dead one's address.
+/// What a bind group binds, as plain numbers: the pipeline's layout by its id, and each storage
+/// range by (page, offset, size). Page ids are never reused on a device, so no entry can match
+/// a later page; the bind group itself holds its buffers alive.
+///
+/// Why numbers, kept in the table's own slots: a lookup then reads the control bytes and one
+/// slot. The entries were a vector per hash holding the wgpu handles, and a lavapipe profile of
+/// the GPT step (`perf`, twenty-sixth session) found the cache at 13% of the recording
+/// thread's time, nearly all of it waiting on the vector's memory and the slot's.
+#[derive(Clone, Copy)]
 pub(crate) struct BindKey {
-    layout: wgpu::BindGroupLayout,
+    layout: u64,
     /// Bytes of the parameter block (the binding's size; its offset is dynamic).
     params: u64,
-    /// (buffer, offset, size) of each storage binding, in binding order; `None` past the
-    /// last.
-    storage: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE],
+    n: usize,
+    /// (page, offset, bound size) of each storage binding, in binding order; zero past `n`.
+    storage: [[u64; 3]; MAX_STORAGE],
 }
 
 /// A storage binding's size as bound: wgpu refuses a zero-sized binding.
-fn bound_size(s: &Slice<'_>) -> u64 {
+pub(crate) fn bound_size(s: &Slice<'_>) -> u64 {
     s.size.max(4)
 }
 
 impl BindKey {
-    pub(crate) fn layout(&self) -> &wgpu::BindGroupLayout {
-        &self.layout
+    /// The key of `storage` bound with layout `layout` and `params` bytes of parameters;
+    /// `None` past [`MAX_STORAGE`] bindings.
+    fn new(layout: u64, params: u64, storage: &[Slice<'_>]) -> Option<BindKey> {
+        if storage.len() > MAX_STORAGE {
+            return None;
+        }
+        let mut k = BindKey {
+            layout,
+            params,
+            n: storage.len(),
+            storage: [[0; 3]; MAX_STORAGE],
+        };
+        for (slot, s) in k.storage.iter_mut().zip(storage) {
+            *slot = [s.page, s.offset, bound_size(s)];
+        }
+        Some(k)
     }
 
-    pub(crate) fn params(&self) -> u64 {
-        self.params
-    }
-
-    /// The storage ranges, in binding order.
-    pub(crate) fn storage(&self) -> impl Iterator<Item = &(wgpu::Buffer, u64, u64)> {
-        self.storage.iter().map_while(Option::as_ref)
-    }
-
-    /// Whether this key binds exactly `layout`, `params` and `storage`.
-    fn matches(&self, layout: &wgpu::BindGroupLayout, params: u64, storage: &[Slice<'_>]) -> bool {
-        self.layout == *layout
-            && self.params == params
-            && self.storage().count() == storage.len()
-            && self
-                .storage()
-                .zip(storage)
-                .all(|((b, o, n), s)| b == s.buffer && *o == s.offset && *n == bound_size(s))
+    fn used(&self) -> &[[u64; 3]] {
+        &self.storage[..self.n]
     }
 }
 
-/// The hash a lookup and the entry it finds share, computed from borrowed handles so that a
-/// lookup clones nothing (a clone is two atomic increments per buffer, and the drop two
-/// decrements).
-fn hash_of(layout: &wgpu::BindGroupLayout, params: u64, storage: &[Slice<'_>]) -> u64 {
-    let mut h = FastHasher::default();
-    layout.hash(&mut h);
-    params.hash(&mut h);
-    for s in storage {
-        s.buffer.hash(&mut h);
-        s.offset.hash(&mut h);
-        bound_size(s).hash(&mut h);
+impl PartialEq for BindKey {
+    fn eq(&self, o: &BindKey) -> bool {
+        self.layout == o.layout && self.params == o.params && self.used() == o.used()
     }
-    h.finish()
+}
+
+impl Eq for BindKey {}
+
+impl Hash for BindKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.layout);
+        h.write_u64(self.params);
+        for r in self.used() {
+            h.write_u64(r[0]);
+            h.write_u64(r[1]);
+            h.write_u64(r[2]);
+        }
+    }
 }
 
 #[derive(Default)]
 pub(crate) struct BindCache {
-    /// Entries by [`hash_of`] what they bind; a bucket holds more than one only when hashes
-    /// collide.
-    map: FastMap<u64, Vec<(BindKey, wgpu::BindGroup)>>,
-    entries: usize,
+    map: FastMap<BindKey, wgpu::BindGroup>,
     /// Bind groups created / found, for the tests and the profiler's curious.
     pub created: u64,
     pub reused: u64,
 }
 
 impl BindCache {
-    /// The bind group binding `params` bytes of parameters and `storage` in order with
-    /// `layout`, made by `make` the first time; `None` past [`MAX_STORAGE`] bindings.
+    /// The bind group binding `params` bytes of parameters and `storage` in order with the
+    /// layout whose id is `layout`, made by `make` the first time; `None` past
+    /// [`MAX_STORAGE`] bindings.
     pub(crate) fn get_or(
         &mut self,
-        layout: &wgpu::BindGroupLayout,
+        layout: u64,
         params: u64,
         storage: &[Slice<'_>],
-        make: impl FnOnce(&BindKey) -> wgpu::BindGroup,
+        make: impl FnOnce() -> wgpu::BindGroup,
     ) -> Option<wgpu::BindGroup> {
-        if storage.len() > MAX_STORAGE {
-            return None;
-        }
-        let hash = hash_of(layout, params, storage);
-        if let Some(bucket) = self.map.get(&hash)
-            && let Some((_, bg)) = bucket
-                .iter()
-                .find(|(k, _)| k.matches(layout, params, storage))
-        {
+        let key = BindKey::new(layout, params, storage)?;
+        if let Some(bg) = self.map.get(&key) {
             self.reused += 1;
             return Some(bg.clone());
         }
-        if self.entries >= MAX_ENTRIES {
+        if self.map.len() >= MAX_ENTRIES {
             self.map.clear();
-            self.entries = 0;
-        }
-        let mut key = BindKey {
-            layout: layout.clone(),
-            params,
-            storage: [const { None }; MAX_STORAGE],
-        };
-        for (slot, s) in key.storage.iter_mut().zip(storage) {
-            *slot = Some((s.buffer.clone(), s.offset, bound_size(s)));
         }
         self.created += 1;
-        let bg = make(&key);
-        self.map.entry(hash).or_default().push((key, bg.clone()));
-        self.entries += 1;
+        let bg = make();
+        self.map.insert(key, bg.clone());
         Some(bg)
     }
 
-    /// Drops every entry that binds `buffer` (a page going back to the driver). Bind groups
-    /// already recorded in a batch keep their own handles until it is submitted.
-    pub(crate) fn forget(&mut self, buffer: &wgpu::Buffer) {
-        let mut entries = 0;
-        self.map.retain(|_, bucket| {
-            bucket.retain(|(k, _)| !k.storage().any(|(b, ..)| b == buffer));
-            entries += bucket.len();
-            !bucket.is_empty()
-        });
-        self.entries = entries;
+    /// Drops every entry that binds page `page` (going back to the driver). Bind groups
+    /// already recorded in a batch keep their buffers until it is submitted.
+    pub(crate) fn forget(&mut self, page: u64) {
+        self.map
+            .retain(|k, _| k.used().iter().all(|r| r[0] != page));
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.entries
+        self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::FastHasher;
+
+    fn key(layout: u64, ranges: &[[u64; 3]]) -> BindKey {
+        let mut k = BindKey {
+            layout,
+            params: 16,
+            n: ranges.len(),
+            storage: [[0; 3]; MAX_STORAGE],
+        };
+        k.storage[..ranges.len()].copy_from_slice(ranges);
+        k
+    }
+
+    fn hash(k: &BindKey) -> u64 {
+        let mut h = FastHasher::default();
+        k.hash(&mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn keys_tell_layouts_pages_offsets_sizes_and_counts_apart() {
+        let a = key(1, &[[0, 0, 256], [0, 256, 512]]);
+        assert!(a == key(1, &[[0, 0, 256], [0, 256, 512]]));
+        assert_eq!(hash(&a), hash(&key(1, &[[0, 0, 256], [0, 256, 512]])));
+        for other in [
+            key(2, &[[0, 0, 256], [0, 256, 512]]),
+            key(1, &[[1, 0, 256], [0, 256, 512]]),
+            key(1, &[[0, 0, 256], [0, 512, 512]]),
+            key(1, &[[0, 0, 256], [0, 256, 768]]),
+            key(1, &[[0, 0, 256]]),
+            key(1, &[[0, 0, 256], [0, 256, 512], [0, 0, 0]]),
+        ] {
+            assert!(a != other);
+        }
     }
 }

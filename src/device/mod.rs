@@ -417,7 +417,7 @@ impl Device {
                 no_cache: opts.no_cache,
                 trace: opts.trace,
                 release_threshold,
-                on_page_release: Some(Box::new(move |b: &wgpu::Buffer| lock(&forget).forget(b))),
+                on_page_release: Some(Box::new(move |page| lock(&forget).forget(page))),
             },
         );
         let info = DeviceInfo {

@@ -15,7 +15,7 @@
 //! (`bind_cache.rs`).
 
 use super::adapter::lock;
-use super::bind_cache::{BindCache, MAX_STORAGE};
+use super::bind_cache::{BindCache, MAX_STORAGE, bound_size};
 use super::profile::{GpuTimer, KernelEvent, Profiling};
 use super::readback::MapAfter;
 use super::submit::{Batch, Cmd, Submitter, Timestamps};
@@ -75,6 +75,8 @@ pub(crate) fn layout_entries(n_storage: usize) -> Vec<wgpu::BindGroupLayoutEntry
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// Unique in the process: what the bind-group cache knows `layout` by.
+    pub layout_id: u64,
     pub label: Arc<str>,
 }
 
@@ -82,6 +84,8 @@ pub(crate) struct Pipeline {
 #[derive(Clone, Copy)]
 pub(crate) struct Slice<'a> {
     pub buffer: &'a wgpu::Buffer,
+    /// The memory pool's page that `buffer` is (ids are never reused on a device).
+    pub page: u64,
     pub offset: u64,
     pub size: u64,
 }
@@ -218,29 +222,29 @@ impl Stream {
         self.params.extend_from_slice(bytes);
         self.params.resize(start + padded, 0);
 
-        let bind_group = lock(&self.binds).get_or(&pipe.layout, padded as u64, storage, |key| {
+        let bind_group = lock(&self.binds).get_or(pipe.layout_id, padded as u64, storage, || {
             let mut entries = Vec::with_capacity(MAX_STORAGE + 1);
             entries.push(wgpu::BindGroupEntry {
                 binding: PARAMS_BINDING,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: &self.params_buf,
                     offset: 0,
-                    size: wgpu::BufferSize::new(key.params()),
+                    size: wgpu::BufferSize::new(padded as u64),
                 }),
             });
-            for (i, (buffer, offset, size)) in key.storage().enumerate() {
+            for (i, s) in storage.iter().enumerate() {
                 entries.push(wgpu::BindGroupEntry {
                     binding: storage_binding(i),
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer,
-                        offset: *offset,
-                        size: wgpu::BufferSize::new(*size),
+                        buffer: s.buffer,
+                        offset: s.offset,
+                        size: wgpu::BufferSize::new(bound_size(s)),
                     }),
                 });
             }
             self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
-                layout: key.layout(),
+                layout: &pipe.layout,
                 entries: &entries,
             })
         });

@@ -305,12 +305,14 @@ pub(crate) fn launch<P: KernelParams>(dev: &Device, l: &Launch<'_, P>) -> Result
     // On the stack: a vector here was an allocation per launch.
     let mut slices = [Slice {
         buffer: first.block.buffer(),
+        page: 0,
         offset: 0,
         size: 0,
     }; pipeline::MAX_ARGS];
     for (s, a) in slices.iter_mut().zip(l.args) {
         *s = Slice {
             buffer: a.block.buffer(),
+            page: a.block.page(),
             offset: a.block.offset(),
             size: a.block.size(),
         };

@@ -102,13 +102,13 @@ pub(crate) struct PoolConfig {
     pub trace: bool,
     /// Bytes of empty cached pages kept; more go back to the driver as they empty.
     pub release_threshold: u64,
-    /// Told of each page's buffer as it goes back to the driver (the device drops the bind
-    /// groups that would keep it alive).
+    /// Told of each page as it goes back to the driver (the device drops the bind groups
+    /// that would keep its buffer alive).
     pub on_page_release: Option<PageHook>,
 }
 
 /// See [`PoolConfig::on_page_release`].
-pub(crate) type PageHook = Box<dyn Fn(&wgpu::Buffer) + Send + Sync>;
+pub(crate) type PageHook = Box<dyn Fn(PageId) + Send + Sync>;
 
 impl MemoryPool {
     pub(crate) fn new(device: wgpu::Device, cfg: PoolConfig) -> Arc<Self> {
@@ -286,8 +286,10 @@ impl MemoryPool {
     }
 
     fn drop_page(&self, st: &mut PoolState, page: PageId, size: u64) {
-        if let (Some(b), Some(hook)) = (st.buffers.remove(&page), &self.on_page_release) {
-            hook(&b);
+        if st.buffers.remove(&page).is_some()
+            && let Some(hook) = &self.on_page_release
+        {
+            hook(page);
         }
         st.stats.device_frees += 1;
         st.stats.reserved -= size;
