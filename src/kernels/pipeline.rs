@@ -25,8 +25,23 @@ pub(crate) struct Key {
     /// Constants given (the rest of `consts` is unused): lookups compare and hash only those.
     n_consts: u8,
     consts: [(&'static str, u32); MAX_CONSTS],
-    dtypes: [Option<DType>; MAX_ARGS],
+    /// The arguments' dtypes, 3 bits each (0: no argument; see `dtype_code`): one word to hash
+    /// and compare. Hashed as 21 `Option`s they were most of a lookup's instructions.
+    dtypes: u64,
 }
+
+/// A dtype's 3-bit code in [`Key::dtypes`] (never 0).
+fn dtype_code(d: DType) -> u64 {
+    match d {
+        DType::F32 => 1,
+        DType::F16 => 2,
+        DType::BF16 => 3,
+        DType::U32 => 4,
+    }
+}
+
+// 21 arguments of 3 bits fit one word.
+const _: () = assert!(3 * MAX_ARGS <= 64);
 
 impl Key {
     fn given(&self) -> &[(&'static str, u32)] {
@@ -96,11 +111,11 @@ impl Key {
             wg,
             n_consts: consts.len() as u8,
             consts: [("", 0); MAX_CONSTS],
-            dtypes: [None; MAX_ARGS],
+            dtypes: 0,
         };
         k.consts[..consts.len()].copy_from_slice(consts);
-        for (slot, a) in k.dtypes.iter_mut().zip(args) {
-            *slot = Some(a.dtype);
+        for (i, a) in args.iter().enumerate() {
+            k.dtypes |= dtype_code(a.dtype) << (3 * i);
         }
         Ok(k)
     }
@@ -262,9 +277,12 @@ fn build(
     if let Some(e) = pollster::block_on(scope.pop()) {
         return Err(Error::Internal(format!("building kernel {label}: {e}")));
     }
+    // Ids for the bind-group cache's keys; never reused in the process.
+    static LAYOUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     Ok(Pipeline {
         pipeline,
         layout,
+        layout_id: LAYOUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         label: label.into(),
     })
 }
