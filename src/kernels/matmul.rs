@@ -7,7 +7,7 @@
 //! contractions (a weight gradient over many rows) also gain parallelism this way.
 
 use super::conv::Geom;
-use super::{Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
+use super::{Arg, Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -986,7 +986,9 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             groups,
         },
     )?;
-    if let Some(part) = &part {
+    // Partials of a split (`count` f32 a split) summed into `out` by `splitk`, with `p`'s
+    // epilogue.
+    let sum_splits = |part: &Block, bias: Arg<'_>, out: Arg<'_>, p: MatmulParams, count: usize| {
         launch(
             dev,
             &Launch {
@@ -994,42 +996,38 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
                 entry: "splitk",
                 wg: 256,
                 consts: &[],
-                params: MatmulParams { raw: 0, ..params },
-                args: &[
-                    arg(part, DType::F32),
-                    arg(g.bias.unwrap_or(g.c), g.dtype),
-                    arg(g.c, g.c_dtype),
-                ],
-                groups: grid_1d(g.batch * g.m * g.n, 256),
+                params: p,
+                args: &[arg(part, DType::F32), bias, out],
+                groups: grid_1d(count, 256),
             },
+        )
+    };
+    if let Some(part) = &part {
+        sum_splits(
+            part,
+            arg(g.bias.unwrap_or(g.c), g.dtype),
+            arg(g.c, g.c_dtype),
+            MatmulParams { raw: 0, ..params },
+            g.batch * g.m * g.n,
         )?;
     }
     if let (Some(part), Some((sums, off))) = (&sums_part, g.row_sums) {
         // The row sums' partials, as an M x 1 product's.
-        launch(
-            dev,
-            &Launch {
-                kernel: Kernel::Matmul,
-                entry: "splitk",
-                wg: 256,
-                consts: &[],
-                params: MatmulParams {
-                    n: 1,
-                    batch: 1,
-                    c_off: off as u32,
-                    has_bias: 0,
-                    act: 0,
-                    raw: 0,
-                    bias_rows: 0,
-                    ..params
-                },
-                args: &[
-                    arg(part, DType::F32),
-                    arg(part, DType::F32),
-                    arg(sums, g.c_dtype),
-                ],
-                groups: grid_1d(g.m, 256),
+        sum_splits(
+            part,
+            arg(part, DType::F32),
+            arg(sums, g.c_dtype),
+            MatmulParams {
+                n: 1,
+                batch: 1,
+                c_off: off as u32,
+                has_bias: 0,
+                act: 0,
+                raw: 0,
+                bias_rows: 0,
+                ..params
             },
+            g.m,
         )?;
     }
     Ok(rsum)
