@@ -47,6 +47,10 @@
 //   reg      128 x 128 tiles with 8 x 8 outputs per thread in named vec4 registers, read
 //            from workgroup memory as vec4s (see the entry): the GPU kernel for f32.
 //   splitk   one thread per element of C: the sum of the splits' partials, then the epilogue.
+//            With RS = 1 (a weight gradient's product that also summed op(A)'s rows,
+//            matmul_wide.wgsl RSUM) M more threads sum the row sums' partials (`rpart`, M
+//            f32 a split) into `sums` from p.sum_off: one launch where the two sums took two
+//            (24 of a GPT step's launches).
 //
 // Bindings: signature lines (bias is a dummy when has_bias is 0).
 // Constants: BM, BN, BK, TM, TN.
@@ -54,6 +58,7 @@
 // iterations per BK of its K range (the tile loads and the k loop; the TM x TN loops have
 // constant trip counts); the host sizes kchunk so the total stays in the loop budget.
 // splitk runs `splits` + 1.
+// Constants of splitk: RS (0/1).
 
 // The parameter block shared with the other matmul kernel (common.wgsl).
 alias Params = MatmulParams;
@@ -630,12 +635,20 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry splitk(part: f32, bias: data, c: data mut)
+//! entry splitk(part: f32, bias: data, c: data mut, rpart: f32, sums: data mut)
+//! check WG=256 RS=0,1
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let i = flat_id(ids);
   let total = p.batch * p.m * p.n;
-  if (i >= total) { return; }
+  if (i >= total) {
+    let j = i - total;
+    if (RS == 0u || j >= p.m) { return; }
+    var r = 0.0;
+    for (var s = 0u; s < p.splits; s = s + 1u) { r = r + ld_rpart(s * p.m + j); }
+    st_sums(p.sum_off + j, r);
+    return;
+  }
   var acc = 0.0;
   for (var s = 0u; s < p.splits; s = s + 1u) { acc = acc + ld_part(s * total + i); }
   let mn = udivmod(i, p.m * p.n);

@@ -323,10 +323,10 @@ fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0
 // invocation loads, whose 8 halves are 8 rows of op(A): `halves` widens a run. In the first
 // column of workgroups each invocation keeps 8 sums for the whole loop; the RSA invocations
 // that share rows add theirs in the tiles' memory after it and write them to `bias` from
-// p.sum_off (split: f32 partials at s m + row of a buffer of their own, which a second
-// `splitk` pass sums). Cheaper than a column sum's two passes over dY (13 us each in the
-// GPT); the partials after C's in one buffer, summed by the same `splitk` pass, made the
-// GPT's step 8% slower, for reasons not found.
+// p.sum_off (split: f32 partials at s m + row of a buffer of their own, which the `splitk`
+// pass that sums C's partials also sums, matmul.wgsl RS). Cheaper than a column sum's two
+// passes over dY (13 us each in the GPT); the partials after C's in one buffer made the GPT's
+// step 8% slower, for reasons not found.
 fn halves(x: vec4<f32>, hi: bool) -> vec4<f32> {
   let u = unpack2x16float(bitcast<u32>(select(x.x, x.z, hi)));
   let v = unpack2x16float(bitcast<u32>(select(x.y, x.w, hi)));

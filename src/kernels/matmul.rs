@@ -7,7 +7,7 @@
 //! contractions (a weight gradient over many rows) also gain parallelism this way.
 
 use super::conv::Geom;
-use super::{Arg, Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
+use super::{Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -872,7 +872,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         None
     };
     // The row sums go out through the bias binding (RSUM has no bias); a split's are f32
-    // partials in a buffer of their own, summed by a second `splitk` pass.
+    // partials in a buffer of their own, which the `splitk` launch sums beside C's.
     let sums_part = match (rsum, splits > 1) {
         (true, true) => Some(dev.alloc((splits * g.m * 4) as u64)?),
         _ => None,
@@ -986,48 +986,35 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             groups,
         },
     )?;
-    // Partials of a split (`count` f32 a split) summed into `out` by `splitk`, with `p`'s
-    // epilogue.
-    let sum_splits = |part: &Block, bias: Arg<'_>, out: Arg<'_>, p: MatmulParams, count: usize| {
+    // A split's partials summed into C with the epilogue, and where the product summed
+    // op(A)'s rows (RSUM), those sums' partials into their tensor by the same launch.
+    if let Some(part) = &part {
+        let (rpart, sums, sum_off, rs) = match (&sums_part, g.row_sums) {
+            (Some(rp), Some((sums, off))) => (rp, sums, off, 1),
+            // Bound, never read or written.
+            _ => (part, g.c, 0, 0),
+        };
         launch(
             dev,
             &Launch {
                 kernel: Kernel::Matmul,
                 entry: "splitk",
                 wg: 256,
-                consts: &[],
-                params: p,
-                args: &[arg(part, DType::F32), bias, out],
-                groups: grid_1d(count, 256),
+                consts: &[("RS", rs)],
+                params: MatmulParams {
+                    raw: 0,
+                    sum_off: u32_len("matmul row sums", sum_off)?,
+                    ..params
+                },
+                args: &[
+                    arg(part, DType::F32),
+                    arg(g.bias.unwrap_or(g.c), g.dtype),
+                    arg(g.c, g.c_dtype),
+                    arg(rpart, DType::F32),
+                    arg(sums, g.c_dtype),
+                ],
+                groups: grid_1d(g.batch * g.m * g.n + rs as usize * g.m, 256),
             },
-        )
-    };
-    if let Some(part) = &part {
-        sum_splits(
-            part,
-            arg(g.bias.unwrap_or(g.c), g.dtype),
-            arg(g.c, g.c_dtype),
-            MatmulParams { raw: 0, ..params },
-            g.batch * g.m * g.n,
-        )?;
-    }
-    if let (Some(part), Some((sums, off))) = (&sums_part, g.row_sums) {
-        // The row sums' partials, as an M x 1 product's.
-        sum_splits(
-            part,
-            arg(part, DType::F32),
-            arg(sums, g.c_dtype),
-            MatmulParams {
-                n: 1,
-                batch: 1,
-                c_off: off as u32,
-                has_bias: 0,
-                act: 0,
-                raw: 0,
-                bias_rows: 0,
-                ..params
-            },
-            g.m,
         )?;
     }
     Ok(rsum)
