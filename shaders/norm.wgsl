@@ -20,6 +20,9 @@
 //   fwd_rows, bwd_x_rows  The same with one subgroup per row (below), for short rows.
 //   fwd_vec, bwd_x_vec    fwd_rows and bwd_x_rows with the row in registers, for rows of a
 //              multiple of 4 up to 4 NV subgroup widths (NV up to 16: 2048 on 32-wide subgroups).
+//   bwd_x_params_vec  bwd_x_vec for RPS rows a subgroup that also sums the parameter gradients'
+//              terms of its workgroup's rows into one chunk (below): one pass where bwd_x_vec
+//              and bwd_params4 made two.
 //   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
 //              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
 //              bwd_params_sum sums the chunks into dgamma and dbeta. Chunks bound each
@@ -28,7 +31,8 @@
 // Bindings: signature lines (beta is a dummy for RMSNorm, res one without `res`). Params:
 // rows, len, eps, rms (0/1), rchunk, nchunks, res (0/1).
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
-// block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none. bwd_params
+// block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none, bwd_x_params_vec
+// RPS + 4. bwd_params
 // rchunk / 2 + 2 (64 rows a chunk), bwd_params4 rchunk / 4 + 5 (32 rows), bwd_params_sum
 // nchunks / 8 + 9 (the host keeps it in the loop budget).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
@@ -186,6 +190,87 @@ fn main(ids: Ids) {
     st4_dx(base + j$k, d$k);
   }
   //! end
+}
+
+//! entry bwd_x_params_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, res: data vec4, dx: data mut vec4, part: f32 mut)
+//! requires subgroups
+//! check WG=32,128 NV=1,16 RPS=8
+// bwd_x_vec over RPS rows a subgroup, which also keeps its rows' sums of dy xhat and dy (the
+// parameter gradients' terms, as bwd_params4) in registers: x and dy are read once for dx,
+// dgamma and dbeta, where bwd_params4 read them again in a launch of its own. The workgroup's
+// 4 subgroups (the host's ROWS_PER_WG, each WG / 4 lanes) add their sums in turn in workgroup
+// memory; the last writes chunk w (the workgroup's 4 RPS rows) as part[w, c] (dgamma's) and
+// part[nchunks + w, c] (dbeta's) for bwd_params_sum. Rows past the last add nothing; every
+// subgroup reaches every barrier.
+const SGW: u32 = WG / 4u;
+var<workgroup> pacc: array<vec4<f32>, 2u * NV * SGW>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let w = ids.wid.y * ids.nwg.x + ids.wid.x;
+  let q = p.len / 4u;
+  let lane = ids.sg_lane;
+  //! unroll k in 0..NV
+  let j$k = lane + $k * SGW;
+  let ok$k = j$k < q;
+  let at$k = select(0u, j$k, ok$k);
+  let gm$k = select(vec4<f32>(0.0), ld4_gamma(at$k), ok$k);
+  var dg$k = vec4<f32>(0.0);
+  var db$k = vec4<f32>(0.0);
+  //! end
+  let inv_len = 1.0 / f32(p.len);
+  for (var i = 0u; i < RPS; i = i + 1u) {
+    // The same for the whole subgroup: its subgroupAdds stay uniform.
+    let r = (w * 4u + ids.sg_id) * RPS + i;
+    if (r < p.rows) {
+      let base = r * q;
+      let m0 = ld_stats(3u * r);
+      let corr = ld_stats(3u * r + 1u);
+      let rstd = ld_stats(3u * r + 2u);
+      var sg = vec4<f32>(0.0);
+      var sgx = vec4<f32>(0.0);
+      //! unroll k in 0..NV
+      let dy$k = select(vec4<f32>(0.0), ld4_dy(base + at$k), ok$k);
+      let xh$k = select(vec4<f32>(0.0), ((ld4_x(base + at$k) - m0) - corr) * rstd, ok$k);
+      let g$k = dy$k * gm$k;
+      sg = sg + g$k;
+      sgx = sgx + g$k * xh$k;
+      dg$k = dg$k + dy$k * xh$k;
+      db$k = db$k + dy$k;
+      //! end
+      var mg = subgroupAdd(sg.x + sg.y + sg.z + sg.w) * inv_len;
+      let mgx = subgroupAdd(sgx.x + sgx.y + sgx.z + sgx.w) * inv_len;
+      if (p.rms != 0u) { mg = 0.0; }
+      //! unroll k in 0..NV
+      if (ok$k) {
+        var d$k = rstd * (g$k - mg - xh$k * mgx);
+        if (p.res != 0u) { d$k = d$k + ld4_res(base + j$k); }
+        st4_dx(base + j$k, d$k);
+      }
+      //! end
+    }
+  }
+  // Subgroups 0 .. 3 add their sums in turn; the last writes the chunk.
+  for (var s = 0u; s < 4u; s = s + 1u) {
+    if (ids.sg_id == s) {
+      //! unroll k in 0..NV
+      if (s > 0u) {
+        dg$k = dg$k + pacc[2u * ($k * SGW + lane)];
+        db$k = db$k + pacc[2u * ($k * SGW + lane) + 1u];
+      }
+      if (s < 3u) {
+        pacc[2u * ($k * SGW + lane)] = dg$k;
+        pacc[2u * ($k * SGW + lane) + 1u] = db$k;
+      } else if (ok$k & (w < p.nchunks)) {
+        //! unroll e in 0..4
+        st_part(w * p.len + 4u * j$k + $e, dg$k[$e]);
+        st_part((p.nchunks + w) * p.len + 4u * j$k + $e, db$k[$e]);
+        //! end
+      }
+      //! end
+    }
+    workgroupBarrier();
+  }
 }
 
 //! entry bwd_params4(x: data vec4, dy: data vec4, stats: f32, part: f32 mut)

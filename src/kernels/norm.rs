@@ -12,6 +12,10 @@ use crate::memory::Block;
 /// took 0.31 ms a step instead of 0.88 on an H100 (the chunk sums that follow, 0.09 more).
 const RCHUNK: usize = 64;
 
+/// Rows each subgroup of `bwd_x_params_vec` takes (its loop bound): chunks of 32 rows, as
+/// `bwd_params4`'s.
+const FUSED_RPS: u32 = 8;
+
 crate::params! {
     /// `struct Params` of norm.wgsl.
     pub struct NormParams {
@@ -112,6 +116,42 @@ pub(crate) fn backward(
     check_row("norm backward", n.len)?;
     let (entry, wg, groups, consts) = row_launch(dev, n, ["bwd_x_vec", "bwd_x_rows", "bwd_x"]);
     let p = n.params();
+    if entry == "bwd_x_vec" {
+        // dx and the parameter gradients' chunks in one pass: 4 RPS rows a workgroup.
+        let rows_wg = (ROWS_PER_WG * FUSED_RPS) as usize;
+        let nchunks = n.rows.div_ceil(rows_wg).max(1);
+        if nchunks / 8 + 16 < LOOP_BUDGET {
+            let p = NormParams {
+                res: res.is_some() as u32,
+                nchunks: u32_len("norm backward", nchunks)?,
+                ..p
+            };
+            let part = dev.alloc((2 * nchunks * n.len * 4) as u64)?;
+            let mut consts = consts;
+            consts.push(("RPS", FUSED_RPS));
+            launch(
+                dev,
+                &Launch {
+                    kernel: Kernel::Norm,
+                    entry: "bwd_x_params_vec",
+                    wg,
+                    consts: &consts,
+                    params: p,
+                    args: &[
+                        arg(n.x, n.dtype),
+                        arg(dy, n.dtype),
+                        arg(n.gamma, n.dtype),
+                        arg(n.stats, DType::F32),
+                        arg(res.unwrap_or(dy), n.dtype),
+                        arg(dx, n.dtype),
+                        arg(&part, DType::F32),
+                    ],
+                    groups: row_grid(nchunks, wg),
+                },
+            )?;
+            return params_sum(dev, n, p, &part, dgamma, dbeta);
+        }
+    }
     launch(
         dev,
         &Launch {
@@ -166,6 +206,18 @@ pub(crate) fn backward(
             groups: grid_1d(n.len / if runs { 4 } else { 1 } * nchunks, 256),
         },
     )?;
+    params_sum(dev, n, p, &part, dgamma, dbeta)
+}
+
+/// `bwd_params_sum`: the chunks of `part` ([2, nchunks, len]) into dgamma and dbeta.
+fn params_sum(
+    dev: &Device,
+    n: &Norm<'_>,
+    p: NormParams,
+    part: &Block,
+    dgamma: &Block,
+    dbeta: Option<&Block>,
+) -> Result<()> {
     // [2, nchunks, len] -> dgamma and dbeta.
     let outs = if dbeta.is_some() { 2 * n.len } else { n.len };
     launch(
@@ -177,7 +229,7 @@ pub(crate) fn backward(
             consts: &[],
             params: p,
             args: &[
-                arg(&part, DType::F32),
+                arg(part, DType::F32),
                 arg(dgamma, n.dtype),
                 arg(dbeta.unwrap_or(dgamma), n.dtype),
             ],
