@@ -325,8 +325,9 @@ fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0
 // that share rows add theirs in the tiles' memory after it and write them to `bias` from
 // p.sum_off (split: f32 partials at s m + row of a buffer of their own, which the `splitk`
 // pass that sums C's partials also sums, matmul.wgsl RS). Cheaper than a column sum's two
-// passes over dY (13 us each in the GPT); the partials after C's in one buffer made the GPT's
-// step 8% slower, for reasons not found.
+// passes over dY (13 us each in the GPT). (Merged, first into C's buffer, then as now, the
+// step ran 8% slower until readback.rs handed recorded work over before waiting: with
+// fewer than 256 launches a step's work sat unsubmitted while its update waited.)
 fn halves(x: vec4<f32>, hi: bool) -> vec4<f32> {
   let u = unpack2x16float(bitcast<u32>(select(x.x, x.z, hi)));
   let v = unpack2x16float(bitcast<u32>(select(x.y, x.w, hi)));

@@ -18,11 +18,11 @@
 //              term is absent. With `res`, dx also adds the gradient x already has (a
 //              residual stream's, from the skip connection), which was an add of its own.
 //   fwd_rows, bwd_x_rows  The same with one subgroup per row (below), for short rows.
-//   fwd_vec, bwd_x_vec    fwd_rows and bwd_x_rows with the row in registers, for rows of a
-//              multiple of 4 up to 4 NV subgroup widths (NV up to 16: 2048 on 32-wide subgroups).
-//   bwd_x_params_vec  bwd_x_vec for RPS rows a subgroup that also sums the parameter gradients'
-//              terms of its workgroup's rows into one chunk (below): one pass where bwd_x_vec
-//              and bwd_params4 made two.
+//   fwd_vec    fwd_rows with the row in registers, for rows of a multiple of 4 up to 4 NV
+//              subgroup widths (NV up to 16: 2048 on 32-wide subgroups).
+//   bwd_x_params_vec  bwd_x_rows the same way, RPS rows a subgroup, which also sums the
+//              parameter gradients' terms of its workgroup's rows into one chunk (below): one
+//              pass where a dx kernel and bwd_params4 made two.
 //   bwd_params One thread per (column c, chunk of `rchunk` rows): the chunk's sums of
 //              dy * xhat and of dy, written as f32 partials part[0, k, c] and part[1, k, c];
 //              bwd_params_sum sums the chunks into dgamma and dbeta. Chunks bound each
@@ -31,8 +31,8 @@
 // Bindings: signature lines (beta is a dummy for RMSNorm, res one without `res`). Params:
 // rows, len, eps, rms (0/1), rchunk, nchunks, res (0/1).
 // Loops (per invocation): fwd three strides over the row (3 (len / WG + 1)), bwd_x two, plus
-// block reductions; the host caps len at 2^20. fwd_vec and bwd_x_vec none, bwd_x_params_vec
-// RPS + 4. bwd_params
+// block reductions; the host caps len at 2^20. fwd_vec none, bwd_x_params_vec RPS + 4 (the
+// host keeps it in the loop budget). bwd_params
 // rchunk / 2 + 2 (64 rows a chunk), bwd_params4 rchunk / 4 + 5 (32 rows), bwd_params_sum
 // nchunks / 8 + 9 (the host keeps it in the loop budget).
 // Bounds: per-row early returns depend only on the workgroup id (uniform for the barriers in
@@ -155,49 +155,14 @@ fn main(ids: Ids) {
   }
 }
 
-//! entry bwd_x_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, res: data vec4, dx: data mut vec4)
-//! requires subgroups
-//! check WG=32,128 NV=1,16
-// bwd_x_rows with the row in registers, as fwd_vec: x, dy and gamma read once.
-@compute @workgroup_size(WG)
-fn main(ids: Ids) {
-  let r = subgroup_row(ids);
-  if (r >= p.rows) { return; }
-  let q = p.len / 4u;
-  let base = r * q;
-  let m0 = ld_stats(3u * r);
-  let corr = ld_stats(3u * r + 1u);
-  let rstd = ld_stats(3u * r + 2u);
-  var sg = vec4<f32>(0.0);
-  var sgx = vec4<f32>(0.0);
-  //! unroll k in 0..NV
-  let j$k = ids.sg_lane + $k * ids.sg_size;
-  let ok$k = j$k < q;
-  let at$k = select(0u, j$k, ok$k);
-  let g$k = select(vec4<f32>(0.0), ld4_dy(base + at$k) * ld4_gamma(at$k), ok$k);
-  let xh$k = ((ld4_x(base + at$k) - m0) - corr) * rstd;
-  sg = sg + g$k;
-  sgx = sgx + g$k * xh$k;
-  //! end
-  let inv_len = 1.0 / f32(p.len);
-  var mg = subgroupAdd(sg.x + sg.y + sg.z + sg.w) * inv_len;
-  let mgx = subgroupAdd(sgx.x + sgx.y + sgx.z + sgx.w) * inv_len;
-  if (p.rms != 0u) { mg = 0.0; }
-  //! unroll k in 0..NV
-  if (ok$k) {
-    var d$k = rstd * (g$k - mg - xh$k * mgx);
-    if (p.res != 0u) { d$k = d$k + ld4_res(base + j$k); }
-    st4_dx(base + j$k, d$k);
-  }
-  //! end
-}
-
 //! entry bwd_x_params_vec(x: data vec4, dy: data vec4, gamma: data vec4, stats: f32, res: data vec4, dx: data mut vec4, part: f32 mut)
 //! requires subgroups
-//! check WG=32,128 NV=1,16 RPS=8
-// bwd_x_vec over RPS rows a subgroup, which also keeps its rows' sums of dy xhat and dy (the
-// parameter gradients' terms, as bwd_params4) in registers: x and dy are read once for dx,
-// dgamma and dbeta, where bwd_params4 read them again in a launch of its own. The workgroup's
+//! check WG=32,128 NV=1,16 RPS=8,64
+// bwd_x_rows with the row in registers, as fwd_vec (x, dy and gamma read once), over RPS rows
+// a subgroup, which also keeps its rows' sums of dy xhat and dy (the parameter gradients'
+// terms, as bwd_params4) in registers: x and dy are read once for dx, dgamma and dbeta, where
+// bwd_params4 read them again in a launch of its own (13 launches and 0.15 ms of an H200's GPT
+// step). The workgroup's
 // 4 subgroups (the host's ROWS_PER_WG, each WG / 4 lanes) add their sums in turn in workgroup
 // memory; the last writes chunk w (the workgroup's 4 RPS rows) as part[w, c] (dgamma's) and
 // part[nchunks + w, c] (dbeta's) for bwd_params_sum. Rows past the last add nothing; every

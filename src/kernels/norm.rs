@@ -14,7 +14,7 @@ const RCHUNK: usize = 64;
 
 /// Rows each subgroup of `bwd_x_params_vec` takes (its loop bound): chunks of 32 rows, as
 /// `bwd_params4`'s.
-const FUSED_RPS: u32 = 8;
+const FUSED_RPS: usize = 8;
 
 crate::params! {
     /// `struct Params` of norm.wgsl.
@@ -114,44 +114,39 @@ pub(crate) fn backward(
     res: Option<&Block>,
 ) -> Result<()> {
     check_row("norm backward", n.len)?;
-    let (entry, wg, groups, consts) = row_launch(dev, n, ["bwd_x_vec", "bwd_x_rows", "bwd_x"]);
-    let p = n.params();
-    if entry == "bwd_x_vec" {
-        // dx and the parameter gradients' chunks in one pass: 4 RPS rows a workgroup.
-        let rows_wg = (ROWS_PER_WG * FUSED_RPS) as usize;
-        let nchunks = n.rows.div_ceil(rows_wg).max(1);
-        if nchunks / 8 + 16 < LOOP_BUDGET {
-            let p = NormParams {
-                res: res.is_some() as u32,
-                nchunks: u32_len("norm backward", nchunks)?,
-                ..p
-            };
-            let part = dev.alloc((2 * nchunks * n.len * 4) as u64)?;
-            let mut consts = consts;
-            consts.push(("RPS", FUSED_RPS));
-            launch(
-                dev,
-                &Launch {
-                    kernel: Kernel::Norm,
-                    entry: "bwd_x_params_vec",
-                    wg,
-                    consts: &consts,
-                    params: p,
-                    args: &[
-                        arg(n.x, n.dtype),
-                        arg(dy, n.dtype),
-                        arg(n.gamma, n.dtype),
-                        arg(n.stats, DType::F32),
-                        arg(res.unwrap_or(dy), n.dtype),
-                        arg(dx, n.dtype),
-                        arg(&part, DType::F32),
-                    ],
-                    groups: row_grid(nchunks, wg),
-                },
-            )?;
-            return params_sum(dev, n, p, &part, dgamma, dbeta);
+    let (entry, wg, mut groups, mut consts) =
+        row_launch(dev, n, ["bwd_x_params_vec", "bwd_x_rows", "bwd_x"]);
+    let mut p = NormParams {
+        res: res.is_some() as u32,
+        ..n.params()
+    };
+    // `bwd_x_params_vec` also sums the parameter gradients' terms, 4 RPS rows a chunk: RPS
+    // past 8 only where the chunks would take bwd_params_sum past the loop budget (over 16
+    // million rows).
+    let fused = (entry == "bwd_x_params_vec").then(|| {
+        let most = 8 * (LOOP_BUDGET - 16);
+        let rps = FUSED_RPS.max(n.rows.div_ceil(ROWS_PER_WG as usize * most));
+        (rps, n.rows.div_ceil(ROWS_PER_WG as usize * rps).max(1))
+    });
+    let part = match fused {
+        Some((rps, nchunks)) => {
+            p.nchunks = u32_len("norm backward", nchunks)?;
+            consts.push(("RPS", u32_len("norm backward", rps)?));
+            groups = row_grid(nchunks, wg);
+            Some(dev.alloc((2 * nchunks * n.len * 4) as u64)?)
         }
-    }
+        None => None,
+    };
+    let args = [
+        arg(n.x, n.dtype),
+        arg(dy, n.dtype),
+        arg(n.gamma, n.dtype),
+        arg(n.stats, DType::F32),
+        // Without one, dy stands in (the same size; never read).
+        arg(res.unwrap_or(dy), n.dtype),
+        arg(dx, n.dtype),
+        arg(part.as_ref().unwrap_or(dx), DType::F32),
+    ];
     launch(
         dev,
         &Launch {
@@ -159,22 +154,14 @@ pub(crate) fn backward(
             entry,
             wg,
             consts: &consts,
-            params: NormParams {
-                res: res.is_some() as u32,
-                ..p
-            },
-            args: &[
-                arg(n.x, n.dtype),
-                arg(dy, n.dtype),
-                arg(n.gamma, n.dtype),
-                arg(n.stats, DType::F32),
-                // Without one, dy stands in (the same size; never read).
-                arg(res.unwrap_or(dy), n.dtype),
-                arg(dx, n.dtype),
-            ],
+            params: p,
+            args: &args[..6 + part.is_some() as usize],
             groups,
         },
     )?;
+    if let Some(part) = &part {
+        return params_sum(dev, n, p, part, dgamma, dbeta);
+    }
     // By runs of 4 columns where the rows allow, over chunks of 32 rows instead of 64: a
     // thread then covers twice the elements, and half as many threads run. Longer chunks
     // where the chunk count would take bwd_params_sum past the loop budget (over 16 million
