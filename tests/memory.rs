@@ -228,6 +228,29 @@ fn sync_waits_for_earlier_submissions() {
     }
 }
 
+/// Waiting on a read-back first hands the device what was recorded after it: a training
+/// step's update waits for the last step's decision with the step's forward and backward
+/// recorded, and kept in the stream they left the device idle through the wait and the
+/// recording after it.
+#[test]
+fn a_read_back_wait_hands_over_the_work_recorded_after_it() {
+    for (off, dev) in caching_devices_with_and_without_submit_thread() {
+        let t = Tensor::from_slice(&dev, &[1.5f32; 64], &[64]).unwrap();
+        let pending = t.to_vec_async::<f32>().unwrap();
+        // Recorded, not yet submitted (far from a full batch).
+        let y = t.mul_scalar(2.0).unwrap();
+        let before = dev.dispatch_stats().submits;
+        assert!(pending.wait().unwrap().iter().all(|&v| v == 1.5));
+        assert_eq!(
+            dev.dispatch_stats().submits,
+            before + 1,
+            "submit thread {}: the wait did not hand over the multiply",
+            !off
+        );
+        assert!(y.to_vec::<f32>().unwrap().iter().all(|&v| v == 3.0));
+    }
+}
+
 /// A caching device with its submit thread, then one without (`off` = the thread disabled).
 fn caching_devices_with_and_without_submit_thread() -> impl Iterator<Item = (bool, wgrad::Device)> {
     [false, true].into_iter().map(|off| {
