@@ -490,6 +490,38 @@ fn matmul_case(
     );
 }
 
+/// [2, 3, M, K] x [3, K, N] (B broadcast over the first dimension) against f64 products of
+/// each batch's matrices.
+fn broadcast_batch_case(
+    dev: &wgrad::Device,
+    rng: &mut Rng,
+    dt: DType,
+    (m, n, k): (usize, usize, usize),
+    what: &str,
+) {
+    let (a, b) = (rng.vec(2 * 3 * m * k), rng.vec(3 * k * n));
+    let ta = tensor(dev, &a, &[2, 3, m, k], dt);
+    let tb = tensor(dev, &b, &[3, k, n], dt);
+    let got = ta.matmul(&tb).unwrap().to_f32_vec().unwrap();
+    let mut want = Vec::new();
+    for i in 0..6 {
+        let am = &a[i * m * k..(i + 1) * m * k];
+        let bm = &b[(i % 3) * k * n..(i % 3 + 1) * k * n];
+        want.extend(cpu::matmul(
+            &rounded(am, dt),
+            &rounded(bm, dt),
+            None,
+            m,
+            n,
+            k,
+            false,
+            false,
+            None,
+        ));
+    }
+    assert_close(&got, &want, dt, what);
+}
+
 #[test]
 fn matmul_shapes() {
     let dev = poisoned();
@@ -673,28 +705,13 @@ fn matmul_register_tiles() {
                     matmul_case(&dev, &mut rng, dt, (140, 200, 12), false, true, true, act);
                 }
             }
-            // [2, 3, M, K] x [3, K, N]: B broadcast over the first dimension.
-            let (a, b) = (rng.vec(2 * 3 * 36 * 20), rng.vec(3 * 20 * 140));
-            let ta = tensor(&dev, &a, &[2, 3, 36, 20], DType::F32);
-            let tb = tensor(&dev, &b, &[3, 20, 140], DType::F32);
-            let got = ta.matmul(&tb).unwrap().to_f32_vec().unwrap();
-            let mut want = Vec::new();
-            for i in 0..6 {
-                let am = &a[i * 720..(i + 1) * 720];
-                let bm = &b[(i % 3) * 2800..(i % 3 + 1) * 2800];
-                want.extend(cpu::matmul(
-                    &rounded(am, DType::F32),
-                    &rounded(bm, DType::F32),
-                    None,
-                    36,
-                    140,
-                    20,
-                    false,
-                    false,
-                    None,
-                ));
-            }
-            assert_close(&got, &want, DType::F32, &format!("batched {config:?}"));
+            broadcast_batch_case(
+                &dev,
+                &mut rng,
+                DType::F32,
+                (36, 140, 20),
+                &format!("batched {config:?}"),
+            );
         })
         .unwrap();
     }
@@ -787,28 +804,13 @@ fn matmul_tall_tiles() {
             true,
             act,
         );
-        // [2, 3, M, K] x [3, K, N]: B broadcast over the first dimension.
-        let (a, b) = (rng.vec(2 * 3 * 264 * 40), rng.vec(3 * 40 * 136));
-        let ta = tensor(&dev, &a, &[2, 3, 264, 40], DType::F16);
-        let tb = tensor(&dev, &b, &[3, 40, 136], DType::F16);
-        let got = ta.matmul(&tb).unwrap().to_f32_vec().unwrap();
-        let mut want = Vec::new();
-        for i in 0..6 {
-            let am = &a[i * 264 * 40..(i + 1) * 264 * 40];
-            let bm = &b[(i % 3) * 40 * 136..(i % 3 + 1) * 40 * 136];
-            want.extend(cpu::matmul(
-                &rounded(am, DType::F16),
-                &rounded(bm, DType::F16),
-                None,
-                264,
-                136,
-                40,
-                false,
-                false,
-                None,
-            ));
-        }
-        assert_close(&got, &want, DType::F16, "batched, 256 x 128 tiles");
+        broadcast_batch_case(
+            &dev,
+            &mut rng,
+            DType::F16,
+            (264, 136, 40),
+            "batched, 256 x 128 tiles",
+        );
     })
     .unwrap();
 }
