@@ -48,14 +48,14 @@ impl Bound for [u64; 3] {
     }
 }
 
-/// The words of what a bind group binds: the pipeline's layout by its id, the parameter
-/// block's bytes, and each storage range as (page, offset, bound size). Page ids are never
-/// reused on a device, so no entry can match a later page; the bind group itself holds its
-/// buffers alive.
-fn key_words(layout: u64, params: u64, storage: &[impl Bound], out: &mut Vec<u64>) {
-    out.extend_from_slice(&[layout, params, storage.len() as u64]);
-    for s in storage {
-        out.extend_from_slice(&s.range());
+/// Writes the words of what a bind group binds into `out` (`HEAD + 3 storage.len()` long):
+/// the pipeline's layout by its id, the parameter block's bytes, and each storage range as
+/// (page, offset, bound size). Page ids are never reused on a device, so no entry can match a
+/// later page; the bind group itself holds its buffers alive.
+fn key_words(layout: u64, params: u64, storage: &[impl Bound], out: &mut [u64]) {
+    out[..HEAD].copy_from_slice(&[layout, params, storage.len() as u64]);
+    for (w, s) in out[HEAD..].chunks_exact_mut(3).zip(storage) {
+        w.copy_from_slice(&s.range());
     }
 }
 
@@ -135,11 +135,15 @@ impl<V: Clone> BindCache<V> {
         {
             return Some(next);
         }
-        let mut words = Vec::with_capacity(HEAD + 3 * storage.len());
-        key_words(layout, params, storage, &mut words);
-        let mut at = *self.index.get(&hash_words(&words))?;
+        // The key on the stack (no allocation where the order breaks); the caller keeps
+        // `storage` within MAX_STORAGE.
+        let mut buf = [0u64; HEAD + 3 * MAX_STORAGE];
+        let words = buf.get_mut(..HEAD + 3 * storage.len())?;
+        key_words(layout, params, storage, words);
+        let words = &*words;
+        let mut at = *self.index.get(&hash_words(words))?;
         while let Some(e) = self.entries.get(at as usize) {
-            if self.words(e) == words.as_slice() {
+            if self.words(e) == words {
                 return Some(at as usize);
             }
             at = e.next;
@@ -150,8 +154,9 @@ impl<V: Clone> BindCache<V> {
     /// Appends an entry (after the caller found none with this key).
     fn push(&mut self, layout: u64, params: u64, storage: &[impl Bound], bg: V) {
         let start = self.keys.len();
-        key_words(layout, params, storage, &mut self.keys);
-        let len = self.keys.len() - start;
+        let len = HEAD + 3 * storage.len();
+        self.keys.resize(start + len, 0);
+        key_words(layout, params, storage, &mut self.keys[start..]);
         let at = self.entries.len() as u32;
         let hash = hash_words(&self.keys[start..]);
         let next = self.index.insert(hash, at).unwrap_or(u32::MAX);
@@ -296,13 +301,14 @@ mod tests {
     #[test]
     fn colliding_hashes_chain() {
         let mut c = Cache::default();
-        let mut words = Vec::new();
+        let mut words = [0u64; HEAD + 3];
         key_words(1, 16, &[[0u64, 0, 256]], &mut words);
         // A second entry forced under the first's hash: both stay reachable.
         get(&mut c, 1, &[[0, 0, 256]], 0);
         let h = hash_words(&words);
         let start = c.keys.len();
-        key_words(1, 16, &[[9u64, 0, 256]], &mut c.keys);
+        c.keys.resize(start + HEAD + 3, 0);
+        key_words(1, 16, &[[9u64, 0, 256]], &mut c.keys[start..]);
         let next = c.index.insert(h, 1).unwrap_or(u32::MAX);
         c.entries.push(Entry {
             start: start as u32,
