@@ -13,8 +13,12 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 /// Row-major strides of `shape`, inline.
 fn row_major(shape: &[usize]) -> Dims {
     let mut s = Dims::filled(1, shape.len());
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * shape[k + 1];
+    // Through one slice: indexing `Dims` matches its variant at every access.
+    let out: &mut [usize] = &mut s;
+    let mut step = 1usize;
+    for (o, &d) in out.iter_mut().zip(shape).rev() {
+        *o = step;
+        step = step.wrapping_mul(d);
     }
     s
 }
@@ -152,13 +156,13 @@ impl Layout {
 
     /// Row-major order with no gaps (size-1 dimensions may have any stride), from any offset.
     pub fn is_contiguous(&self) -> bool {
-        let mut expect = 1;
-        for k in (0..self.shape.len()).rev() {
-            if self.shape[k] != 1 {
-                if self.strides[k] != expect {
+        let mut expect = 1usize;
+        for (&d, &s) in self.shape.iter().zip(self.strides.iter()).rev() {
+            if d != 1 {
+                if s != expect {
                     return false;
                 }
-                expect *= self.shape[k];
+                expect = expect.wrapping_mul(d);
             }
         }
         true

@@ -24,7 +24,7 @@ pub fn checkpoint(segment: Segment, input: &Tensor) -> Result<Tensor> {
     // cannot be seen from here, so a checkpoint always records.
     Ok(out.with_node(Some(Node {
         name: "checkpoint",
-        inputs: vec![input.clone()],
+        inputs: smallvec::smallvec![input.clone()],
         back: Box::new(CheckpointBack { segment, seed }),
     })))
 }

@@ -17,6 +17,7 @@ pub use checkpoint::{Segment, checkpoint};
 use crate::error::{Error, Result};
 use crate::hash::{FastMap, FastSet};
 use crate::tensor::{Tensor, TensorId, lock};
+use smallvec::SmallVec;
 
 impl Tensor {
     /// Computes gradients of this (scalar) tensor with respect to every variable it depends on
@@ -108,7 +109,7 @@ fn backward(
                 Some(mut rec) => {
                     let inputs = std::mem::take(&mut rec.inputs);
                     // The gradients the inputs already have, offered to the op's kernels.
-                    let mut acc: Vec<Option<Tensor>> = inputs
+                    let mut acc: SmallVec<[Option<Tensor>; 3]> = inputs
                         .iter()
                         .map(|i| {
                             if i.requires_grad() {
@@ -187,16 +188,17 @@ fn topo_order(root: &Tensor) -> Vec<Tensor> {
         if !seen.insert(t.id()) {
             continue;
         }
-        let inputs: Vec<Tensor> = lock(&t.0.node)
-            .as_ref()
-            .map(|n| n.inputs.clone())
-            .unwrap_or_default();
-        stack.push((t, true));
-        for i in inputs {
-            if i.requires_grad() && !seen.contains(&i.id()) {
-                stack.push((i, false));
+        // The inputs go straight onto the stack (a copy of the list was an allocation a
+        // node), above the tensor's own post-order entry.
+        let at = stack.len();
+        if let Some(n) = lock(&t.0.node).as_ref() {
+            for i in &n.inputs {
+                if i.requires_grad() && !seen.contains(&i.id()) {
+                    stack.push((i.clone(), false));
+                }
             }
         }
+        stack.insert(at, (t, true));
     }
     post.reverse();
     post

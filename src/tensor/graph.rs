@@ -7,6 +7,7 @@
 
 use super::Tensor;
 use crate::error::Result;
+use smallvec::SmallVec;
 use std::cell::Cell;
 
 /// An op's backward pass and what it saved for it (beyond its inputs, which the `Node`
@@ -44,11 +45,14 @@ where
     }
 }
 
+/// An op's inputs, inline up to three (a product with its bias, a norm with its weights).
+pub(crate) type Inputs = SmallVec<[Tensor; 3]>;
+
 /// How a tensor was computed: the op's name (for errors), the tensors gradients may flow to,
 /// and its backward pass.
 pub(crate) struct Node {
     pub name: &'static str,
-    pub inputs: Vec<Tensor>,
+    pub inputs: Inputs,
     pub back: Box<dyn Backward>,
 }
 
