@@ -178,6 +178,9 @@ pub(crate) struct Parts {
     rng: AtomicU64,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
+    /// Set (never cleared) once wgpu has reported an error or a loss: until then `check`
+    /// reads this one flag instead of taking two locks, at every allocation.
+    trouble: Arc<AtomicBool>,
     pub(crate) poison: bool,
     pub(crate) checked: bool,
     pub(crate) shader_checks: ShaderChecks,
@@ -351,19 +354,22 @@ impl Device {
         let reuse = gl_instance.is_none().then_some(key);
 
         let errors = Arc::new(Mutex::new(Vec::new()));
+        let trouble = Arc::new(AtomicBool::new(false));
         {
-            let errors = Arc::clone(&errors);
+            let (errors, trouble) = (Arc::clone(&errors), Arc::clone(&trouble));
             // wgpu's default handler panics; wgrad turns these into `Error::Gpu` at the next sync.
             device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
                 lock(&errors).push(e.to_string());
+                trouble.store(true, Ordering::Release);
             }));
         }
         let lost = Arc::new(Mutex::new(None));
         {
-            let lost = Arc::clone(&lost);
+            let (lost, trouble) = (Arc::clone(&lost), Arc::clone(&trouble));
             device.set_device_lost_callback(move |reason, msg| {
                 if reason != wgpu::DeviceLostReason::Destroyed {
                     *lock(&lost) = Some(format!("{reason:?}: {msg}"));
+                    trouble.store(true, Ordering::Release);
                 }
             });
         }
@@ -454,6 +460,7 @@ impl Device {
                     rng: AtomicU64::new(0x5eed),
                     errors,
                     lost,
+                    trouble,
                     poison: opts.poison,
                     checked: opts.checked,
                     shader_checks: opts.shader_checks,
@@ -517,6 +524,9 @@ impl Device {
 
     /// Errors if the device was lost or wgpu reported an error since the last check.
     pub(crate) fn check(&self) -> Result<()> {
+        if !self.inner.trouble.load(Ordering::Acquire) {
+            return Ok(());
+        }
         if let Some(msg) = lock(&self.inner.lost).clone() {
             return Err(Error::DeviceLost(msg));
         }
