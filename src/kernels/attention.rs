@@ -6,7 +6,7 @@
 //! consecutive dispatches carrying their running state (softmax max and sum, accumulators) in
 //! an f32 scratch block.
 
-use super::{Arg, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
+use super::{Arg, Consts, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -142,8 +142,8 @@ impl Dims {
     /// into registers while a block multiplies: at head dimension 128 the accumulators need
     /// those registers (on an H100 the forward ran 2x16x4096x128 in 1.71 ms without, 1.92-2.02
     /// with).
-    fn fwd_reg_consts(&self) -> Vec<(&'static str, u32)> {
-        let mut c = self.coop_consts(false).to_vec();
+    fn fwd_reg_consts(&self) -> Consts {
+        let mut c = self.coop_consts(false).iter().copied().collect::<Consts>();
         c.push(("HOLD", (self.d == 64) as u32));
         c
     }
@@ -242,8 +242,8 @@ impl Dims {
     /// 3.67-3.70 ms against 4.12-4.14 loading them per pair of query tiles), and at 64 also
     /// loads the next block ahead (not at 128: the shader's `ahead`); bwd_q_reg loads the next
     /// block ahead, as fwd_reg does, except at 128 (3.57 ms against 3.62-3.67).
-    fn reg_consts(&self, for_q: bool) -> Vec<(&'static str, u32)> {
-        let mut c = self.coop_consts(true).to_vec();
+    fn reg_consts(&self, for_q: bool) -> Consts {
+        let mut c = self.coop_consts(true).iter().copied().collect::<Consts>();
         c.push(("HOLD", !(for_q && self.d == 128) as u32));
         c
     }
@@ -479,7 +479,7 @@ pub(crate) fn forward(
                 consts: &if reg {
                     a.fwd_reg_consts()
                 } else {
-                    a.coop_consts(false).to_vec()
+                    a.coop_consts(false).iter().copied().collect()
                 },
                 params: p,
                 args: &[
@@ -643,7 +643,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
             let consts = if reg {
                 a.reg_consts(entry == q)
             } else {
-                a.coop_consts(true).to_vec()
+                a.coop_consts(true).iter().copied().collect()
             };
             let mut args = common.to_vec();
             args.extend_from_slice(out);

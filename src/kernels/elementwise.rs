@@ -5,6 +5,7 @@ use super::{Arg, Kernel, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layout::Dims;
 use crate::memory::Block;
 
 const WG: u32 = 256;
@@ -381,8 +382,24 @@ pub(crate) fn simplify(dims: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, V
 /// its offset).
 pub(crate) struct Operand<'a> {
     pub block: &'a Block,
-    pub strides: Vec<usize>,
+    pub strides: Dims,
     pub offset: usize,
+}
+
+impl Operand<'_> {
+    /// Whether the operand is the plain row-major buffer of `out` (checked without building
+    /// `out`'s strides: this runs at every binary launch).
+    fn is_dense_over(&self, out: &[usize]) -> bool {
+        let mut step = 1usize;
+        self.offset == 0
+            && self.strides.len() == out.len()
+            && self.strides.iter().zip(out).rev().all(|(&s, &d)| {
+                // A size-1 dimension's stride is never stepped over.
+                let ok = d == 1 || s == step;
+                step = step.wrapping_mul(d);
+                ok
+            })
+    }
 }
 
 /// The merged iteration shape and strides of `ops` over `out`, or an error past MAX_RANK.
@@ -391,7 +408,7 @@ fn plan(
     out: &[usize],
     ops: &[&Operand<'_>],
 ) -> Result<(Vec<usize>, Vec<Vec<usize>>)> {
-    let strides: Vec<Vec<usize>> = ops.iter().map(|o| o.strides.clone()).collect();
+    let strides: Vec<Vec<usize>> = ops.iter().map(|o| o.strides.to_vec()).collect();
     let (dims, st) = simplify(out, &strides);
     if dims.len() > MAX_RANK {
         return Err(Error::invalid(
@@ -419,8 +436,7 @@ pub(crate) fn binary(
     let n: usize = out.iter().product();
     let n32 = u32_len("binary", n)?;
     let args = [arg(x.block, dtype), arg(y.block, dtype), arg(z, dtype)];
-    let dense = crate::layout::contiguous_strides(out);
-    if x.strides == dense && y.strides == dense && x.offset == 0 && y.offset == 0 {
+    if x.is_dense_over(out) && y.is_dense_over(out) {
         let p = EwParams {
             n: n32,
             op: op as u32,

@@ -7,7 +7,8 @@
 //! contractions (a weight gradient over many rows) also gain parallelism this way.
 
 use super::conv::Geom;
-use super::{Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
+use smallvec::smallvec;
+use super::{Consts, Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -912,17 +913,17 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
     } else {
         g.bias.is_some() as u32 + 2 * g.act as u32
     };
-    let (kernel, entry, consts): (Kernel, &'static str, Vec<(&'static str, u32)>) = match config {
+    let (kernel, entry, consts): (Kernel, &'static str, Consts) = match config {
         Config::CoopTiled => (
             Kernel::MatmulTc,
             "main",
-            vec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
+            smallvec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         // (`out_tile` gives the tall tiles RM = 256; only `CoopWide` gathers.)
         Config::CoopWide | Config::CoopWideTall => (
             Kernel::MatmulWide,
             "main",
-            vec![
+            smallvec![
                 ("TA", ta as u32),
                 ("TB", tb as u32),
                 ("FUSE", fuse),
@@ -934,7 +935,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         Config::CoopDirect => (
             Kernel::MatmulTc,
             "direct",
-            vec![
+            smallvec![
                 ("SAG", lda as u32),
                 ("SBG", ldb as u32),
                 ("TA", ta as u32),
@@ -942,31 +943,31 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
                 ("FUSE", fuse),
             ],
         ),
-        Config::Coop => (Kernel::MatmulCoop, "main", vec![]),
+        Config::Coop => (Kernel::MatmulCoop, "main", smallvec![]),
         Config::Simt(tm, tn) => (
             Kernel::Matmul,
             "simt",
-            vec![("TM", tm), ("TN", tn), ("EPI", epi)],
+            smallvec![("TM", tm), ("TN", tn), ("EPI", epi)],
         ),
         Config::SimtN4(tm, tn4) => (
             Kernel::Matmul,
             "simt_n4",
-            vec![("TM", tm), ("TN4", tn4), ("EPI", epi)],
+            smallvec![("TM", tm), ("TN4", tn4), ("EPI", epi)],
         ),
         Config::SimtK4(tm, tn) => (
             Kernel::Matmul,
             "simt_k4",
-            vec![("TM", tm), ("TN", tn), ("EPI", epi)],
+            smallvec![("TM", tm), ("TN", tn), ("EPI", epi)],
         ),
         Config::Tiled(bm, bn, bk, tm, tn) => (
             Kernel::Matmul,
             "main",
-            vec![("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
+            smallvec![("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)],
         ),
         Config::Reg => (
             Kernel::Matmul,
             "reg",
-            vec![
+            smallvec![
                 ("FUSE", fuse),
                 ("GATHER", g.gather.is_some() as u32),
                 ("RM", reg_rows as u32),

@@ -215,6 +215,9 @@ pub(crate) fn arg(block: &Block, dtype: DType) -> Arg<'_> {
 }
 
 /// One kernel launch.
+/// A launch's compile-time constants, inline: a vector was an allocation per launch.
+pub(crate) type Consts = smallvec::SmallVec<[(&'static str, u32); 8]>;
+
 pub(crate) struct Launch<'a, P> {
     pub kernel: Kernel,
     pub entry: &'static str,

@@ -1,7 +1,8 @@
 //! Host side of `shaders/norm.wgsl`.
 
 use super::softmax::{ROWS_PER_WG, check_row, register_runs, row_grid, row_wg, subgroup_rows_wg};
-use super::{Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
+use smallvec::smallvec;
+use super::{Consts, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -64,18 +65,18 @@ fn row_launch(
     dev: &Device,
     n: &Norm<'_>,
     [vec_entry, rows_entry, entry]: [&'static str; 3],
-) -> (&'static str, u32, [u32; 3], Vec<(&'static str, u32)>) {
+) -> (&'static str, u32, [u32; 3], Consts) {
     if let Some(wg) = subgroup_rows_wg(dev) {
         let grid = row_grid(n.rows.div_ceil(ROWS_PER_WG as usize), wg);
         if let Some(nv) = register_runs(dev, n.len) {
-            return (vec_entry, wg, grid, vec![("NV", nv)]);
+            return (vec_entry, wg, grid, smallvec![("NV", nv)]);
         }
         if n.len <= 1024 {
-            return (rows_entry, wg, grid, vec![]);
+            return (rows_entry, wg, grid, smallvec![]);
         }
     }
     let wg = row_wg(n.len);
-    (entry, wg, row_grid(n.rows, wg), vec![])
+    (entry, wg, row_grid(n.rows, wg), smallvec![])
 }
 
 pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {

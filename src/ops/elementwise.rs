@@ -3,6 +3,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::elementwise::{self as ew, Binary, Operand, Unary};
+use crate::layout::Dims;
 use crate::tensor::Tensor;
 use crate::tensor::graph::{record, record_fn};
 
@@ -131,7 +132,7 @@ fn operand<'a>(t: &'a Tensor, out: &[usize]) -> Result<Operand<'a>> {
         .ok_or_else(|| Error::Internal(format!("{:?} does not broadcast to {out:?}", t.shape())))?;
     Ok(Operand {
         block: t.block(),
-        strides: l.strides().to_vec(),
+        strides: Dims::from_slice(l.strides()),
         offset: l.offset(),
     })
 }

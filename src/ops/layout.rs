@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::copy as kc;
+use crate::layout::Dims;
 use crate::tensor::graph::{record, record_fn};
 use crate::tensor::{Tensor, check_numel};
 
@@ -174,8 +175,10 @@ impl Tensor {
                 format!("axis {a} of {:?} is not 1", self.shape()),
             ));
         }
-        let mut s = self.shape().to_vec();
-        s.remove(a);
+        let s: Dims = (self.shape().iter().enumerate())
+            .filter(|&(k, _)| k != a)
+            .map(|(_, &d)| d)
+            .collect();
         self.reshape(&s)
     }
 

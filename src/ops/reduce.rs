@@ -5,6 +5,7 @@ use super::elementwise::float_only;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::reduce::{self as kr, ReduceOp};
+use crate::layout::Dims;
 use crate::tensor::Tensor;
 use crate::tensor::graph::record_fn;
 
@@ -36,14 +37,11 @@ pub(crate) fn split3(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (outer, shape[axis], inner)
 }
 
-fn reduced_shape(shape: &[usize], axis: usize, keepdim: bool) -> Vec<usize> {
-    let mut s = shape.to_vec();
-    if keepdim {
-        s[axis] = 1;
-    } else {
-        s.remove(axis);
-    }
-    s
+fn reduced_shape(shape: &[usize], axis: usize, keepdim: bool) -> Dims {
+    (shape.iter().enumerate())
+        .filter(|&(k, _)| keepdim || k != axis)
+        .map(|(k, &d)| if k == axis { 1 } else { d })
+        .collect()
 }
 
 impl Tensor {

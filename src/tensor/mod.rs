@@ -487,17 +487,19 @@ impl Tensor {
     }
 
     /// Attaches a recorded node to a freshly computed tensor.
-    pub(crate) fn with_node(self, node: Option<Node>) -> Tensor {
-        match node {
-            None => self,
-            Some(node) => match Arc::try_unwrap(self.0) {
-                Ok(mut inner) => {
-                    *inner.requires_grad.get_mut() = true;
-                    *inner.node.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(node);
-                    Tensor(Arc::new(inner))
-                }
-                Err(shared) => Tensor(shared).view_with(node),
-            },
+    pub(crate) fn with_node(mut self, node: Option<Node>) -> Tensor {
+        let Some(node) = node else {
+            return self;
+        };
+        // In place when this is the only handle (an op's fresh output): unwrapping the `Arc`
+        // and wrapping it again was a free and an allocation per recorded op.
+        match Arc::get_mut(&mut self.0) {
+            Some(inner) => {
+                *inner.requires_grad.get_mut() = true;
+                *inner.node.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(node);
+                self
+            }
+            None => self.view_with(node),
         }
     }
 
