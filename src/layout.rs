@@ -127,9 +127,14 @@ impl Layout {
     /// A layout from its parts (the caller keeps it inside the storage).
     #[cfg(test)]
     pub(crate) fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Layout {
+        Layout::from_parts(&shape, &strides, offset)
+    }
+
+    /// A layout from its parts (the caller keeps it inside the storage).
+    pub(crate) fn from_parts(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
         Layout {
-            shape: Dims::from_slice(&shape),
-            strides: Dims::from_slice(&strides),
+            shape: Dims::from_slice(shape),
+            strides: Dims::from_slice(strides),
             offset,
         }
     }

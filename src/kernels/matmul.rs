@@ -7,12 +7,12 @@
 //! contractions (a weight gradient over many rows) also gain parallelism this way.
 
 use super::conv::Geom;
-use smallvec::smallvec;
 use super::{Consts, Kernel, LOOP_BUDGET, Launch, arg, autotune, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::Block;
+use smallvec::smallvec;
 
 crate::codes! {
     /// A fused activation applied after the bias (shader constants `ACT_*`).

@@ -1,12 +1,12 @@
 //! Host side of `shaders/norm.wgsl`.
 
 use super::softmax::{ROWS_PER_WG, check_row, register_runs, row_grid, row_wg, subgroup_rows_wg};
-use smallvec::smallvec;
 use super::{Consts, Kernel, LOOP_BUDGET, Launch, arg, grid_1d, launch, u32_len};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
+use smallvec::smallvec;
 
 /// Rows one `bwd_params` invocation sums (its loop bound). 64 rather than 256: the GPT's
 /// 16384 x 384 gradients then give the GPU 98,304 threads instead of 24,576, and the pass

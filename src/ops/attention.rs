@@ -9,6 +9,7 @@ use super::elementwise::{float_only, same_device, same_dtype};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{self as ka, Dims, Grads, HeadLayout};
+use crate::layout::Dims as Axes;
 use crate::tensor::graph::{Backward, record};
 use crate::tensor::{Layout, Tensor};
 
@@ -249,17 +250,35 @@ fn split_qkv(qkv: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
             ),
         ));
     }
-    let d = width / (3 * heads);
-    let mut shape = qkv.shape()[..r - 1].to_vec();
-    shape.extend([3, heads, d]);
-    // [..., s, 3, h, d] -> [3, ..., h, s, d]
-    let n = shape.len();
-    let mut perm = vec![n - 3];
-    perm.extend(0..n - 4);
-    perm.extend([n - 2, n - 4, n - 1]);
-    let x = qkv.detach().reshape(&shape)?.permute(&perm)?;
-    let pick = |i: usize| x.narrow(0, i, 1)?.squeeze(0);
+    let pick = |i| heads_part(qkv, 3, heads, i);
     Ok((pick(0)?, pick(1)?, pick(2)?))
+}
+
+/// Part `part` of `parts` along the last axis of a [..., seq, parts heads dim] tensor, as its
+/// [..., heads, seq, dim] view, without autograd. Cutting one axis into three is always a
+/// view, so the layout is written down directly: through reshape, permute, narrow and
+/// squeeze it took five tensors a part, three times a layer a step.
+fn heads_part(t: &Tensor, parts: usize, heads: usize, part: usize) -> Result<Tensor> {
+    let l = t.layout();
+    let (shape, strides) = (l.shape(), l.strides());
+    let r = shape.len();
+    let width = shape.last().copied().unwrap_or(0);
+    if r < 2 || heads == 0 || !width.is_multiple_of(parts * heads) || part >= parts {
+        return Err(Error::Internal(format!(
+            "part {part} of {parts} of {shape:?} in {heads} heads"
+        )));
+    }
+    let d = width / (parts * heads);
+    let (ss, ls) = (strides[r - 2], strides[r - 1]);
+    let lead = r - 2;
+    let shape: Axes = (shape[..lead].iter().copied())
+        .chain([heads, shape[lead], d])
+        .collect();
+    let strides: Axes = (strides[..lead].iter().copied())
+        .chain([d * ls, ss, ls])
+        .collect();
+    let offset = l.offset() + part * heads * d * ls;
+    Ok(t.view(Layout::from_parts(&shape, &strides, offset), None))
 }
 
 /// [`Tensor::attention_qkv`]'s gradient: the three head gradients written straight into one
@@ -291,14 +310,7 @@ impl Backward for FusedQkvBack {
 
 /// A [..., seq, heads dim] tensor as its [..., heads, seq, dim] view.
 fn heads_view(t: &Tensor, heads: usize) -> Result<Tensor> {
-    let r = t.rank();
-    let width = t.shape()[r - 1];
-    let mut shape = t.shape()[..r - 1].to_vec();
-    shape.extend([heads, width / heads]);
-    let n = shape.len();
-    let mut perm: Vec<usize> = (0..n).collect();
-    perm.swap(n - 3, n - 2);
-    t.reshape(&shape)?.permute(&perm)
+    heads_part(t, 1, heads, 0)
 }
 
 impl Tensor {
@@ -355,14 +367,18 @@ impl Tensor {
         let (q, k, v) = split_qkv(qkv, heads)?;
         let saved = attention_forward(&q, &k, &v, &opts, resolve_seed(qkv, &opts))?;
         // The output is a [..., heads, seq, dim] view of [..., seq, heads, dim] storage.
+        // Merged by layout alone: one tensor, where a permute and a reshape made two.
         let out = &saved.out;
         let r = out.rank();
-        let mut perm: Vec<usize> = (0..r).collect();
+        let mut perm: Axes = (0..r).collect();
         perm.swap(r - 3, r - 2);
-        let mut merged = qkv.shape().to_vec();
+        let mut merged = Axes::from_slice(qkv.shape());
         let last = merged.len() - 1;
         merged[last] /= 3;
-        let flat = out.permute(&perm)?.reshape(&merged)?;
+        let layout = (out.layout().permute(&perm).reshape(&merged)).ok_or_else(|| {
+            Error::Internal(format!("attention output {:?} as {merged:?}", out.shape()))
+        })?;
+        let flat = out.view(layout, None);
         let rec = record("attention_qkv", &[qkv], || FusedQkvBack { saved, heads });
         Ok(flat.with_node(rec))
     }
