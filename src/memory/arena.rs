@@ -9,7 +9,7 @@
 //! * large: a request under 10 MiB gets a 20 MiB page, a larger one a page rounded to 2 MiB.
 //!
 //! Free blocks sit in one ordered set per pool keyed by (size, page, offset), so best fit is a
-//! range query. A block is split when the remainder is worth keeping, and a freed block merges
+//! range query (`FreeSet`: a sorted vector while small, as it nearly always is). A block is split when the remainder is worth keeping, and a freed block merges
 //! with free neighbours in its page, so a page whose blocks are all free is one free block again.
 //!
 //! Within a page, free spans are found by where they start and where they end, and used blocks
@@ -128,13 +128,108 @@ impl Page {
     }
 }
 
+/// A free span as (size, page, offset): the order best fit searches in.
+type Span = (u64, PageId, u64);
+
+/// One pool's free spans in order; the best fit for a request is the first span at or after
+/// (size, 0, 0). A sorted vector while small, which is the usual case: a GPT training step on
+/// lavapipe averaged under four spans a pool. A B-tree that small allocated its one node as
+/// it filled and freed it as it emptied, and its walks were about a fifth of the recording
+/// thread's instructions (callgrind, BENCHMARKS.md). Past `TREE_AT` spans, shifting the
+/// vector would cost more than a tree's walk, so it becomes a B-tree until it shrinks again.
+#[derive(Debug)]
+enum FreeSet {
+    Sorted(Vec<Span>),
+    Tree(BTreeSet<Span>),
+}
+
+impl FreeSet {
+    const TREE_AT: usize = 1024;
+    /// Back to a vector below this (apart from `TREE_AT`, so a set near the edge does not
+    /// switch at every call).
+    const SORTED_AT: usize = 256;
+
+    fn new() -> FreeSet {
+        FreeSet::Sorted(Vec::new())
+    }
+
+    fn insert(&mut self, s: Span) {
+        match self {
+            FreeSet::Sorted(v) => {
+                let i = v.partition_point(|&e| e < s);
+                v.insert(i, s);
+                if v.len() > Self::TREE_AT {
+                    *self = FreeSet::Tree(v.drain(..).collect());
+                }
+            }
+            FreeSet::Tree(t) => {
+                t.insert(s);
+            }
+        }
+    }
+
+    fn remove(&mut self, s: &Span) -> bool {
+        match self {
+            FreeSet::Sorted(v) => match v.binary_search(s) {
+                Ok(i) => {
+                    v.remove(i);
+                    true
+                }
+                Err(_) => false,
+            },
+            FreeSet::Tree(t) => {
+                let found = t.remove(s);
+                if t.len() < Self::SORTED_AT {
+                    *self = FreeSet::Sorted(t.iter().copied().collect());
+                }
+                found
+            }
+        }
+    }
+
+    /// Removes and returns the best fit for `size`.
+    fn take_fit(&mut self, size: u64) -> Option<Span> {
+        let s = match self {
+            FreeSet::Sorted(v) => {
+                let i = v.partition_point(|&e| e < (size, 0, 0));
+                return (i < v.len()).then(|| v.remove(i));
+            }
+            FreeSet::Tree(t) => *t.range((size, 0, 0)..).next()?,
+        };
+        self.remove(&s);
+        Some(s)
+    }
+
+    /// The largest span.
+    fn last(&self) -> Option<Span> {
+        match self {
+            FreeSet::Sorted(v) => v.last().copied(),
+            FreeSet::Tree(t) => t.last().copied(),
+        }
+    }
+
+    fn contains(&self, s: &Span) -> bool {
+        match self {
+            FreeSet::Sorted(v) => v.binary_search(s).is_ok(),
+            FreeSet::Tree(t) => t.contains(s),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            FreeSet::Sorted(v) => v.len(),
+            FreeSet::Tree(t) => t.len(),
+        }
+    }
+}
+
 /// The allocator's state.
 #[derive(Debug)]
 pub struct Arena {
     cfg: ArenaConfig,
     pages: FastMap<PageId, Page>,
-    free_small: BTreeSet<(u64, PageId, u64)>,
-    free_large: BTreeSet<(u64, PageId, u64)>,
+    free_small: FreeSet,
+    free_large: FreeSet,
     next_page: PageId,
 }
 
@@ -144,8 +239,8 @@ impl Arena {
         Arena {
             cfg,
             pages: FastMap::default(),
-            free_small: BTreeSet::new(),
-            free_large: BTreeSet::new(),
+            free_small: FreeSet::new(),
+            free_large: FreeSet::new(),
             next_page: 0,
         }
     }
@@ -184,7 +279,7 @@ impl Arena {
         want.min(self.cfg.max_page).max(size)
     }
 
-    fn free_set(&mut self, pool: PoolKind) -> &mut BTreeSet<(u64, PageId, u64)> {
+    fn free_set(&mut self, pool: PoolKind) -> &mut FreeSet {
         match pool {
             PoolKind::Small => &mut self.free_small,
             PoolKind::Large => &mut self.free_large,
@@ -198,8 +293,7 @@ impl Arena {
             return None;
         }
         let pool = self.pool_for(size);
-        let &(free_size, page, offset) = self.free_set(pool).range((size, 0, 0)..).next()?;
-        self.free_set(pool).remove(&(free_size, page, offset));
+        let (free_size, page, offset) = self.free_set(pool).take_fit(size)?;
         Some(self.take(page, offset, free_size, size))
     }
 
@@ -450,6 +544,54 @@ mod tests {
             (z.page, z.offset),
             (x.page, 0),
             "freed neighbours merged and reused"
+        );
+    }
+
+    /// The free set answers as an ordered set would, as a vector and as a tree: filled past
+    /// `TREE_AT` and emptied below `SORTED_AT`, with removals of absent spans and best fits.
+    #[test]
+    fn free_set_matches_an_ordered_set() {
+        let mut set = FreeSet::new();
+        let mut model = BTreeSet::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut went_tree = false;
+        for round in 0..2 {
+            // Fill (mostly inserts), then drain (mostly removals and fits).
+            for _ in 0..3000 {
+                let s = (next(64) * 256 + 256, next(8), next(1 << 20) * 256);
+                let insert = if round == 0 {
+                    next(4) < 3
+                } else {
+                    next(8) == 0
+                };
+                if insert {
+                    set.insert(s);
+                    model.insert(s);
+                } else if next(4) == 0 {
+                    assert_eq!(set.remove(&s), model.remove(&s));
+                } else {
+                    let want = model.range((s.0, 0, 0)..).next().copied();
+                    if let Some(w) = want {
+                        model.remove(&w);
+                    }
+                    assert_eq!(set.take_fit(s.0), want);
+                }
+                went_tree |= matches!(set, FreeSet::Tree(_));
+                assert_eq!(set.len(), model.len());
+                assert_eq!(set.last(), model.last().copied());
+                assert!(set.contains(&s) == model.contains(&s));
+            }
+        }
+        assert!(went_tree, "the test never reached the tree");
+        assert!(
+            matches!(set, FreeSet::Sorted(_)),
+            "the set never shrank back to a vector"
         );
     }
 
