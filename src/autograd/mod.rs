@@ -83,7 +83,9 @@ fn backward(
         }
     };
     let order = topo_order(root);
-    let mut grads: FastMap<TensorId, Tensor> = FastMap::default();
+    // Sized for the walk: grown from empty, it reallocated and rehashed at every doubling.
+    let mut grads: FastMap<TensorId, Tensor> =
+        FastMap::with_capacity_and_hasher(order.len(), Default::default());
     grads.insert(root.id(), seed);
     no_grad(|| -> Result<()> {
         let mut order: Vec<Option<Tensor>> = order.into_iter().map(Some).collect();
