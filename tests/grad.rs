@@ -418,6 +418,55 @@ fn matmul_gradient_cases(dev: &Device) {
                 .collect()
         },
     );
+    // A linear layer on [batch, seq, in]: the rows fold into one product, forward and
+    // backward (the bias's gradient summed inside the weight gradient's product); then the
+    // same on a permuted view whose leading axes do not chain, which runs batched instead.
+    let (x, w, bias) = (v(&mut rng, 24), v(&mut rng, 20), v(&mut rng, 5));
+    let linear_cpu = |x: &[f64], w: &[f64], b: &[f64]| -> Vec<f64> {
+        cpu::matmul(x, w, Some(b), 6, 5, 4, false, true, Some(Activation::Relu))
+    };
+    for permuted in [false, true] {
+        let shape = if permuted {
+            vec![3, 2, 4]
+        } else {
+            vec![2, 3, 4]
+        };
+        check(
+            dev,
+            &format!("linear on rank 3, permuted={permuted}"),
+            &[
+                (x.clone(), shape, true),
+                (w.clone(), vec![5, 4], true),
+                (bias.clone(), vec![5], true),
+            ],
+            &move |t| {
+                let x = if permuted {
+                    t[0].permute(&[1, 0, 2])?
+                } else {
+                    t[0].clone()
+                };
+                x.matmul_with(
+                    &t[1],
+                    MatmulOpts {
+                        trans_b: true,
+                        bias: Some(&t[2]),
+                        act: Some(Activation::Relu),
+                        ..Default::default()
+                    },
+                )
+            },
+            &move |t| {
+                // The permuted view's rows, in its own order: (i, j) reads stored row (j, i).
+                let rows: Vec<f64> = (0..6)
+                    .flat_map(|r| {
+                        let s = if permuted { (r % 3) * 2 + r / 3 } else { r };
+                        t[0][s * 4..s * 4 + 4].to_vec()
+                    })
+                    .collect();
+                linear_cpu(&rows, &t[1], &t[2])
+            },
+        );
+    }
 }
 
 /// Finite-difference check of conv2d with bias (and `opts.act`) on random x, w and bias of

@@ -59,16 +59,17 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // Fold leading dimensions into rows: one matmul with the shared weight.
+        // Leading dimensions are folded into rows inside the product: one matmul with the
+        // shared weight, forward and backward.
+        if x.rank() >= 2 {
+            return x.linear(&self.weight, self.bias.as_ref());
+        }
+        // One vector: as one row.
         let d = x.dim(-1)?;
-        let rows = x.numel() / d.max(1);
         let y = x
-            .reshape(&[rows, d])?
+            .reshape(&[1, d])?
             .linear(&self.weight, self.bias.as_ref())?;
-        let mut shape = x.shape().to_vec();
-        let last = shape.len() - 1;
-        shape[last] = self.weight.shape()[0];
-        y.reshape(&shape)
+        y.reshape(&[self.weight.shape()[0]])
     }
 
     fn params(&self) -> Vec<(String, Tensor)> {

@@ -11,8 +11,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as km, Act, Gemm};
 use crate::kernels::split::{self as ks, pad8};
-use crate::tensor::Tensor;
+use crate::layout::Dims;
 use crate::tensor::graph::{Backward, record, recording};
+use crate::tensor::{Layout, Tensor};
 use std::cell::Cell;
 
 /// Everything `Tensor::matmul_with` can fuse.
@@ -572,6 +573,26 @@ fn split_gemm(
     Ok(out)
 }
 
+/// `t` [..., rows, cols] as one [(...) rows, cols] matrix (a view, no autograd), where its
+/// leading axes step over whole row blocks; `None` at rank 2 or where they do not chain.
+/// A batch of rows times one matrix (a linear layer on [batch, seq, in]) runs as one product:
+/// nn::Linear reshaped to two dimensions and back instead, two recorded ops a layer.
+fn folded(t: &Tensor) -> Option<Tensor> {
+    let r = t.rank();
+    if r <= 2 {
+        return None;
+    }
+    let (shape, st) = (t.shape(), t.strides());
+    let row_stride = crate::layout::run_stride(&shape[..r - 1], &st[..r - 1])?;
+    let rows = shape[..r - 1].iter().product();
+    let layout = Layout::from_parts(
+        &[rows, shape[r - 1]],
+        &[row_stride, st[r - 1]],
+        t.layout().offset(),
+    );
+    Some(t.view(layout, None))
+}
+
 /// Gradients of `C = act(op(A) op(B) + bias)`; inputs a, b and the bias if any.
 struct MatmulBack {
     trans_a: bool,
@@ -582,19 +603,31 @@ struct MatmulBack {
 
 impl Backward for MatmulBack {
     fn backward(&self, inputs: &[Tensor], _out: &Tensor, g: Tensor) -> Result<Vec<Option<Tensor>>> {
-        let (a, b) = (&inputs[0], &inputs[1]);
         let (ta, tb) = (self.trans_a, self.trans_b);
         let g = match &self.relu_out {
             Some(out) => relu_grad(out, &g)?,
             None => g,
         };
-        let ga = if a.requires_grad() {
+        // Rows folded in the forward pass (`matmul_with`) fold here too: A's gradient is then
+        // one product, and B's one product over all rows, not a batch of them summed after.
+        let (a0, b) = (&inputs[0], &inputs[1]);
+        let folds = match !ta && b.rank() == 2 {
+            true => folded(a0).zip(folded(&g)),
+            false => None,
+        };
+        let fold = folds.is_some();
+        let (a, g) = folds.unwrap_or_else(|| (a0.clone(), g));
+        let a = &a;
+        let ga = if a0.requires_grad() {
             let ga = if ta {
                 gemm(b, &g, tb, true, None, Act::None)?
             } else {
                 gemm(&g, b, false, !tb, None, Act::None)?
             };
-            Some(ga.sum_to(a.shape())?)
+            Some(match fold {
+                true => ga.reshape(a0.shape())?,
+                false => ga.sum_to(a0.shape())?,
+            })
         } else {
             None
         };
@@ -616,7 +649,8 @@ impl Backward for MatmulBack {
         } else {
             None
         };
-        let mut v = vec![ga, gb];
+        let mut v = Vec::with_capacity(inputs.len());
+        v.extend([ga, gb]);
         if let Some(bias) = inputs.get(2) {
             v.push(match (bias_grad, g_sums) {
                 (true, Some(s)) => Some(s),
@@ -639,7 +673,8 @@ impl Tensor {
 
     /// Matrix product with transposes, bias and activation fused into one kernel.
     pub fn matmul_with(&self, other: &Tensor, o: MatmulOpts<'_>) -> Result<Tensor> {
-        let mut inputs = vec![self, other];
+        // Inline: pushing the bias onto a vector of two reallocated it, once a linear layer.
+        let mut inputs: smallvec::SmallVec<[&Tensor; 3]> = smallvec::smallvec![self, other];
         if let Some(b) = o.bias {
             inputs.push(b);
         }
@@ -652,7 +687,21 @@ impl Tensor {
             return a.apply(&self.matmul_with(other, MatmulOpts { act: None, ..o })?);
         }
         let act = o.act.and_then(Activation::fused).unwrap_or(Act::None);
-        let out = gemm(self, other, o.trans_a, o.trans_b, o.bias, act)?;
+        let fold = match !o.trans_a && other.rank() == 2 {
+            true => folded(self),
+            false => None,
+        };
+        let out = match fold {
+            // Rows of a batch times one matrix: one product over all of them (`folded`).
+            Some(a) => {
+                let c = gemm(&a, other, false, o.trans_b, o.bias, act)?;
+                let mut shape = Dims::from_slice(self.shape());
+                let last = shape.len() - 1;
+                shape[last] = c.shape()[1];
+                c.reshape(&shape)?
+            }
+            None => gemm(self, other, o.trans_a, o.trans_b, o.bias, act)?,
+        };
         let rec = record("matmul", &inputs, || MatmulBack {
             trans_a: o.trans_a,
             trans_b: o.trans_b,
