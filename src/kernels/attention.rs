@@ -413,7 +413,8 @@ fn chunked(
     } else {
         None
     };
-    let mut all: Vec<Arg<'_>> = args.to_vec();
+    let mut all: Vec<Arg<'_>> = Vec::with_capacity(args.len() + 1);
+    all.extend_from_slice(args);
     // A call with one chunk never touches the state; any block stands in for it.
     all.push(arg(state.as_ref().unwrap_or(args[0].block), DType::F32));
     for i in 0..n {
@@ -663,9 +664,9 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         coop(kv, &[arg(g.dk, dtype), arg(g.dv, dtype)], a.skv)?;
         return coop(q, &[arg(g.dq, dtype)], a.sq);
     }
-    let mut kv = common.to_vec();
-    kv.push(arg(g.dk, dtype));
-    kv.push(arg(g.dv, dtype));
+    let mut kv = Vec::with_capacity(common.len() + 2);
+    kv.extend_from_slice(&common);
+    kv.extend([arg(g.dk, dtype), arg(g.dv, dtype)]);
     if fwd_tiled(dev, a.d) {
         // 32 keys and 256 threads a workgroup where 40.25 KiB of workgroup memory allow it
         // (half the barriers and staging loads per key), else 16 keys and 128 threads.
