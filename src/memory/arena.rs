@@ -12,10 +12,11 @@
 //! range query (`FreeSet`: a sorted vector while small, as it nearly always is). A block is split when the remainder is worth keeping, and a freed block merges
 //! with free neighbours in its page, so a page whose blocks are all free is one free block again.
 //!
-//! Within a page, free spans are found by where they start and where they end, and used blocks
-//! by where they start, each in a hash map: a free finds both neighbours with two lookups. The
-//! pages kept their spans in one ordered map until the host's time in a GPT step showed the
-//! allocator's B-tree walks at about a fifth of it (BENCHMARKS.md, twenty-second session).
+//! Within a page, spans sit in a table linked in offset order; a block's placement and a free
+//! span's entry in the free set name their slot in it, so a free reaches its neighbours
+//! through the links without a search. The pages kept their spans in one ordered map until
+//! the host's time in a GPT step showed the allocator's B-tree walks at about a fifth of it
+//! (BENCHMARKS.md, twenty-second session), then in three hash maps (twenty-seventh).
 
 use crate::hash::FastMap;
 use std::collections::BTreeSet;
@@ -74,62 +75,151 @@ pub struct Placement {
     pub offset: u64,
     /// Bytes reserved for the block (a multiple of `align`, at least the rounded request).
     pub size: u64,
+    /// The block's entry in its page's span table, so that a free finds it without a search.
+    pub slot: u32,
 }
 
-/// One page's spans. Every byte belongs to exactly one span, used or free; no two free spans
-/// touch (`Arena::check`).
+/// No span on this side.
+const NONE: u32 = u32::MAX;
+
+/// A byte range of a page, used or free, linked to its neighbours in offset order.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    offset: u64,
+    size: u64,
+    free: bool,
+    prev: u32,
+    next: u32,
+}
+
+/// One page's spans: a table of them linked in offset order. Every byte belongs to exactly one
+/// span, used or free; no two free spans touch (`Arena::check`).
+///
+/// A block's placement carries its slot in the table and a free span's entry in the free set
+/// carries its slot, so neither an allocation nor a free searches: a free finds its
+/// neighbours through the links. The spans were three hash maps (used by offset, free by
+/// offset and by end), whose upkeep was about a tenth of the recording thread's instructions
+/// in a GPT step; a sorted vector of them cost as much again in shifts (BENCHMARKS.md).
 #[derive(Debug)]
 struct Page {
     size: u64,
     pool: PoolKind,
-    /// Used blocks: offset -> size.
-    used: FastMap<u64, u64>,
-    /// Free spans: offset -> size.
-    free_at: FastMap<u64, u64>,
-    /// Free spans by their end: end -> offset.
-    free_end: FastMap<u64, u64>,
+    /// The span table; slot 0 is always the span at offset 0 (spans merge into the earlier).
+    slots: Vec<Span>,
+    /// Slots no span uses, for reuse.
+    vacant: Vec<u32>,
+    /// Spans in use.
+    used: usize,
 }
+
+/// A freed span merged: its slot, offset and size, and each neighbour merged into it as
+/// (size, offset, slot).
+type Merged = (u32, u64, u64, [Option<(u64, u64, u32)>; 2]);
 
 impl Page {
     fn new(size: u64, pool: PoolKind) -> Page {
-        let mut p = Page {
+        Page {
             size,
             pool,
-            used: FastMap::default(),
-            free_at: FastMap::default(),
-            free_end: FastMap::default(),
+            slots: vec![Span {
+                offset: 0,
+                size,
+                free: true,
+                prev: NONE,
+                next: NONE,
+            }],
+            vacant: Vec::new(),
+            used: 0,
+        }
+    }
+
+    fn span(&self, slot: u32) -> Option<&Span> {
+        self.slots.get(slot as usize)
+    }
+
+    /// Marks the free span in `slot` used for `block` bytes, the `tail` bytes after it a free
+    /// span of their own: its slot (or `None` without a tail); `Err` when the slot is not free.
+    fn take(&mut self, slot: u32, block: u64, tail: u64) -> std::result::Result<Option<u32>, ()> {
+        let s = *self
+            .span(slot)
+            .filter(|s| s.free && s.size == block + tail)
+            .ok_or(())?;
+        self.used += 1;
+        self.slots[slot as usize].free = false;
+        self.slots[slot as usize].size = block;
+        if tail == 0 {
+            return Ok(None);
+        }
+        let t = Span {
+            offset: s.offset + block,
+            size: tail,
+            free: true,
+            prev: slot,
+            next: s.next,
         };
-        p.add_free(0, size);
-        p
+        let ts = match self.vacant.pop() {
+            Some(v) => {
+                self.slots[v as usize] = t;
+                v
+            }
+            None => {
+                self.slots.push(t);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.slots[slot as usize].next = ts;
+        if s.next != NONE {
+            self.slots[s.next as usize].prev = ts;
+        }
+        Ok(Some(ts))
     }
 
-    fn add_free(&mut self, offset: u64, size: u64) {
-        self.free_at.insert(offset, size);
-        self.free_end.insert(offset + size, offset);
+    /// Unlinks the span in `slot` (merged into a neighbour) and keeps the slot for reuse.
+    fn unlink(&mut self, slot: u32) {
+        let s = self.slots[slot as usize];
+        if s.prev != NONE {
+            self.slots[s.prev as usize].next = s.next;
+        }
+        if s.next != NONE {
+            self.slots[s.next as usize].prev = s.prev;
+        }
+        self.vacant.push(slot);
     }
 
-    /// Removes the free span starting at `offset`; its size.
-    fn take_free_at(&mut self, offset: u64) -> Option<u64> {
-        let size = self.free_at.remove(&offset)?;
-        self.free_end.remove(&(offset + size));
-        Some(size)
-    }
-
-    /// Removes the free span ending at `end`; its (offset, size).
-    fn take_free_ending(&mut self, end: u64) -> Option<(u64, u64)> {
-        let offset = self.free_end.remove(&end)?;
-        let size = self.free_at.remove(&offset)?;
-        Some((offset, size))
+    /// Frees the used span in `slot`, which must start at `offset` and hold `size` bytes, and
+    /// merges it with its free neighbours; `None` when it does not match.
+    fn release(&mut self, slot: u32, offset: u64, size: u64) -> Option<Merged> {
+        let s = *self
+            .span(slot)
+            .filter(|s| !s.free && s.offset == offset && s.size == size)?;
+        self.used -= 1;
+        let (mut at, mut start, mut len) = (slot, offset, size);
+        let mut away = [None; 2];
+        if let Some(&n) = self.span(s.next).filter(|n| n.free) {
+            away[0] = Some((n.size, n.offset, s.next));
+            len += n.size;
+            self.unlink(s.next);
+        }
+        if let Some(&p) = self.span(s.prev).filter(|p| p.free) {
+            away[1] = Some((p.size, p.offset, s.prev));
+            (at, start) = (s.prev, p.offset);
+            len += p.size;
+            self.unlink(slot);
+        }
+        let m = &mut self.slots[at as usize];
+        (m.free, m.size) = (true, len);
+        Some((at, start, len, away))
     }
 
     /// Whether the page is one free span.
     fn is_empty(&self) -> bool {
-        self.used.is_empty()
+        self.used == 0
     }
 }
 
-/// A free span as (size, page, offset): the order best fit searches in.
-type Span = (u64, PageId, u64);
+/// A free span as (size, page, offset, slot): the order best fit searches in, and where the
+/// span sits in its page's table.
+type Span4 = (u64, PageId, u64, u32);
 
 /// One pool's free spans in order; the best fit for a request is the first span at or after
 /// (size, 0, 0). A sorted vector while small, which is the usual case: a GPT training step on
@@ -139,8 +229,8 @@ type Span = (u64, PageId, u64);
 /// vector would cost more than a tree's walk, so it becomes a B-tree until it shrinks again.
 #[derive(Debug)]
 enum FreeSet {
-    Sorted(Vec<Span>),
-    Tree(BTreeSet<Span>),
+    Sorted(Vec<Span4>),
+    Tree(BTreeSet<Span4>),
 }
 
 impl FreeSet {
@@ -153,7 +243,7 @@ impl FreeSet {
         FreeSet::Sorted(Vec::new())
     }
 
-    fn insert(&mut self, s: Span) {
+    fn insert(&mut self, s: Span4) {
         match self {
             FreeSet::Sorted(v) => {
                 let i = v.partition_point(|&e| e < s);
@@ -168,7 +258,7 @@ impl FreeSet {
         }
     }
 
-    fn remove(&mut self, s: &Span) -> bool {
+    fn remove(&mut self, s: &Span4) -> bool {
         match self {
             FreeSet::Sorted(v) => match v.binary_search(s) {
                 Ok(i) => {
@@ -188,27 +278,27 @@ impl FreeSet {
     }
 
     /// Removes and returns the best fit for `size`.
-    fn take_fit(&mut self, size: u64) -> Option<Span> {
+    fn take_fit(&mut self, size: u64) -> Option<Span4> {
         let s = match self {
             FreeSet::Sorted(v) => {
-                let i = v.partition_point(|&e| e < (size, 0, 0));
+                let i = v.partition_point(|&e| e < (size, 0, 0, 0));
                 return (i < v.len()).then(|| v.remove(i));
             }
-            FreeSet::Tree(t) => *t.range((size, 0, 0)..).next()?,
+            FreeSet::Tree(t) => *t.range((size, 0, 0, 0)..).next()?,
         };
         self.remove(&s);
         Some(s)
     }
 
     /// The largest span.
-    fn last(&self) -> Option<Span> {
+    fn last(&self) -> Option<Span4> {
         match self {
             FreeSet::Sorted(v) => v.last().copied(),
             FreeSet::Tree(t) => t.last().copied(),
         }
     }
 
-    fn contains(&self, s: &Span) -> bool {
+    fn contains(&self, s: &Span4) -> bool {
         match self {
             FreeSet::Sorted(v) => v.binary_search(s).is_ok(),
             FreeSet::Tree(t) => t.contains(s),
@@ -293,14 +383,21 @@ impl Arena {
             return None;
         }
         let pool = self.pool_for(size);
-        let (free_size, page, offset) = self.free_set(pool).take_fit(size)?;
-        Some(self.take(page, offset, free_size, size))
+        let (free_size, page, offset, slot) = self.free_set(pool).take_fit(size)?;
+        Some(self.take(page, slot, offset, free_size, size))
     }
 
     /// Marks the free span at (page, offset) used for `size` bytes, splitting off the rest when
     /// it is worth keeping: any aligned remainder in the small pool, 1 MiB or more in the large
     /// one (a smaller tail stays with the block rather than fragment large pages).
-    fn take(&mut self, page_id: PageId, offset: u64, free_size: u64, size: u64) -> Placement {
+    fn take(
+        &mut self,
+        page_id: PageId,
+        slot: u32,
+        offset: u64,
+        free_size: u64,
+        size: u64,
+    ) -> Placement {
         let min_split = match self.pool_for(size) {
             PoolKind::Small => self.cfg.align,
             PoolKind::Large => MIB,
@@ -315,20 +412,20 @@ impl Arena {
             let Some(page) = self.pages.get_mut(&page_id) else {
                 unreachable!("free list names a page that does not exist")
             };
-            page.take_free_at(offset);
-            page.used.insert(offset, block);
-            if tail > 0 {
-                page.add_free(offset + block, tail);
-            }
-            page.pool
+            let Ok(tail_slot) = page.take(slot, block, tail) else {
+                unreachable!("free list names a span that is not free: {page_id}:{offset}")
+            };
+            (page.pool, tail_slot)
         };
-        if tail > 0 {
-            self.free_set(pool).insert((tail, page_id, offset + block));
+        if let (pool, Some(ts)) = pool {
+            self.free_set(pool)
+                .insert((tail, page_id, offset + block, ts));
         }
         Placement {
             page: page_id,
             offset,
             size: block,
+            slot,
         }
     }
 
@@ -338,7 +435,7 @@ impl Arena {
         self.next_page += 1;
         let pool = self.pool_for(request);
         self.pages.insert(id, Page::new(page_size, pool));
-        let placement = self.take(id, 0, page_size, request);
+        let placement = self.take(id, 0, 0, page_size, request);
         (id, placement)
     }
 
@@ -350,32 +447,19 @@ impl Arena {
             unreachable!("free of a block whose page does not exist")
         };
         let pool = page.pool;
-        match page.used.remove(&p.offset) {
-            Some(size) if size == p.size => {}
-            other => unreachable!("double free or foreign block at {p:?}: {other:?}"),
-        }
-        let (mut start, mut end) = (p.offset, p.offset + p.size);
-        // At most the two neighbours merge in (an array: a vector allocated on every free).
-        let mut merged_away = [None; 2];
-        if let Some(next) = page.take_free_at(end) {
-            merged_away[0] = Some((next, end));
-            end += next;
-        }
-        if let Some((off, prev)) = page.take_free_ending(start) {
-            merged_away[1] = Some((prev, off));
-            start = off;
-        }
-        page.add_free(start, end - start);
+        let Some((slot, start, len, merged_away)) = page.release(p.slot, p.offset, p.size) else {
+            unreachable!("double free or foreign block at {p:?}")
+        };
         let whole = page.is_empty();
         let set = self.free_set(pool);
-        for (s, off) in merged_away.into_iter().flatten() {
-            set.remove(&(s, p.page, off));
+        for (s, off, sl) in merged_away.into_iter().flatten() {
+            set.remove(&(s, p.page, off, sl));
         }
         if no_cache && whole {
             self.pages.remove(&p.page);
             return Some(p.page);
         }
-        self.free_set(pool).insert((end - start, p.page, start));
+        self.free_set(pool).insert((len, p.page, start, slot));
         None
     }
 
@@ -412,7 +496,8 @@ impl Arena {
                 break;
             }
             self.pages.remove(&id);
-            self.free_set(pool).remove(&(size, id, 0));
+            // An empty page is one free span, in slot 0.
+            self.free_set(pool).remove(&(size, id, 0, 0));
             total -= size;
             out.push((id, size));
         }
@@ -440,27 +525,28 @@ impl Arena {
     pub fn check(&self) -> std::result::Result<(), String> {
         let mut free_count = 0;
         for (&id, page) in &self.pages {
-            // Every span in offset order: (offset, size, free).
-            let mut spans: Vec<(u64, u64, bool)> = page
-                .used
-                .iter()
-                .map(|(&o, &z)| (o, z, false))
-                .chain(page.free_at.iter().map(|(&o, &z)| (o, z, true)))
-                .collect();
-            spans.sort_unstable();
-            if page.free_end.len() != page.free_at.len()
-                || page
-                    .free_at
-                    .iter()
-                    .any(|(&o, &z)| page.free_end.get(&(o + z)) != Some(&o))
-            {
-                return Err(format!(
-                    "page {id}: free spans by end disagree with by start"
-                ));
+            // Every span in offset order through the links: (offset, size, free, slot).
+            let mut spans = Vec::new();
+            let (mut at, mut prev) = (0u32, NONE);
+            while at != NONE {
+                let Some(sp) = page.span(at) else {
+                    return Err(format!("page {id}: link to missing slot {at}"));
+                };
+                if sp.prev != prev || spans.len() > page.slots.len() || page.vacant.contains(&at) {
+                    return Err(format!("page {id}: broken links at slot {at}"));
+                }
+                spans.push((sp.offset, sp.size, sp.free, at));
+                (prev, at) = (at, sp.next);
+            }
+            if spans.len() + page.vacant.len() != page.slots.len() {
+                return Err(format!("page {id}: slots neither linked nor vacant"));
+            }
+            if spans.iter().filter(|s| !s.2).count() != page.used {
+                return Err(format!("page {id}: {} spans counted in use", page.used));
             }
             let mut expect = 0u64;
             let mut prev_free = false;
-            for &(off, size, free) in &spans {
+            for &(off, size, free, slot) in &spans {
                 if off != expect {
                     return Err(format!(
                         "page {id}: gap or overlap at {off}, expected {expect}"
@@ -480,7 +566,7 @@ impl Arena {
                         PoolKind::Small => &self.free_small,
                         PoolKind::Large => &self.free_large,
                     };
-                    if !set.contains(&(size, id, off)) {
+                    if !set.contains(&(size, id, off, slot)) {
                         return Err(format!("page {id}: free span {off} missing from free list"));
                     }
                 }
@@ -564,7 +650,12 @@ mod tests {
         for round in 0..2 {
             // Fill (mostly inserts), then drain (mostly removals and fits).
             for _ in 0..3000 {
-                let s = (next(64) * 256 + 256, next(8), next(1 << 20) * 256);
+                let s = (
+                    next(64) * 256 + 256,
+                    next(8),
+                    next(1 << 20) * 256,
+                    next(4) as u32,
+                );
                 let insert = if round == 0 {
                     next(4) < 3
                 } else {
@@ -576,7 +667,7 @@ mod tests {
                 } else if next(4) == 0 {
                     assert_eq!(set.remove(&s), model.remove(&s));
                 } else {
-                    let want = model.range((s.0, 0, 0)..).next().copied();
+                    let want = model.range((s.0, 0, 0, 0)..).next().copied();
                     if let Some(w) = want {
                         model.remove(&w);
                     }
