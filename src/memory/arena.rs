@@ -9,8 +9,9 @@
 //! * large: a request under 10 MiB gets a 20 MiB page, a larger one a page rounded to 2 MiB.
 //!
 //! Free blocks sit in one ordered set per pool keyed by (size, page, offset), so best fit is a
-//! range query (`FreeSet`: a sorted vector while small, as it nearly always is). A block is split when the remainder is worth keeping, and a freed block merges
-//! with free neighbours in its page, so a page whose blocks are all free is one free block again.
+//! range query (`FreeSet`: a sorted vector while small, as it nearly always is). A block is
+//! split when the remainder is worth keeping, and a freed block merges with free neighbours in
+//! its page, so a page whose blocks are all free is one free block again.
 //!
 //! Within a page, spans sit in a table linked in offset order; a block's placement and a free
 //! span's entry in the free set name their slot in it, so a free reaches its neighbours
@@ -99,7 +100,7 @@ struct Span {
 /// carries its slot, so neither an allocation nor a free searches: a free finds its
 /// neighbours through the links. The spans were three hash maps (used by offset, free by
 /// offset and by end), whose upkeep was about a tenth of the recording thread's instructions
-/// in a GPT step; a sorted vector of them cost as much again in shifts (BENCHMARKS.md).
+/// in a GPT step; a sorted vector of them cost nearly as much again in shifts (BENCHMARKS.md).
 #[derive(Debug)]
 struct Page {
     size: u64,
@@ -222,11 +223,11 @@ impl Page {
 type Span4 = (u64, PageId, u64, u32);
 
 /// One pool's free spans in order; the best fit for a request is the first span at or after
-/// (size, 0, 0). A sorted vector while small, which is the usual case: a GPT training step on
-/// lavapipe averaged under four spans a pool. A B-tree that small allocated its one node as
-/// it filled and freed it as it emptied, and its walks were about a fifth of the recording
-/// thread's instructions (callgrind, BENCHMARKS.md). Past `TREE_AT` spans, shifting the
-/// vector would cost more than a tree's walk, so it becomes a B-tree until it shrinks again.
+/// (size, 0, 0, 0). A sorted vector while small, which is the usual case: a GPT training step
+/// on lavapipe averaged under four spans a pool. A B-tree that small allocated its one node as
+/// it filled and freed it as it emptied, and its upkeep was about 7% of the recording thread's
+/// instructions (callgrind, BENCHMARKS.md). Past `TREE_AT` spans it becomes a B-tree until it
+/// shrinks again, so that a fragmented arena does not pay for long shifts.
 #[derive(Debug)]
 enum FreeSet {
     Sorted(Vec<Span4>),
