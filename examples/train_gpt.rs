@@ -145,6 +145,10 @@ struct Args {
     /// With --bench: break one step down by kernel and scope.
     #[arg(long)]
     profile: bool,
+    /// With --bench: steps queued one at a time onto an idle device to time the host's own
+    /// work (their median is reported; the host's time moves run to run).
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    host_steps: usize,
     /// Train data-parallel on these adapters (indices in `Device::all()`'s order, e.g. 0,1;
     /// repeat one to put two replicas on one adapter). --batch is per device.
     #[arg(long, value_name = "LIST")]
@@ -193,6 +197,7 @@ struct Cfg {
     top_k: usize,
     bench: u64,
     profile: bool,
+    host_steps: usize,
 }
 
 impl Cfg {
@@ -225,6 +230,7 @@ impl Cfg {
             top_k: 20,
             bench: 0,
             profile: false,
+            host_steps: 5,
         };
         if !cpu {
             return base;
@@ -293,6 +299,7 @@ impl Cfg {
             top_k: a.top_k,
             bench: a.bench,
             profile: a.profile,
+            host_steps: a.host_steps.max(1),
         };
         if !c.dtype.is_float() {
             return Err(format!("--dtype {} is not a float dtype", c.dtype));
@@ -1000,10 +1007,10 @@ fn run() -> Result<()> {
         if replicas * ranks == 1 {
             // The host's own time a step: steps queued one at a time onto an idle device, so that
             // nothing inside waits for it (in the loop above the update waits for the last step's
-            // decision). The median of 5. The device runs while the host queues, so the step
-            // waits on the host only where this passes 100%.
+            // decision). The median of --host-steps (5). The device runs while the host
+            // queues, so the step waits on the host only where this passes 100%.
             let enc0 = dev.dispatch_stats().encode_time;
-            let mut alone = (0..5)
+            let mut alone = (0..c.host_steps)
                 .map(|_| -> Result<(f64, HostTimes)> {
                     let t = Instant::now();
                     let h =
