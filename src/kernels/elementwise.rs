@@ -384,22 +384,8 @@ pub(crate) struct Operand<'a> {
     pub block: &'a Block,
     pub strides: Dims,
     pub offset: usize,
-}
-
-impl Operand<'_> {
-    /// Whether the operand is the plain row-major buffer of `out` (checked without building
-    /// `out`'s strides: this runs at every binary launch).
-    fn is_dense_over(&self, out: &[usize]) -> bool {
-        let mut step = 1usize;
-        self.offset == 0
-            && self.strides.len() == out.len()
-            && self.strides.iter().zip(out).rev().all(|(&s, &d)| {
-                // A size-1 dimension's stride is never stepped over.
-                let ok = d == 1 || s == step;
-                step = step.wrapping_mul(d);
-                ok
-            })
-    }
+    /// Whether it is the plain row-major buffer of the output's shape (`Layout::is_dense`).
+    pub dense: bool,
 }
 
 /// The merged iteration shape and strides of `ops` over `out`, or an error past MAX_RANK.
@@ -436,7 +422,7 @@ pub(crate) fn binary(
     let n: usize = out.iter().product();
     let n32 = u32_len("binary", n)?;
     let args = [arg(x.block, dtype), arg(y.block, dtype), arg(z, dtype)];
-    if x.is_dense_over(out) && y.is_dense_over(out) {
+    if x.dense && y.dense {
         let p = EwParams {
             n: n32,
             op: op as u32,

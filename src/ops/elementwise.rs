@@ -134,6 +134,7 @@ fn operand<'a>(t: &'a Tensor, out: &[usize]) -> Result<Operand<'a>> {
         block: t.block(),
         strides: Dims::from_slice(l.strides()),
         offset: l.offset(),
+        dense: l.is_dense(),
     })
 }
 
