@@ -3,8 +3,8 @@
 
     python3 benches/torch_compare.py wgrad.json [--out compare.json]
 
-Same sizes, same dtypes, same GPU, same run. PyTorch is timed with CUDA events: warm-up, then
-the median of 5 loops sized to ~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad
+Same sizes, same dtypes, same GPU, same run. PyTorch is timed with CUDA events: 250 ms of
+untimed runs (as wgrad's bench, for the GPU's clocks), then the median of 5 loops sized to ~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad
 computes). The last column, wgrad/torch, is wgrad's rate over PyTorch's (1.0 = parity).
 Rows of wgrad's `MatmulPrecision::High` (f32 products split into f16 parts on tensor cores)
 are compared with fp32 (their accuracy class); a line under each gives PyTorch's own "high"
@@ -20,9 +20,18 @@ dev = "cuda"
 DT = {"f32": torch.float32, "f16": torch.float16}
 
 
-def median_ms(fn, target_ms=300.0):
+def median_ms(fn, target_ms=300.0, warm_ms=250.0):
     fn(); torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); fn(); e.record(); torch.cuda.synchronize()
+    one = max(s.elapsed_time(e), 1e-3)
+    chunk, warmed = max(1, min(10000, int(warm_ms / 4 / one))), 0.0
+    while warmed < warm_ms:
+        s.record()
+        for _ in range(chunk):
+            fn()
+        e.record(); torch.cuda.synchronize()
+        warmed += s.elapsed_time(e)
     s.record(); fn(); e.record(); torch.cuda.synchronize()
     n = max(1, min(10000, int(target_ms / 5 / max(s.elapsed_time(e), 1e-3))))
     runs = []

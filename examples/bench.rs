@@ -4,12 +4,13 @@
 //! ```text
 //! cargo run --release --example bench -- [--json] [--quick]
 //!     [--matmul 4096x4096x4096,...] [--attn 4x16x2048x64,...] [--conv 32x64x56x56x64x3,...]
-//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16,bf16] [--ms 300] [--profile]
+//!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16,bf16] [--ms 300]
+//!     [--warm-ms 250] [--profile]
 //! ```
 //!
 //! Every size is given as a flag, so the same binary measures lavapipe (`--quick`) and a
 //! datacenter GPU. Times are medians of 5 runs of a loop sized to take about `--ms`
-//! milliseconds, synchronised before the clock stops. The `copy` row is the driver's
+//! milliseconds, synchronised before the clock stops, after `--warm-ms` of untimed runs. The `copy` row is the driver's
 //! buffer-to-buffer copy of the same device: the memory-bandwidth ceiling for the GB/s rows.
 
 use std::time::Instant;
@@ -59,6 +60,10 @@ struct Args {
     /// Milliseconds each measurement loops for [default: 300].
     #[arg(long)]
     ms: Option<f64>,
+    /// Milliseconds each measurement runs untimed first, for the GPU's clocks [default: 250;
+    /// 0 with --quick].
+    #[arg(long)]
+    warm_ms: Option<f64>,
     /// Also print, on stderr, the GPU time of every kernel of one convolution forward and
     /// backward, and of one A^T B product (where the time goes).
     #[arg(long)]
@@ -90,14 +95,21 @@ struct Plan {
     rows: Vec<Vec<usize>>,
     elems: usize,
     dtypes: Vec<DType>,
-    ms: f64,
+    ms: Budget,
     profile: bool,
+}
+
+/// How long each measurement is timed for, and how long it runs untimed first.
+#[derive(Clone, Copy)]
+struct Budget {
+    ms: f64,
+    warm_ms: f64,
 }
 
 fn parse() -> Plan {
     let a = <Args as clap::Parser>::parse();
     let d = |s: &str| dims(s).map(|x| x.0).unwrap_or_default();
-    let (matmul, attn, conv, rows, elems, ms) = if a.quick {
+    let (matmul, attn, conv, rows, elems, ms, warm_ms) = if a.quick {
         (
             d("256x256x256,255x257x129"),
             d("1x4x256x64"),
@@ -105,6 +117,7 @@ fn parse() -> Plan {
             d("256x1000"),
             1 << 23,
             150.0,
+            0.0,
         )
     } else {
         (
@@ -114,6 +127,7 @@ fn parse() -> Plan {
             d("4096x4096"),
             1 << 26,
             300.0,
+            250.0,
         )
     };
     Plan {
@@ -124,7 +138,10 @@ fn parse() -> Plan {
         rows: a.rows.map_or(rows, |s| s.0),
         elems: a.elems.unwrap_or(elems),
         dtypes: a.dtypes,
-        ms: a.ms.unwrap_or(ms),
+        ms: Budget {
+            ms: a.ms.unwrap_or(ms),
+            warm_ms: a.warm_ms.unwrap_or(warm_ms),
+        },
         profile: a.profile,
     }
 }
@@ -149,30 +166,43 @@ fn gemm_row(
     }
 }
 
-fn time(dev: &Device, target_ms: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    dev.sync()?;
-    let t0 = Instant::now();
-    f()?;
-    dev.sync()?;
-    let once = t0.elapsed().as_secs_f64() * 1e3;
-    let n = ((target_ms / 5.0 / once.max(1e-3)) as usize).clamp(1, 10_000);
-    let mut runs = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        for _ in 0..n {
+///
+/// The untimed runs are for the GPU's clocks, which fall while the host works without it and
+/// rise again only under load. Compiling the attention backward's kernels with the driver's
+/// shader cache empty kept an H100 idle long enough that its next row, timed at once, ran
+/// every kernel 1.4-2.5x slow (in 2 of 8 processes; its clock read 1170-1800 MHz against 1980).
+fn time(dev: &Device, b: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    // Milliseconds of `k` calls, synchronised.
+    let mut run = |k: usize| -> Result<f64> {
+        let t0 = Instant::now();
+        for _ in 0..k {
             f()?;
         }
         dev.sync()?;
-        runs.push(t.elapsed().as_secs_f64() * 1e3 / n as f64);
+        Ok(t0.elapsed().as_secs_f64() * 1e3)
+    };
+    run(1)?;
+    let mut one = run(1)?;
+    if b.warm_ms > 0.0 {
+        let chunk = ((b.warm_ms / 4.0 / one.max(1e-3)) as usize).clamp(1, 10_000);
+        let mut warmed = 0.0;
+        while warmed < b.warm_ms {
+            warmed += run(chunk)?;
+        }
+        one = run(1)?;
+    }
+    let n = ((b.ms / 5.0 / one.max(1e-3)) as usize).clamp(1, 10_000);
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        runs.push(run(n)? / n as f64);
     }
     runs.sort_by(|a, b| a.total_cmp(b));
     Ok(runs[2])
 }
 
 /// [`time`] with convolutions on the column-matrix path.
-fn time_with_im2col(dev: &Device, target_ms: f64, f: impl FnMut() -> Result<()>) -> Result<f64> {
-    wgrad::ops::conv::with_im2col(|| time(dev, target_ms, f))
+fn time_with_im2col(dev: &Device, b: Budget, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    wgrad::ops::conv::with_im2col(|| time(dev, b, f))
 }
 
 /// Deterministic inputs in [-1, 1).
