@@ -138,13 +138,13 @@ pub(crate) struct Dims {
 }
 
 impl Dims {
-    /// fwd_reg's constants: `coop_consts`, then HOLD, whether the next block's runs load
-    /// into registers while a block multiplies: at head dimension 128 the accumulators need
-    /// those registers (on an H100 the forward ran 2x16x4096x128 in 1.71 ms without, 1.92-2.02
-    /// with).
+    /// fwd_reg's constants: `coop_consts`, then HOLD, how the next runs of K and V load
+    /// while a block multiplies: at 64 the next block's whole (1); at 128, where the
+    /// accumulators need those registers (the whole block ahead ran 2x16x4096x128 in 1.92-2.02
+    /// ms against 1.71 on an H100, in an earlier kernel), half a block at a time (2).
     fn fwd_reg_consts(&self) -> Consts {
         let mut c = self.coop_consts(false).iter().copied().collect::<Consts>();
-        c.push(("HOLD", (self.d == 64) as u32));
+        c.push(("HOLD", if self.d == 64 { 1 } else { 2 }));
         c
     }
 
