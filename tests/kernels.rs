@@ -1408,6 +1408,9 @@ fn attention_vs_reference_and_composition() {
             (2, 2, 80, 64),
             // Four query and key blocks of 64 (the last one 16 wide): causal blocks skipped.
             (1, 2, 208, 64),
+            // The same at head dimension 128, whose forward loads a block's V and the next
+            // block's K while it multiplies.
+            (1, 1, 208, 128),
         ] {
             for causal in [false, true] {
                 let n = b * h * s * d;
