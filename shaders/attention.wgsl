@@ -126,6 +126,12 @@ fn base_g(bh: u32) -> u32 { return head_base(bh, p.g_off, p.g_sb, p.g_sh); }
 // Lanes per row in bwd_delta.
 const DL: u32 = 16u;
 const RS: u32 = DMAX + 1u;
+// A score sums its first SH dimensions, then the rest, then adds the two: at head dimension
+// 128 every kernel (fwd_tile's two lanes a key group included) sums dimensions 0..63 and
+// 64..127 apart, so the backward's recomputed scores equal the forward's to the bit. Summed
+// in another order, they differed by rounding, and the gradients of steep softmaxes, which
+// cancel large terms, lost a factor of 10 (attention_with_growing_scores, dq at d = 128).
+const SH: u32 = select(DMAX, 64u, DMAX == 128u);
 
 // Whether query `qi` may not attend to key `kj` (outside the keys, or causally masked).
 fn masked(qi: u32, kj: u32) -> bool {
@@ -205,8 +211,12 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
     for (var c = l; c < BC; c = c + TPR) {
+      // In two runs at 128 (`SH`).
       var s = 0.0;
-      for (var dd = 0u; dd < DMAX; dd = dd + 1u) { s = fma(Qs[r * RS + dd], Ks[c * RS + dd], s); }
+      var s2 = 0.0;
+      for (var dd = 0u; dd < SH; dd = dd + 1u) { s = fma(Qs[r * RS + dd], Ks[c * RS + dd], s); }
+      for (var dd = SH; dd < DMAX; dd = dd + 1u) { s2 = fma(Qs[r * RS + dd], Ks[c * RS + dd], s2); }
+      s = s + s2;
       Ss[r * BC + c] = select(s * p.scale, p.ninf, masked(qi, k0 + c));
     }
     workgroupBarrier();
@@ -248,17 +258,21 @@ fn main(ids: Ids) {
 //! entry fwd_tile(q: data vec4, k: data vec4, v: data vec4, o: data mut, lse: f32 mut, state: f32 mut)
 //! requires subgroups
 //! check WG=128 BR=64 BC=32 DMAX=64 VEC=0,1 SEP=0,1
+//! check WG=128 BR=32 BC=32 DMAX=128 VEC=0,1 SEP=0
 // fwd in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d) on adapters
-// with subgroups of at least 8: the same online softmax, chunks and state as fwd. A workgroup
-// (WG = 128) takes 64 query rows and walks the keys in blocks of 32. Thread t (row group
-// rg = t / 8, lane = t % 8) owns rows 4 rg .. 4 rg + 3: their scores against keys
-// 4 lane .. 4 lane + 3 of the block (four vec4s over the rows) and their output columns
-// 4 lane .. 4 lane + 3 and 32 + 4 lane .. 32 + 4 lane + 3 (eight vec4s over the columns).
-// Q (scaled) and each block of K sit in workgroup memory transposed (Qt: a vec4 of 4 rows per
-// dimension and row group; KPt: a vec4 of 4 keys per dimension and lane), so a step of the
-// scores reads two vec4s and does 16 multiply-adds; the weights P go to Pt (a vec4 of 4 rows
-// per key and row group) and V sits row-major, so a step of the output reads three vec4s for
-// 32. The eight lanes of a row group are neighbours in one subgroup: they combine the row
+// with subgroups of at least 8, and up to 128 (DMAX = 128) with subgroups of at least 16: the
+// same online softmax, chunks and state as fwd. A workgroup (WG = 128) takes BR query rows
+// (64, or 32 at 128) and walks the keys in blocks of 32. Thread t (row group rg = t / LN,
+// lane = t % LN, LN = 8 or 16 lanes a row group) owns rows 4 rg .. 4 rg + 3: their scores
+// against keys 4 kg .. 4 kg + 3 of the block (kg = lane % 8; four vec4s over the rows) and
+// their output columns 4 lane .. 4 lane + 3 and DMAX / 2 + 4 lane .. + 3 (eight vec4s over
+// the columns). At 128 the two lanes lane and lane + 8 share a key group and each sums the
+// scores over half the dimensions (dh = lane / 8), added by one shuffle.
+// Q and each block of K sit in workgroup memory transposed (Qt: a vec4 of 4 rows per
+// dimension and row group; KPt: a vec4 of 4 keys per dimension and key group), so a step of
+// the scores reads two vec4s and does 16 multiply-adds; the weights P go to Pt (a vec4 of 4
+// rows per key and row group) and V sits row-major, so a step of the output reads three vec4s
+// for 32. The lanes of a row group are neighbours in one subgroup: they combine the row
 // maxima and sums by subgroup shuffles, and all keep the same running max and sum.
 //
 // What keeps it fast (each found in the driver's machine code on an H100, and measured):
@@ -273,17 +287,26 @@ fn main(ids: Ids) {
 //   registers a whole block ahead (the first version) kept ~145 registers a thread and ran
 //   8x16x2048x64 in 8.2 ms; carrying only K across blocks, 9.3; this way 6.9.
 // - With SEP (40 KiB of workgroup memory) P has its own array, so the scores need no barrier
-//   before P is stored: three barriers a block. Without (32 KiB adapters) P replaces K in KPt.
+//   before P is stored: three barriers a block. Without (32 KiB adapters, and at 128, where
+//   Q, K and V take the whole 48 KiB) P replaces K in KPt, and Pt is not declared.
 // - The masks are applied only in blocks that hold a masked key (the causal diagonal, the
 //   end of the keys), and the dropout hash only when dropout is on.
-// - P is stored rotated by its key group, (rg + key / 4) % 16, so the eight lanes of a
-//   quarter warp store to distinct banks.
-var<workgroup> Qt: array<array<array<vec4<f32>, 16>, 8>, 8>;
-var<workgroup> KPt: array<array<array<vec4<f32>, 16>, 4>, 8>;
-var<workgroup> Vt: array<array<array<vec4<f32>, 16>, 4>, 8>;
-var<workgroup> Pt: array<array<array<vec4<f32>, 16>, 4>, 1u + 7u * SEP>;
+// - P is stored rotated by its key group, (rg + kg) % 16, so the eight lanes of a quarter
+//   warp store to distinct banks.
+const RG: u32 = BR / 4u;
+const LN: u32 = WG / RG;
+// Where a lane's second run of output columns starts; the runs of 4 columns of V a row.
+const HALF: u32 = DMAX / 2u;
+const VD: u32 = DMAX / 4u;
+var<workgroup> Qt: array<array<array<vec4<f32>, RG>, 8>, DMAX / 8u>;
+var<workgroup> KPt: array<array<array<vec4<f32>, 16>, 4>, DMAX / 8u>;
+var<workgroup> Vt: array<array<array<vec4<f32>, VD>, 4>, 8>;
+// (A block `unroll`ed SEP times: present only with SEP = 1.)
+//! unroll sep in 0..SEP
+var<workgroup> Pt: array<array<array<vec4<f32>, 16>, 4>, 8>;
+//! end
 
-// The maximum and the sum over the eight lanes of a row group.
+// The maximum and the sum over the eight key groups of a row group.
 fn group_max(x: vec4<f32>) -> vec4<f32> {
   var r = max(x, subgroupShuffleXor(x, 1u));
   r = max(r, subgroupShuffleXor(r, 2u));
@@ -327,25 +350,30 @@ fn main(ids: Ids) {
   let bh = ids.wid.y;
   let q0 = ids.wid.x * BR;
   let t = ids.lid;
-  let rg = t / 8u;
-  let lane = t % 8u;
+  let rg = t / LN;
+  let lane = t % LN;
+  let kg = lane % 8u;
+  // The half of the dimensions this lane's scores sum over, as an offset in Qt's and KPt's
+  // outer index (0 at 64, where it folds away).
+  let dh = select(0u, (lane / 8u) * 8u, LN == 16u);
   let qb = base_q(bh);
   let kb = base_k(bh);
   let vb = base_v(bh);
-  // This thread's share of Q: row group g = e % 16's dimensions 4 d4 .. 4 d4 + 3 (d4 = e / 16)
-  // for e = t, t + WG (128 threads cover 64 rows x 64 dimensions in two),
+  // This thread's share of Q: row group g = e % RG's dimensions 4 d4 .. 4 d4 + 3 (d4 = e / RG)
+  // for e = t, t + WG (128 threads cover BR rows x DMAX dimensions in two),
   // transposed into vec4s of 4 rows (neighbouring threads on neighbouring row groups:
   // distinct banks). Of each block of K: keys 4 kq .. 4 kq + 3, dimensions 4 dq .. 4 dq + 3
-  // (transposed into vec4s over the keys); of V: dimensions 4 vd .. 4 vd + 3 of keys vk + 8 i.
+  // and, at 128, 4 (dq + 16) .. + 3 (transposed into vec4s over the keys); of V: dimensions
+  // 4 vd .. 4 vd + 3 of keys vk + (WG / VD) i.
   let kq = t % 8u;
   let dq = t / 8u;
-  let vd = t % 16u;
-  let vk = t / 16u;
+  let vd = t % VD;
+  let vk = t / VD;
   for (var e = t; e < BR * DMAX / 16u; e = e + WG) {
-    let g = e % 16u;
-    let d4 = e / 16u;
+    let g = e % RG;
+    let d4 = e / RG;
     //! unroll i in 0..4
-    let x$i = run4(0u, qb, p.q_ss, p.sq, q0 + 4u * g + $i, d4) * p.scale;
+    let x$i = run4(0u, qb, p.q_ss, p.sq, q0 + 4u * g + $i, d4);
     //! end
     //! unroll j in 0..4
     Qt[(4u * d4 + $j) / 8u][(4u * d4 + $j) % 8u][g] = vec4<f32>(x0u[$j], x1u[$j], x2u[$j], x3u[$j]);
@@ -364,7 +392,7 @@ fn main(ids: Ids) {
     if (rows[$r] < p.sq) {
       let sb = (bh * p.sq + rows[$r]) * (DMAX + 2u);
       lo$r = vec4<f32>(ld_state(sb + 4u * lane), ld_state(sb + 4u * lane + 1u), ld_state(sb + 4u * lane + 2u), ld_state(sb + 4u * lane + 3u));
-      hi$r = vec4<f32>(ld_state(sb + 32u + 4u * lane), ld_state(sb + 33u + 4u * lane), ld_state(sb + 34u + 4u * lane), ld_state(sb + 35u + 4u * lane));
+      hi$r = vec4<f32>(ld_state(sb + HALF + 4u * lane), ld_state(sb + HALF + 1u + 4u * lane), ld_state(sb + HALF + 2u + 4u * lane), ld_state(sb + HALF + 3u + 4u * lane));
       m[$r] = ld_state(sb + DMAX);
       l[$r] = ld_state(sb + DMAX + 1u);
     }
@@ -374,33 +402,41 @@ fn main(ids: Ids) {
   let row0 = bh * p.sq + rows.x;
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
-    //! unroll i in 0..4
-    let kr$i = run4(1u, kb, p.k_ss, p.skv, k0 + 4u * kq + $i, dq);
-    //! end
-    // Dimension dd = 4 dq + j of keys 4 kq .. + 3 at KPt[dd / 8][(dd % 8) / 2][(dd % 2) 8 + kq].
-    //! unroll j in 0..4
-    KPt[dq / 2u][(dq % 2u) * 2u + $j / 2u][($j % 2u) * 8u + kq] = vec4<f32>(kr0u[$j], kr1u[$j], kr2u[$j], kr3u[$j]);
+    // Dimension dd = 4 dq' + j of keys 4 kq .. + 3 at KPt[dd / 8][(dd % 8) / 2][(dd % 2) 8 + kq]
+    // (dq' = dq, and dq + 16 at 128).
+    //! unroll u in 0..2
+    if ($u < DMAX / 64u) {
+      let du = dq + 16u * $u;
+      //! unroll i in 0..4
+      let kr$i = run4(1u, kb, p.k_ss, p.skv, k0 + 4u * kq + $i, du);
+      //! end
+      //! unroll j in 0..4
+      KPt[du / 2u][(du % 2u) * 2u + $j / 2u][($j % 2u) * 8u + kq] = vec4<f32>(kr0u[$j], kr1u[$j], kr2u[$j], kr3u[$j]);
+      //! end
+    }
     //! end
     // V's loads fly while the scores multiply.
-    //! unroll i in 0..4
-    let vr$i = run4(2u, vb, p.v_ss, p.skv, k0 + vk + 8u * $i, vd);
+    //! unroll i in 0..8
+    var vr$i = vec4<f32>(0.0);
+    if ($i < 32u / (WG / VD)) { vr$i = run4(2u, vb, p.v_ss, p.skv, k0 + vk + (WG / VD) * $i, vd); }
     //! end
     workgroupBarrier();
     //! unroll c in 0..4
     var s$c = vec4<f32>(0.0);
     //! end
-    // Dimensions 8 j + 2 i and 8 j + 2 i + 1.
-    for (var j = 0u; j < DMAX / 8u; j = j + 1u) {
+    // Dimensions 8 j + 2 i and 8 j + 2 i + 1 of the lane's half.
+    for (var jj = 0u; jj < 8u; jj = jj + 1u) {
+      let j = dh + jj;
       //! unroll i in 0..4
       {
         let a = Qt[j][2u * $i][rg];
-        let b = KPt[j][$i][lane];
+        let b = KPt[j][$i][kg];
         s0u = fma(a, vec4<f32>(b.x), s0u);
         s1u = fma(a, vec4<f32>(b.y), s1u);
         s2u = fma(a, vec4<f32>(b.z), s2u);
         s3u = fma(a, vec4<f32>(b.w), s3u);
         let a2 = Qt[j][2u * $i + 1u][rg];
-        let b2 = KPt[j][$i][8u + lane];
+        let b2 = KPt[j][$i][8u + kg];
         s0u = fma(a2, vec4<f32>(b2.x), s0u);
         s1u = fma(a2, vec4<f32>(b2.y), s1u);
         s2u = fma(a2, vec4<f32>(b2.z), s2u);
@@ -408,13 +444,24 @@ fn main(ids: Ids) {
       }
       //! end
     }
+    if (LN == 16u) {
+      //! unroll c in 0..4
+      s$c = s$c + subgroupShuffleXor(s$c, 8u);
+      //! end
+    }
+    // Scaled once summed, as `fwd` does: Q scaled first rounds every element where the scale
+    // is not a power of 2 (1 / sqrt(128)), and the gradients of scores near 50 then missed
+    // the f64 reference by 2e-5 (attention_with_growing_scores).
+    //! unroll c in 0..4
+    s$c = s$c * p.scale;
+    //! end
     // Keys past the end, or causally masked (as `masked`), score -inf: tested only in blocks
     // that reach past the keys or past the causal diagonal of the workgroup's first row.
     if (k0 + BC > p.skv || (p.causal != 0u && k0 + BC + p.sq > q0 + p.skv + 1u)) {
       let seen = rows + vec4<u32>(p.skv);
       //! unroll c in 0..4
       {
-        let key = k0 + 4u * lane + $c;
+        let key = k0 + 4u * kg + $c;
         s$c = select(ninf, s$c, vec4<bool>(key < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key + p.sq) > seen)));
       }
       //! end
@@ -432,27 +479,33 @@ fn main(ids: Ids) {
     if (p.drop_thr != 0u) {
       //! unroll c in 0..4
       {
-        let key = k0 + 4u * lane + $c;
+        let key = k0 + 4u * kg + $c;
         p$c = p$c * vec4<f32>(attn_keep(row0, key), attn_keep(row0 + 1u, key), attn_keep(row0 + 2u, key), attn_keep(row0 + 3u, key));
       }
       //! end
     }
-    // The weights of key c = 4 lane + c for rows 4 rg .. + 3 go to Pt[c / 4][c % 4][(rg + c /
-    // 4) % 16] (without SEP to KPt, once every thread is past its reads of K); V's dimensions
-    // 4 vd .. + 3 of key c to Vt[c / 4][c % 4][vd]. Both were last read before the loop's
-    // first barrier.
+    // The weights of key c = 4 kg + c for rows 4 rg .. + 3 go to Pt[kg][c][(rg + kg) % 16]
+    // (without SEP to KPt, once every thread is past its reads of K; at 128 from the lanes of
+    // the first half, which hold the same weights as the second); V's dimensions 4 vd .. + 3
+    // of key c to Vt[c / 4][c % 4][vd]. Both were last read before the loop's first barrier.
     if (SEP == 0u) {
       workgroupBarrier();
-      //! unroll c in 0..4
-      KPt[lane][$c][(rg + lane) % 16u] = p$c;
-      //! end
-    } else {
-      //! unroll c in 0..4
-      Pt[lane][$c][(rg + lane) % 16u] = p$c;
-      //! end
+      if (lane < 8u) {
+        //! unroll c in 0..4
+        KPt[kg][$c][(rg + kg) % 16u] = p$c;
+        //! end
+      }
     }
-    //! unroll i in 0..4
-    Vt[vk / 4u + 2u * $i][vk % 4u][vd] = vr$i;
+    //! unroll sep in 0..SEP
+    //! unroll c in 0..4
+    Pt[kg][$c][(rg + kg) % 16u] = p$c;
+    //! end
+    //! end
+    //! unroll i in 0..8
+    if ($i < 32u / (WG / VD)) {
+      let key = vk + (WG / VD) * $i;
+      Vt[key / 4u][key % 4u][vd] = vr$i;
+    }
     //! end
     workgroupBarrier();
     //! unroll r in 0..4
@@ -465,9 +518,12 @@ fn main(ids: Ids) {
       //! unroll i in 0..4
       {
         var w: vec4<f32>;
-        if (SEP == 0u) { w = KPt[j][$i][pr]; } else { w = Pt[j][$i][pr]; }
+        if (SEP == 0u) { w = KPt[j][$i][pr]; }
+        //! unroll sep in 0..SEP
+        else { w = Pt[j][$i][pr]; }
+        //! end
         let v0 = Vt[j][$i][lane];
-        let v1 = Vt[j][$i][8u + lane];
+        let v1 = Vt[j][$i][HALF / 4u + lane];
         lo0u = fma(vec4<f32>(w.x), v0, lo0u);
         hi0u = fma(vec4<f32>(w.x), v1, hi0u);
         lo1u = fma(vec4<f32>(w.y), v0, lo1u);
@@ -488,14 +544,14 @@ fn main(ids: Ids) {
       let inv = 1.0 / l[$r];
       for (var j = 0u; j < 4u; j = j + 1u) {
         if (4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + 4u * lane + j, lo$r[j] * inv); }
-        if (32u + 4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + 32u + 4u * lane + j, hi$r[j] * inv); }
+        if (HALF + 4u * lane + j < p.d) { st_o(ob + qi * p.o_ss + HALF + 4u * lane + j, hi$r[j] * inv); }
       }
       if (lane == 0u) { st_lse(bh * p.sq + qi, m[$r] + log(l[$r])); }
     } else {
       let sb = (bh * p.sq + qi) * (DMAX + 2u);
       for (var j = 0u; j < 4u; j = j + 1u) {
         st_state(sb + 4u * lane + j, lo$r[j]);
-        st_state(sb + 32u + 4u * lane + j, hi$r[j]);
+        st_state(sb + HALF + 4u * lane + j, hi$r[j]);
       }
       if (lane == 0u) {
         st_state(sb + DMAX, m[$r]);
@@ -622,12 +678,19 @@ fn main(ids: Ids) {
       var pv = 0.0;
       var ds = 0.0;
       if (qi < p.sq && !masked(qi, k0 + cc)) {
+        // The score in two runs at 128, as the forward sums it (`SH`).
         var s = 0.0;
+        var s2 = 0.0;
         var dp = 0.0;
         for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
-          s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
+          if (dd < SH) {
+            s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
+          } else {
+            s2 = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s2);
+          }
           dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
         }
+        s = s + s2;
         // With dropout (mask factor z): dS = P (z dP' - delta), dV takes z P.
         let keep = attn_keep(bh * p.sq + qi, k0 + cc);
         pv = exp(s * p.scale - Lt[rr]);
@@ -746,12 +809,19 @@ fn main(ids: Ids) {
       let qr = q0 + rr;
       var ds = 0.0;
       if (qr < p.sq && !masked(qr, k0 + cc)) {
+        // The score in two runs at 128, as the forward sums it (`SH`).
         var s = 0.0;
+        var s2 = 0.0;
         var dp = 0.0;
         for (var dd = 0u; dd < DMAX; dd = dd + 1u) {
-          s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
+          if (dd < SH) {
+            s = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s);
+          } else {
+            s2 = fma(Qt[rr * RS + dd], Kt[cc * RS + dd], s2);
+          }
           dp = fma(Ot[rr * RS + dd], Vt[cc * RS + dd], dp);
         }
+        s = s + s2;
         ds = exp(s * p.scale - Lt[rr]) * (dp * attn_keep(bh * p.sq + qr, k0 + cc) - Dt[rr]);
       }
       St[e] = ds;

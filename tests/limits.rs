@@ -202,9 +202,10 @@ fn attention_over_many_keys() {
     }
     // dQ's register-tile kernel (d <= 64) walks up to 5,728 keys per dispatch.
     attention_case(16, 5800, 48, true, 7);
-    // The forward's register-tile kernel (d <= 64) up to 65,248: past it, its running state
-    // goes from one dispatch to the next.
+    // The forward's register-tile kernel (d <= 64, and d <= 128 with 16-wide subgroups) up to
+    // 65,248: past it, its running state goes from one dispatch to the next.
     attention_case(16, 66_000, 64, true, 9);
+    attention_case(16, 66_000, 128, true, 10);
 }
 
 #[test]

@@ -501,24 +501,26 @@ pub(crate) fn forward(
         arg(o, dtype),
         arg(lse, DType::F32),
     ];
-    if fwd_tile_ok(dev, a.d) {
+    if let Some(dmax) = fwd_tile_dmax(dev, a.d) {
+        // 64 query rows a workgroup, 32 at 128 (where Q, K and V fill 48 KiB).
+        let br = 64 * 64 / dmax;
         return chunked(
             dev,
             "fwd_tile",
             WG,
             &[
-                ("BR", 64),
+                ("BR", br),
                 ("BC", 32),
-                ("DMAX", 64),
+                ("DMAX", dmax),
                 ("VEC", a.runs4() as u32),
-                ("SEP", sep_p(dev) as u32),
+                ("SEP", (dmax == 64 && sep_p(dev)) as u32),
             ],
             p,
             &args,
-            [a.sq.div_ceil(64) as u32, a.bh as u32, 1],
+            [a.sq.div_ceil(br as usize) as u32, a.bh as u32, 1],
             a.skv,
             FWD_TILE_CHUNK,
-            a.bh * a.sq * (64 + 2),
+            a.bh * a.sq * (dmax as usize + 2),
         );
     }
     let t = tiles(a.d)?;
@@ -543,11 +545,23 @@ pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
     d <= 64 && dev.caps().workgroup_storage >= 32_768
 }
 
-/// Whether the forward takes `fwd_tile`, which also needs subgroups of at least 8 (the lanes
-/// of a row group combine their row statistics by shuffles).
-fn fwd_tile_ok(dev: &Device, d: usize) -> bool {
+/// The head dimension `fwd_tile` is built for where the forward takes it: 64 for heads up to
+/// 64 (as [`fwd_tiled`], and subgroups of at least 8: the lanes of a row group combine their
+/// row statistics by shuffles), 128 for heads up to 128 with 48 KiB of workgroup memory and
+/// subgroups of at least 16 (a row group's 16 lanes). On an H100 the f32 forward at
+/// 2x16x4096x128 took 117.5 ms in `fwd` (BENCHMARKS.md, 2026-11-26).
+fn fwd_tile_dmax(dev: &Device, d: usize) -> Option<u32> {
     let c = dev.caps();
-    fwd_tiled(dev, d) && c.subgroups && c.subgroup_min >= 8
+    if !c.subgroups {
+        return None;
+    }
+    if fwd_tiled(dev, d) && c.subgroup_min >= 8 {
+        Some(64)
+    } else if (65..=128).contains(&d) && c.workgroup_storage >= 49_152 && c.subgroup_min >= 16 {
+        Some(128)
+    } else {
+        None
+    }
 }
 
 /// Whether `fwd_tile` gives the weights P an array of their own (40 KiB of workgroup memory
