@@ -29,8 +29,8 @@
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
 //              State per row: acc[DMAX], m, l.
 //   fwd_tile, bwd_kv_tile, bwd_q_tile
-//              fwd, bwd_kv, bwd_q in register tiles for head dimensions up to 64 (see the
-//              entries).
+//              fwd, bwd_kv, bwd_q in register tiles for head dimensions up to 64 (fwd_tile
+//              also up to 128; see the entries).
 //   bwd_delta  DL = 16 threads per query row: delta = sum_d dO * O (the softmax backward's
 //              dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
@@ -52,7 +52,7 @@
 // Params: bh, sq, skv, d, scale, causal, -inf (passed in: WGSL rejects an infinite constant),
 // first, last, c0, c1.
 // Loops (per invocation, counting constant loops as if not unrolled): per block of the chunk,
-// fwd (BC DMAX / WG + 1) + (BC / TPR + 1) + (BC / TPR)(DMAX + 1) + (BC + 1) + (BC + 1) +
+// fwd (BC DMAX / WG + 1) + (BC / TPR + 1) + (BC / TPR)(DMAX + 2) + (BC + 1) + (BC + 1) +
 // BC (OPT + 1); bwd_kv (BR DMAX / WG + 1) + 2 + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
 // (BR + 1) + BR (KPT + 1); bwd_q (BC DMAX / WG + 1) + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
 // (BC + 1) + BC (OPT + 1). The host (kernels::attention) sizes chunks from these; the tile

@@ -309,7 +309,7 @@ impl Tiles {
         let opt = dm / tpr;
         let per = (bc * dm / WG + 1)
             + (bc / tpr + 1)
-            + (bc / tpr) * (dm + 1)
+            + (bc / tpr) * (dm + 2)
             + 2 * (bc + 1)
             + bc * (opt + 1);
         chunk_len(per, bc)
