@@ -20,8 +20,9 @@
 //! `val_loss=... tokens_per_s=... peak_mem_mb=...`.
 //!
 //! `--generate` samples from a saved checkpoint without training (no optimizer is built).
-//! `--bench N` times N training steps (after 3 warm-up steps) and, with `--profile`, breaks
-//! one step down by kernel and by scope.
+//! `--bench N` times N training steps (after at least 3 warm-up steps and 250 ms of them: the
+//! GPU's clock falls while the first steps compile their kernels) and, with `--profile`,
+//! breaks one step down by kernel and by scope.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -139,7 +140,8 @@ struct Args {
     /// Sample among the k most likely characters.
     #[arg(long, default_value_t = 20)]
     top_k: usize,
-    /// Time N training steps (after 3 warm-up steps), no evaluation.
+    /// Time N training steps (after 3 warm-up steps and at least 250 ms of them), no
+    /// evaluation.
     #[arg(long, default_value_t = 0, value_name = "N")]
     bench: u64,
     /// With --bench: break one step down by kernel and scope.
@@ -978,10 +980,16 @@ fn run() -> Result<()> {
         |tr: &Trainer| -> Result<()> { tr.dp.replicas().iter().try_for_each(|(d, _)| d.sync()) };
 
     if c.bench > 0 {
-        for _ in 0..3 {
+        // At least 3 steps and 250 ms of them: compiling the first steps' kernels leaves the
+        // GPU idle long enough for its clock to fall, and a few steps do not raise it again
+        // (BENCHMARKS.md, 2026-11-26: attention rows timed so ran 1.4-2.5x slow).
+        let warm = Instant::now();
+        let mut warmed = 0;
+        while warmed < 3 || warm.elapsed() < Duration::from_millis(250) {
             one_step(&mut tr, step, &mut data)?;
+            sync_all(&tr)?;
+            warmed += 1;
         }
-        sync_all(&tr)?;
         dev.reset_peak();
         let t0 = Instant::now();
         let mut host = HostTimes::default();
