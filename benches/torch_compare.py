@@ -4,11 +4,12 @@
     python3 benches/torch_compare.py wgrad.json [--out compare.json]
 
 Same sizes, same dtypes, same GPU, same run. PyTorch is timed with CUDA events: 250 ms of
-untimed runs (as wgrad's bench, for the GPU's clocks), then the median of 5 loops sized to ~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad
-computes). The last column, wgrad/torch, is wgrad's rate over PyTorch's (1.0 = parity).
-Rows of wgrad's `MatmulPrecision::High` (f32 products split into f16 parts on tensor cores)
-are compared with fp32 (their accuracy class); a line under each gives PyTorch's own "high"
-precision, TF32 (10-bit mantissas, far less accurate), for scale.
+untimed runs (as wgrad's bench, for the GPU's clocks), then the median of 5 loops sized to
+~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad computes). The last column,
+wgrad/torch, is wgrad's rate over PyTorch's (1.0 = parity). Rows of wgrad's
+`MatmulPrecision::High` (f32 products split into f16 parts on tensor cores) are compared with
+fp32 (their accuracy class); a line under each gives PyTorch's own "high" precision, TF32
+(10-bit mantissas, far less accurate), for scale.
 """
 import json, sys
 import torch

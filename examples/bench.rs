@@ -10,8 +10,9 @@
 //!
 //! Every size is given as a flag, so the same binary measures lavapipe (`--quick`) and a
 //! datacenter GPU. Times are medians of 5 runs of a loop sized to take about `--ms`
-//! milliseconds, synchronised before the clock stops, after `--warm-ms` of untimed runs. The `copy` row is the driver's
-//! buffer-to-buffer copy of the same device: the memory-bandwidth ceiling for the GB/s rows.
+//! milliseconds, synchronised before the clock stops, after `--warm-ms` of untimed runs. The
+//! `copy` row is the driver's buffer-to-buffer copy of the same device: the memory-bandwidth
+//! ceiling for the GB/s rows.
 
 use std::time::Instant;
 use wgrad::kernels::matmul::{Config, Operands, chosen, forced, plan};
@@ -146,7 +147,6 @@ fn parse() -> Plan {
     }
 }
 
-/// Median milliseconds of one call of `f`, timed in loops of about `target_ms`.
 /// A row for a product of (m, n, k): its rate in GFLOP/s.
 fn gemm_row(
     name: impl Into<String>,
@@ -166,11 +166,13 @@ fn gemm_row(
     }
 }
 
+/// Median milliseconds of one call of `f`, timed in 5 loops of about `b.ms / 5` each after
+/// `b.warm_ms` of untimed calls.
 ///
 /// The untimed runs are for the GPU's clocks, which fall while the host works without it and
 /// rise again only under load. Compiling the attention backward's kernels with the driver's
 /// shader cache empty kept an H100 idle long enough that its next row, timed at once, ran
-/// every kernel 1.4-2.5x slow (in 2 of 8 processes; its clock read 1170-1800 MHz against 1980).
+/// every kernel 1.4-2.5x slow (in 3 of 10 processes; its clock read 765-1215 MHz against 1980).
 fn time(dev: &Device, b: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     // Milliseconds of `k` calls, synchronised.
     let mut run = |k: usize| -> Result<f64> {

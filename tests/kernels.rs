@@ -1616,6 +1616,9 @@ fn attention_at_odd_lengths() {
             (1, 65, 65, 64),
             (1, 129, 129, 32),
             (1, 7, 65, 64),
+            // Head dimensions past 64: the f32 forward's 128-wide tiles (100 zero-padded).
+            (1, 65, 65, 100),
+            (1, 7, 129, 128),
         ] {
             for causal in [false, true] {
                 let (nq, nk) = (bh * sq * d, bh * skv * d);
