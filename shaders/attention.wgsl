@@ -295,9 +295,12 @@ fn main(ids: Ids) {
 //   warp store to distinct banks.
 const RG: u32 = BR / 4u;
 const LN: u32 = WG / RG;
-// Where a lane's second run of output columns starts; the runs of 4 columns of V a row.
+// Where a lane's second run of output columns starts; the runs of 4 columns of V a row; how
+// many keys apart a thread's runs of V lie, and how many it loads a block.
 const HALF: u32 = DMAX / 2u;
 const VD: u32 = DMAX / 4u;
+const VKS: u32 = WG / VD;
+const NV: u32 = BC / VKS;
 var<workgroup> Qt: array<array<array<vec4<f32>, RG>, 8>, DMAX / 8u>;
 var<workgroup> KPt: array<array<array<vec4<f32>, 16>, 4>, DMAX / 8u>;
 var<workgroup> Vt: array<array<array<vec4<f32>, VD>, 4>, 8>;
@@ -364,7 +367,7 @@ fn main(ids: Ids) {
   // transposed into vec4s of 4 rows (neighbouring threads on neighbouring row groups:
   // distinct banks). Of each block of K: keys 4 kq .. 4 kq + 3, dimensions 4 dq .. 4 dq + 3
   // and, at 128, 4 (dq + 16) .. + 3 (transposed into vec4s over the keys); of V: dimensions
-  // 4 vd .. 4 vd + 3 of keys vk + (WG / VD) i.
+  // 4 vd .. 4 vd + 3 of keys vk + VKS i.
   let kq = t % 8u;
   let dq = t / 8u;
   let vd = t % VD;
@@ -418,7 +421,7 @@ fn main(ids: Ids) {
     // V's loads fly while the scores multiply.
     //! unroll i in 0..8
     var vr$i = vec4<f32>(0.0);
-    if ($i < 32u / (WG / VD)) { vr$i = run4(2u, vb, p.v_ss, p.skv, k0 + vk + (WG / VD) * $i, vd); }
+    if ($i < NV) { vr$i = run4(2u, vb, p.v_ss, p.skv, k0 + vk + VKS * $i, vd); }
     //! end
     workgroupBarrier();
     //! unroll c in 0..4
@@ -502,8 +505,8 @@ fn main(ids: Ids) {
     //! end
     //! end
     //! unroll i in 0..8
-    if ($i < 32u / (WG / VD)) {
-      let key = vk + (WG / VD) * $i;
+    if ($i < NV) {
+      let key = vk + VKS * $i;
       Vt[key / 4u][key % 4u][vd] = vr$i;
     }
     //! end
