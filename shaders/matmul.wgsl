@@ -135,8 +135,8 @@ fn main(ids: Ids) {
 
 //! entry reg(a: data vec4, b: data vec4, bias: data, c: data mut)
 //! prefers spirv
-//! check WG=256 FUSE=0,5 GATHER=0,1 RM=64,128 RN=128
-//! check WG=256 FUSE=0,5 GATHER=0,1 RM=64 RN=256
+//! check WG=256 FUSE=0,5 GATHER=0,1,2 RM=64,128 RN=128
+//! check WG=256 FUSE=0,5 GATHER=0,1,2 RM=64 RN=256
 // 128 x 128 tiles for GPUs without tensor cores for the dtype (f32 products everywhere): 16 x 16
 // threads, each holding 8 x 8 outputs in 16 named vec4 registers (rows 4 ty + i and
 // 64 + 4 ty + i, columns 4 tx + 0..3 and 64 + 4 tx + 0..3). Per step of RBK = 16 along K the
@@ -169,6 +169,8 @@ fn main(ids: Ids) {
 // new taps (K), a weight gradient's the same 4 taps (N) at new positions (K). That half is
 // worked out once before the loop (`reg_gather_setup`); per step only the other needs a
 // division (`conv_fwd4`, `conv_wgt4`).
+// GATHER = 2 gathers from a channels-last image instead (`conv_cl4`): 16-byte runs of 4
+// channels, one load and one bounds test where the planar image takes four of each.
 // `prefers spirv`: on Vulkan wgrad compiles it itself and asks for its loops to stay rolled
 // (kernels/spirv.rs): on an H100 4096^3 went from 25.4 to 27.8 TFLOP/s and the GPT's f32
 // products 10-12% faster; the f32 attention kernels, tried the same way, did not gain.
@@ -203,7 +205,7 @@ fn main(ids: Ids) {
   let two = RN == 256u;
   let s = reg_slot(!two && lid < 128u, select(lid % 128u, lid, two), m0, n0, a_base, b_base);
   var g = GatherSetup(vec4<i32>(0), vec4<i32>(0), vec4<u32>(0));
-  if (GATHER != 0u && !s.is_a) { g = reg_gather_setup(s.base, s.fast, s.t0); }
+  if (GATHER != 0u && !s.is_a) { g = reg_gather_setup(s.base, gathers_forward(s), s.t0); }
   //! unroll i in 0..8
   var lo$i = vec4<f32>(0.0);
   var hi$i = vec4<f32>(0.0);
@@ -276,6 +278,9 @@ fn reg_slot(is_a: bool, u: u32, m0: u32, n0: u32, a_base: u32, b_base: u32) -> S
 // The slot's block for the step at k0: gathered from the image (B of an implicit
 // convolution) or read from the matrix.
 fn reg_fetch(s: Slot, k0: u32, kend: u32, g: GatherSetup) -> array<vec4<f32>, 4> {
+  if (GATHER == 2u && !s.is_a) {
+    return conv_cl4(gathers_forward(s), s.base, k0 + 4u * s.kq, kend, g);
+  }
   if (GATHER != 0u && !s.is_a) {
     let m = reg_gather(s.fast, s.base, k0 + 4u * s.kq, kend, g);
     return array<vec4<f32>, 4>(m[0], m[1], m[2], m[3]);
@@ -357,8 +362,26 @@ struct GatherSetup {
 
 const FAR: i32 = -1073741824;
 
+// Whether slot `s` (B's) gathers a forward product's col rather than a weight gradient's
+// col^T. A planar col is contiguous along the positions, a forward's N; a channels-last one
+// along (tap, channel), a forward's K.
+fn gathers_forward(s: Slot) -> bool {
+  return s.fast == (GATHER == 1u);
+}
+
 fn reg_gather_setup(base: u32, forward: bool, t0: u32) -> GatherSetup {
   var g = GatherSetup(vec4<i32>(0), vec4<i32>(0), vec4<u32>(0));
+  if (GATHER == 2u && !forward) {
+    // Channels last, weight gradient: the thread's 4 columns t0 .. t0 + 3 are one tap's
+    // channels, `plane.x` the first.
+    let cn = p.n / p.im_kk;
+    let tap = t0 / cn;
+    let ki = tap / p.im_kw;
+    g.plane.x = t0 - tap * cn;
+    g.ih.x = select(FAR, i32(ki) * p.im_dh + p.im_ph, t0 < p.n);
+    g.iw.x = i32(tap - ki * p.im_kw) * p.im_dw + p.im_pw;
+    return g;
+  }
   if (forward) {
     var oh = t0 / p.im_wo;
     var ow = t0 - oh * p.im_wo;
@@ -443,6 +466,44 @@ fn conv_wgt4(pos0: u32, kend: u32, g: GatherSetup) -> mat4x4<f32> {
   if (ow == p.im_wo) { ow = 0u; oh = oh + 1u; }
   //! end
   return m;
+}
+
+// A thread's block from a channels-last image (GATHER = 2, [H, W, C] at `base`, C a
+// multiple of 4, K or N ordered (tap, channel)): run j is 4 channels of one pixel. Forward:
+// K = k .. k + 3 is one tap's 4 channels for all of the thread's 4 positions (run j at
+// position j), so a step costs one division pair. Weight gradient: the thread's 4 columns
+// are one tap's 4 channels (`reg_gather_setup`), run j at position k + j. Zero in the
+// padding and past `kend`; the caller transposes a forward's runs (they lie along K).
+fn conv_cl4(forward: bool, base: u32, k: u32, kend: u32, g: GatherSetup) -> array<vec4<f32>, 4> {
+  let cn = select(p.n, p.k, forward) / p.im_kk;
+  var ih = g.ih;
+  var iw = g.iw;
+  var ok = vec4<bool>(k < kend);
+  var ch = g.plane.x;
+  if (forward) {
+    let tap = k / cn;
+    let ki = tap / p.im_kw;
+    ch = k - tap * cn;
+    ih = g.ih + vec4<i32>(i32(ki) * p.im_dh);
+    iw = g.iw + vec4<i32>(i32(tap - ki * p.im_kw) * p.im_dw);
+  } else {
+    var oh = k / p.im_wo;
+    var ow = k - oh * p.im_wo;
+    //! unroll j in 0..4
+    ih[$j] = g.ih.x + i32(oh * p.im_sh);
+    iw[$j] = g.iw.x + i32(ow * p.im_sw);
+    ok[$j] = k + $j < kend;
+    ow = ow + 1u;
+    if (ow == p.im_wo) { ow = 0u; oh = oh + 1u; }
+    //! end
+  }
+  var v: array<vec4<f32>, 4>;
+  //! unroll j in 0..4
+  let in$j = ok[$j] && u32(ih[$j]) < p.im_h && u32(iw[$j]) < p.im_w;
+  let at$j = select(0u, (base + (u32(ih[$j]) * p.im_w + u32(iw[$j])) * cn + ch) / 4u, in$j);
+  v[$j] = select(vec4<f32>(0.0), ld4_b(at$j), in$j);
+  //! end
+  return v;
 }
 
 // With RN = 256, run t (0 .. 255) of A's 16 x 64 slice for the step at k0: along K (row

@@ -591,9 +591,10 @@ fn conv_and_pool_gradients() {
     );
 }
 
-/// Convolution gradients through the implicit products (forced `reg`): the weight's from
-/// a gathered col^T, the input's for stride 1 as a convolution with the flipped weight, and
-/// for stride 2 through col2im.
+/// Convolution gradients through the implicit products (forced `reg`, from channels-last
+/// copies with one group and planar images with two): the weight's from a gathered col^T,
+/// the input's for stride 1 as a convolution with the flipped weight, and for stride 2
+/// through col2im.
 #[test]
 fn implicit_conv_gradients() {
     use wgrad::kernels::matmul::{Config, forced};
@@ -609,6 +610,8 @@ fn implicit_conv_gradients() {
         // tiles, 256 in one 64 x 256 tile (kernels/matmul.rs `out_tile`).
         (1, 4, 20, 19, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
         (1, 4, 16, 16, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        // Channels last in runs of 4 (not 8) with dilation, forward and both gradients.
+        (1, 12, 9, 8, 8, (3, 3), (1, 1), (2, 2), (2, 2), 1),
     ] {
         let win = cpu::Window {
             n,

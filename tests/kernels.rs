@@ -1274,13 +1274,17 @@ fn conv2d_implicit() {
     let dev = poisoned();
     let mut rng = Rng::new(19);
     // C/G x KH x KW a multiple of 4 except the last (which must fall back to im2col and still
-    // be right).
-    let cases: [ConvCase; 6] = [
+    // be right). One group, channels in runs of 4 and more than one tap gather from a
+    // channels-last copy of the image (12 channels: runs of 4 that are not runs of 8); the
+    // rest from the planar image.
+    let cases: [ConvCase; 8] = [
         (1, 4, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
         (2, 4, 17, 13, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
         (3, 4, 12, 9, 6, (3, 2), (2, 1), (1, 0), (1, 1), 2),
         (2, 8, 11, 10, 8, (3, 3), (1, 1), (2, 2), (2, 2), 2),
+        (1, 12, 11, 10, 7, (3, 3), (1, 1), (2, 2), (2, 2), 1),
         (1, 16, 33, 35, 3, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+        (1, 8, 17, 3, 127, (1, 3), (1, 1), (0, 1), (1, 1), 1),
         (2, 3, 9, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     ];
     for dt in DTYPES {
@@ -1288,9 +1292,16 @@ fn conv2d_implicit() {
             let ran = conv_case(&dev, &mut rng, dt, case, Config::Reg);
             let (c, k, groups) = (case.1, case.5, case.9);
             let implicit = (c / groups * k.0 * k.1) % 4 == 0;
+            let channels_last = groups == 1 && c % 4 == 0 && k.0 * k.1 > 1;
             assert_eq!(
                 ran.iter().any(|k| k.contains("im2col")),
                 !implicit,
+                "{case:?} {dt}: kernels {ran:?}"
+            );
+            // The image's channels-last copy.
+            assert_eq!(
+                ran.iter().any(|k| k.starts_with("Copy/")),
+                channels_last,
                 "{case:?} {dt}: kernels {ran:?}"
             );
         }

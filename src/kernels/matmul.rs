@@ -231,11 +231,22 @@ pub enum ImageLayout {
     /// NCHW, K ordered (channel, tap), op(B) contiguous along N (the positions): `reg`,
     /// which needs A's offset, batch stride, pitch and contiguous extent multiples of 4.
     Planar,
-    /// NHWC, with the column matrix's rows ordered (tap, channel): `wide`, on tensor cores,
-    /// which needs the channels, A's pitch and offsets multiples of 8, one group, and op(A)
-    /// contiguous along K. op(B) is the column matrix (contiguous along K: a forward
-    /// product) or its transpose (contiguous along N: a weight gradient).
+    /// NHWC, with the column matrix's rows ordered (tap, channel), one group: `wide` on
+    /// tensor cores, which needs the channels, A's pitch and offsets multiples of 8 and
+    /// op(A) contiguous along K, or `reg`, which needs them multiples of 4 (the channel run
+    /// of [`Gathers`]). op(B) is the column matrix (contiguous along K: a forward product)
+    /// or its transpose (contiguous along N: a weight gradient).
     ChannelsLast,
+}
+
+/// How implicit convolutions gather on a device for a dtype (`gathers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Gathers {
+    /// Channels in one load of a channels-last image: the channel count (and a weight
+    /// gradient's output positions) must be a multiple.
+    pub run: usize,
+    /// Whether planar images gather too (`reg`), for what channels last cannot take.
+    pub planar: bool,
 }
 
 /// Which kernel and tile configuration a product runs with (reported by the bench).
@@ -593,20 +604,35 @@ pub(crate) fn padding_gain(
     (family(plan(dev, dtype, (m, n, k), o)) != family(ideal)).then_some(q)
 }
 
-/// Which layout an implicit convolution's images (see [`Gather`]) take on `dev` for `dtype`,
-/// or None where no kernel gathers: `wide` (channels last) where the adapter runs it, else
-/// `reg` (planar) where it is the GPU kernel (no tensor cores for the dtype, not a CPU
-/// adapter); tests force either. The caller checks that layout's rules.
-pub(crate) fn gathers(dev: &Device, dtype: DType) -> Option<ImageLayout> {
+/// The kernel that gathers implicit convolutions (see [`Gather`]) on `dev` for `dtype`, or
+/// None where none does: `wide` where the adapter runs it, else `reg` where it is the GPU
+/// kernel (no tensor cores for the dtype, not a CPU adapter); tests force either.
+fn gather_kernel(dev: &Device, dtype: DType) -> Option<Config> {
     let wide = wide_runs(dev, dtype);
     match FORCED.with(|c| c.get()) {
-        Some(Config::Reg) => Some(ImageLayout::Planar),
-        Some(Config::CoopWide) if wide => Some(ImageLayout::ChannelsLast),
+        Some(Config::Reg) => Some(Config::Reg),
+        Some(Config::CoopWide) if wide => Some(Config::CoopWide),
         Some(_) => None,
-        None if wide => Some(ImageLayout::ChannelsLast),
-        None if !dev.info().is_cpu() && !tensor_cores(dev, dtype) => Some(ImageLayout::Planar),
+        None if wide => Some(Config::CoopWide),
+        None if !dev.info().is_cpu() && !tensor_cores(dev, dtype) => Some(Config::Reg),
         None => None,
     }
+}
+
+/// How implicit convolutions gather on `dev` for `dtype`, or None where no kernel does:
+/// `wide` channels-last images in runs of 8 channels (16 bytes of f16), `reg` channels-last
+/// ones in runs of 4 and planar ones. The caller checks the layout's rules.
+pub(crate) fn gathers(dev: &Device, dtype: DType) -> Option<Gathers> {
+    Some(match gather_kernel(dev, dtype)? {
+        Config::Reg => Gathers {
+            run: 4,
+            planar: true,
+        },
+        _ => Gathers {
+            run: 8,
+            planar: false,
+        },
+    })
 }
 
 /// Whether `wide` runs on `dev` for `dtype` (given operands in runs of 8).
@@ -652,14 +678,11 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<bool> {
         batch_strides: (g.a_bs, g.b_bs),
     };
     if let Some(im) = &g.gather {
-        return run(
-            dev,
-            g,
-            match im.layout {
-                ImageLayout::Planar => Config::Reg,
-                ImageLayout::ChannelsLast => Config::CoopWide,
-            },
-        );
+        let config = match (im.layout, gather_kernel(dev, g.dtype)) {
+            (ImageLayout::ChannelsLast, Some(Config::CoopWide)) => Config::CoopWide,
+            _ => Config::Reg,
+        };
+        return run(dev, g, config);
     }
     let planned = plan(dev, g.dtype, (g.m, g.n, g.k), &operands);
     let flops = 2.0 * (g.m * g.n * g.k * g.batch) as f64;
@@ -828,7 +851,9 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         Some(gather) => {
             let ok = match gather.layout {
                 ImageLayout::Planar => config == Config::Reg,
-                ImageLayout::ChannelsLast => config == Config::CoopWide && !ta,
+                ImageLayout::ChannelsLast => {
+                    (config == Config::CoopWide && !ta) || config == Config::Reg
+                }
             };
             if !ok {
                 return Err(Error::Internal(format!(
@@ -969,7 +994,14 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             "reg",
             smallvec![
                 ("FUSE", fuse),
-                ("GATHER", g.gather.is_some() as u32),
+                (
+                    "GATHER",
+                    match g.gather.map(|im| im.layout) {
+                        None => 0,
+                        Some(ImageLayout::Planar) => 1,
+                        Some(ImageLayout::ChannelsLast) => 2,
+                    }
+                ),
                 ("RM", reg_rows as u32),
                 ("RN", tn as u32),
             ],
