@@ -234,7 +234,7 @@ pub enum ImageLayout {
     /// NHWC, with the column matrix's rows ordered (tap, channel), one group: `wide` on
     /// tensor cores, which needs the channels, A's pitch and offsets multiples of 8 and
     /// op(A) contiguous along K, or `reg`, which needs them multiples of 4 (the channel run
-    /// of [`Gathers`]). op(B) is the column matrix (contiguous along K: a forward product)
+    /// of `gathers`). op(B) is the column matrix (contiguous along K: a forward product)
     /// or its transpose (contiguous along N: a weight gradient).
     ChannelsLast,
 }
