@@ -642,6 +642,42 @@ fn implicit_conv_gradients() {
         })
         .unwrap();
     }
+    // Chunks of one image (a budget of one byte for transient buffers): channels-last copies
+    // (one group), planar images at each chunk's offset (two groups) and column matrices,
+    // the weight's gradient summed over three chunks.
+    for (groups, im2col) in [(1, false), (2, false), (1, true)] {
+        let (n, c, h, w, o, k) = (3, 4, 6, 4, 4, (3, 3));
+        let win = cpu::Window {
+            n,
+            c,
+            h,
+            w,
+            k,
+            stride: (1, 1),
+            pad: (1, 1),
+            dil: (1, 1),
+        };
+        let opts = Conv2dOpts {
+            padding: (1, 1),
+            groups,
+            act: Some(Activation::Relu),
+            ..Default::default()
+        };
+        let name = format!("conv2d in one-image chunks, groups {groups}, im2col {im2col}");
+        let mut run = || {
+            forced(Config::Reg, || {
+                check_conv2d(&dev, &mut rng, &name, win, o, opts);
+            })
+            .unwrap()
+        };
+        wgrad::ops::conv::with_col_budget(1, || {
+            if im2col {
+                wgrad::ops::conv::with_im2col(run)
+            } else {
+                run()
+            }
+        });
+    }
 }
 
 /// A linear layer's bias gradient (the output gradient's column sums) summed by the weight

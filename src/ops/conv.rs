@@ -28,6 +28,24 @@ use std::cell::Cell;
 
 thread_local! {
     static IM2COL: Cell<bool> = const { Cell::new(false) };
+    static BUDGET: Cell<u64> = const { Cell::new(COL_BUDGET) };
+}
+
+/// Bytes a convolution's transient buffers may take on this thread: [`COL_BUDGET`] unless
+/// `with_col_budget` set another.
+fn col_budget(dev: &crate::Device) -> u64 {
+    BUDGET.with(|b| b.get()).min(dev.caps().max_binding)
+}
+
+/// Runs `f` with convolutions' column buffers and channels-last image copies bounded by
+/// `bytes` (one image a chunk at the least) instead of 256 MiB: for tests of the chunked
+/// paths, which otherwise need batches of images past that size.
+#[doc(hidden)]
+pub fn with_col_budget<R>(bytes: u64, f: impl FnOnce() -> R) -> R {
+    let before = BUDGET.with(|b| b.replace(bytes));
+    let r = f();
+    BUDGET.with(|b| b.set(before));
+    r
 }
 
 /// Runs `f` with every convolution on this thread taking the column-matrix path (`im2col`,
@@ -68,8 +86,8 @@ impl Default for Conv2dOpts {
     }
 }
 
-/// Column buffers are bounded by this many bytes (and by the binding limit): the batch is
-/// processed in chunks of images.
+/// Column buffers and channels-last copies of the images are bounded by this many bytes (and
+/// by the binding limit): the batch is processed in chunks of images.
 const COL_BUDGET: u64 = 256 << 20;
 
 /// Sizes of one convolution.
@@ -136,8 +154,15 @@ impl ConvDims {
             .dtype()
             .bytes(self.geom.c * self.geom.kh * self.geom.kw * self.hw())
             .max(1);
-        let cap = COL_BUDGET.min(x.device().caps().max_binding);
-        ((cap / per_image) as usize).clamp(1, self.geom.n.max(1))
+        ((col_budget(x.device()) / per_image) as usize).clamp(1, self.geom.n.max(1))
+    }
+
+    /// Images per chunk so a channels-last copy of them fits the budget: the copy is
+    /// transient, and a whole batch's could double a large input's memory.
+    fn copy_chunk(&self, x: &Tensor) -> usize {
+        let g = &self.geom;
+        let per_image = x.dtype().bytes(g.c * g.h * g.w).max(1);
+        ((col_budget(x.device()) / per_image) as usize).clamp(1, g.n.max(1))
     }
 }
 
@@ -343,21 +368,26 @@ fn conv_forward(
         ));
     }
     let chunk = match gather {
+        Some(ImageLayout::ChannelsLast) => d.gather_chunk(x).min(d.copy_chunk(x)),
         Some(_) => d.gather_chunk(x),
         None => d.chunk(x),
     };
-    // Channels last: x as [N, H, W, C] and the weight as [O, KH, KW, C], so K runs
-    // (tap, channel) and a run of 8 of it is 16 bytes of one pixel.
-    let (x, w) = match gather {
-        Some(ImageLayout::ChannelsLast) => (
-            x.permute(&[0, 2, 3, 1])?.contiguous()?,
-            w.permute(&[0, 2, 3, 1])?.contiguous()?,
-        ),
-        _ => (x.clone(), w.contiguous()?),
+    // Channels last: the weight as [O, KH, KW, C] and each chunk's images as [cn, H, W, C],
+    // so K runs (tap, channel) and a run of it is 16 bytes of one pixel.
+    let channels_last = gather == Some(ImageLayout::ChannelsLast);
+    let w = if channels_last {
+        w.permute(&[0, 2, 3, 1])?.contiguous()?
+    } else {
+        w.contiguous()?
     };
     let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
     for n0 in (0..d.geom.n).step_by(chunk) {
         let cn = chunk.min(d.geom.n - n0);
+        let copy = if channels_last {
+            Some(x.narrow(0, n0, cn)?.permute(&[0, 2, 3, 1])?.contiguous()?)
+        } else {
+            None
+        };
         // B: the images themselves where the product gathers, else this chunk's columns.
         let col = match gather {
             Some(_) => None,
@@ -379,20 +409,20 @@ fn conv_forward(
                 Some(col)
             }
         };
-        let (b, b_strides, b_bs, b_off) = match (&col, gather) {
+        let (b, b_strides, b_bs, b_off) = match (&col, &copy) {
             (Some(col), _) => (
                 col.dense_block("conv2d")?,
                 (d.hw(), 1),
                 d.cg_kk() * d.hw(),
                 0,
             ),
-            (None, Some(ImageLayout::ChannelsLast)) => (
-                x.dense_block("conv2d")?,
+            (None, Some(copy)) => (
+                copy.dense_block("conv2d")?,
                 (1, d.cg_kk()),
                 c / d.groups * hw_in,
-                n0 * c * hw_in,
+                0,
             ),
-            (None, _) => (
+            (None, None) => (
                 x.dense_block("conv2d")?,
                 (d.hw(), 1),
                 c / d.groups * hw_in,
@@ -593,23 +623,33 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
         Some(g) if g.planar && d.hw().is_multiple_of(4) => Some(ImageLayout::Planar),
         _ => None,
     };
+    let channels_last = layout == Some(ImageLayout::ChannelsLast);
     let chunk = if layout.is_some() {
         let per_image = dt.bytes(d.o * d.cg_kk()).max(1);
-        let cap = COL_BUDGET.min(dev.caps().max_binding);
-        ((cap / per_image) as usize).clamp(1, d.gather_chunk(x))
+        let chunk = ((col_budget(dev) / per_image) as usize).clamp(1, d.gather_chunk(x));
+        // Each chunk's images copied channels last (see conv_forward).
+        if channels_last {
+            chunk.min(d.copy_chunk(x))
+        } else {
+            chunk
+        }
     } else {
         d.chunk(x)
     };
     let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
-    let (x, b_strides) = match layout {
-        Some(ImageLayout::ChannelsLast) => {
-            (x.permute(&[0, 2, 3, 1])?.contiguous()?, (d.cg_kk(), 1))
-        }
-        _ => (x.clone(), (1, d.hw())),
+    let b_strides = if channels_last {
+        (d.cg_kk(), 1)
+    } else {
+        (1, d.hw())
     };
     let mut dw: Option<Tensor> = None;
     for n0 in (0..d.geom.n).step_by(chunk) {
         let cn = chunk.min(d.geom.n - n0);
+        let copy = if channels_last {
+            Some(x.narrow(0, n0, cn)?.permute(&[0, 2, 3, 1])?.contiguous()?)
+        } else {
+            None
+        };
         let col = if layout.is_some() {
             None
         } else {
@@ -626,9 +666,10 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
             Some(col)
         };
         let part = Tensor::uninit(dev, &[cn, d.o * d.cg_kk()], dt)?;
-        let (b, b_bs, b_off) = match &col {
-            Some(col) => (col.dense_block("conv2d backward")?, d.cg_kk() * d.hw(), 0),
-            None => (
+        let (b, b_bs, b_off) = match (&col, &copy) {
+            (Some(col), _) => (col.dense_block("conv2d backward")?, d.cg_kk() * d.hw(), 0),
+            (None, Some(copy)) => (copy.dense_block("conv2d backward")?, c * hw_in, 0),
+            (None, None) => (
                 x.dense_block("conv2d backward")?,
                 c / d.groups * hw_in,
                 n0 * c * hw_in,
