@@ -14,7 +14,7 @@
 //! most memory allocated during the step; "act" is that peak minus what is held between
 //! steps (parameters, their optimizer state), i.e. activations plus gradients; "fwd" is what
 //! the forward pass leaves allocated for backward: the activations alone. Times are
-//! medians of 5 steps after 2 warm-up steps, synchronised.
+//! medians of 5 steps after at least 2 warm-up steps and 250 ms of them, synchronised.
 
 use std::time::Instant;
 use wgrad::nn::{Activation, Checkpointed, Linear, Module, Sequential, TransformerBlock};
@@ -193,10 +193,15 @@ fn measure(
     let shape = input_shape(m, c, batch);
     let x = Tensor::randn(dev, &shape, 0.0, 1.0, dt)?;
     let y = Tensor::randn(dev, &shape, 0.0, 1.0, dt)?;
-    for _ in 0..2 {
+    // At least 2 warm-up steps and 250 ms of them: a GPU's clocks fall while the host
+    // builds pipelines and rise again only under load (as `bench` and `train_gpt` warm up).
+    let warm = Instant::now();
+    let mut warmed = 0;
+    while warmed < 2 || warm.elapsed().as_secs_f64() < 0.25 {
         step(&net, &mut opt, &x, &y)?;
+        dev.sync()?;
+        warmed += 1;
     }
-    dev.sync()?;
     let held = dev.memory_stats().allocated;
     dev.reset_peak();
     let mut times = Vec::new();
