@@ -481,10 +481,12 @@ fn main() -> Result<()> {
                         side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
                     }
                 }
-                // A thin f32 product (M < 96) runs 64 x 64 tiles; `reg`'s 64-row tiles,
+                // A thin f32 product (M <= 64) runs 64 x 64 tiles; `reg`'s 64-row tiles,
                 // which the f32 convolutions' implicit products take, timed beside it.
                 if !tc && plain != Config::Reg && m <= 64 && dt == DType::F32 {
-                    side(rows, "matmul (forced reg)", Config::Reg, &|| ta.matmul(&tb).map(drop))?;
+                    side(rows, "matmul (forced reg)", Config::Reg, &|| {
+                        ta.matmul(&tb).map(drop)
+                    })?;
                 }
                 if plain == Config::Reg {
                     let old = Config::Tiled(64, 64, 16, 4, 4);

@@ -37,6 +37,12 @@ fn col_budget(dev: &crate::Device) -> u64 {
     BUDGET.with(|b| b.get()).min(dev.caps().max_binding)
 }
 
+/// How many images whose transient buffer takes `elems` elements of `dtype` each fit the
+/// budget together (at least one).
+fn images_in_budget(dev: &crate::Device, dtype: crate::DType, elems: usize) -> usize {
+    ((col_budget(dev) / dtype.bytes(elems).max(1)) as usize).max(1)
+}
+
 /// Runs `f` with convolutions' column buffers and channels-last image copies bounded by
 /// `bytes` (one image a chunk at the least) instead of 256 MiB: for tests of the chunked
 /// paths, which otherwise need batches of images past that size.
@@ -150,19 +156,31 @@ impl ConvDims {
 
     /// Images per chunk so a column buffer fits the budget and the binding limit.
     fn chunk(&self, x: &Tensor) -> usize {
-        let per_image = x
-            .dtype()
-            .bytes(self.geom.c * self.geom.kh * self.geom.kw * self.hw())
-            .max(1);
-        ((col_budget(x.device()) / per_image) as usize).clamp(1, self.geom.n.max(1))
+        let g = &self.geom;
+        images_in_budget(x.device(), x.dtype(), g.c * g.kh * g.kw * self.hw()).min(g.n.max(1))
     }
 
     /// Images per chunk so a channels-last copy of them fits the budget: the copy is
     /// transient, and a whole batch's could double a large input's memory.
     fn copy_chunk(&self, x: &Tensor) -> usize {
         let g = &self.geom;
-        let per_image = x.dtype().bytes(g.c * g.h * g.w).max(1);
-        ((col_budget(x.device()) / per_image) as usize).clamp(1, g.n.max(1))
+        images_in_budget(x.device(), x.dtype(), g.c * g.h * g.w).min(g.n.max(1))
+    }
+
+    /// Images n0 .. n0 + cn of x copied channels last, [cn, H, W, C], where the product
+    /// gathers them so (one chunk's copy, `copy_chunk`).
+    fn channels_last_copy(
+        x: &Tensor,
+        n0: usize,
+        cn: usize,
+        wanted: bool,
+    ) -> Result<Option<Tensor>> {
+        if !wanted {
+            return Ok(None);
+        }
+        Ok(Some(
+            x.narrow(0, n0, cn)?.permute(&[0, 2, 3, 1])?.contiguous()?,
+        ))
     }
 }
 
@@ -383,11 +401,7 @@ fn conv_forward(
     let (c, hw_in) = (d.geom.c, d.geom.h * d.geom.w);
     for n0 in (0..d.geom.n).step_by(chunk) {
         let cn = chunk.min(d.geom.n - n0);
-        let copy = if channels_last {
-            Some(x.narrow(0, n0, cn)?.permute(&[0, 2, 3, 1])?.contiguous()?)
-        } else {
-            None
-        };
+        let copy = ConvDims::channels_last_copy(x, n0, cn, channels_last)?;
         // B: the images themselves where the product gathers, else this chunk's columns.
         let col = match gather {
             Some(_) => None,
@@ -625,8 +639,7 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
     };
     let channels_last = layout == Some(ImageLayout::ChannelsLast);
     let chunk = if layout.is_some() {
-        let per_image = dt.bytes(d.o * d.cg_kk()).max(1);
-        let chunk = ((col_budget(dev) / per_image) as usize).clamp(1, d.gather_chunk(x));
+        let chunk = images_in_budget(dev, dt, d.o * d.cg_kk()).min(d.gather_chunk(x));
         // Each chunk's images copied channels last (see conv_forward).
         if channels_last {
             chunk.min(d.copy_chunk(x))
@@ -645,11 +658,7 @@ fn weight_grad(x: &Tensor, dy: &Tensor, d: &ConvDims) -> Result<Tensor> {
     let mut dw: Option<Tensor> = None;
     for n0 in (0..d.geom.n).step_by(chunk) {
         let cn = chunk.min(d.geom.n - n0);
-        let copy = if channels_last {
-            Some(x.narrow(0, n0, cn)?.permute(&[0, 2, 3, 1])?.contiguous()?)
-        } else {
-            None
-        };
+        let copy = ConvDims::channels_last_copy(x, n0, cn, channels_last)?;
         let col = if layout.is_some() {
             None
         } else {
