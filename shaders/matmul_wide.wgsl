@@ -48,7 +48,9 @@
 // Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows BM (BN) + 8, so the 8
 // rows of 16 bytes a fragment load reads at once fall in distinct banks.
 //
-// Epilogue: see `write_half`; the tiles' memory stages the outputs once the loop is done.
+// Epilogue: from registers (REGS = 1, see `write_frag`) where the host knows the driver's
+// fragment layout and tiles have 128 rows or more; elsewhere see `write_half`: the tiles'
+// memory stages the outputs once the loop is done.
 // Timed with parts left out (H100, A^T B 16384 x 1152 x 384 at 256 x 128, 92 us whole): the
 // loop without the epilogue 60 us, one K step without it 19, one K step with it 53. The
 // epilogue was a third of the GPT's K = 384 products, and not for its stores to memory
@@ -59,10 +61,10 @@
 // offsets multiples of 8, checked by the host); runs outside load as zero and add nothing;
 // outputs past M or N are not stored.
 //
-// Loops (per invocation): 1 per KW of K, plus up to 204 in the epilogue: per half 17 for a
-// lane's 16 output rows (RM = 256: per quarter 9 for 8 rows), up to 5 more a row where N is
-// not a multiple of 4 (outputs stored one by one), and 5 for the bias; 9 more for RSUM's row
-// sums (matmul.rs `Config::kchunk` keeps 256).
+// Loops (per invocation): 1 per KW of K, plus up to 204 in the staged epilogue: per half 17
+// for a lane's 16 output rows (RM = 256: per quarter 9 for 8 rows), up to 5 more a row where
+// N is not a multiple of 4 (outputs stored one by one), and 5 for the bias (REGS has none);
+// 9 more for RSUM's row sums (matmul.rs `Config::kchunk` keeps 256).
 //
 // GATHER = 1 makes the product an implicit convolution: op(B) is the column matrix of NHWC
 // images, never written. TB = 1 is a forward product (B = col, K x positions); TB = 0 a
@@ -80,12 +82,12 @@ const BN: u32 = 128u;
 
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data mut, c: data mut vec4)
 //! requires spirv
-//! check WG=128 TA=0 TB=0 FUSE=0,5 GATHER=0,1 RM=64,128 RSUM=0
-//! check WG=128 TA=0 TB=1 FUSE=0,5 GATHER=0,1 RM=64,128 RSUM=0
-//! check WG=128 TA=1 TB=0 FUSE=0,5 GATHER=0 RM=64,128 RSUM=0,1
-//! check WG=128 TA=1 TB=1 FUSE=0,5 GATHER=0 RM=64,128 RSUM=0,1
-//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RSUM=0
-//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1
+//! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=64 RSUM=0 REGS=0
+//! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=64 RSUM=0,1 REGS=0
+//! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=128 RSUM=0 REGS=0,1
+//! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0,1 REGS=0,1
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RSUM=0 REGS=0,1
+//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1 REGS=0,1
 // RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32 (in RM = 128's 36
 // KiB), or 48 (42 KiB) where neither operand is k-fast (A^T B, a weight gradient's layout):
 // see "Traffic".
@@ -334,6 +336,45 @@ fn write_part(at0: u32, pitch: u32, wide: bool, lane: u32, c_base: u32, gm0: u32
   }
 }
 
+// REGS = 1: a subgroup writes its 16 x 16 accumulators from registers, where the driver's
+// layout is the one kernels/coop_layout.rs calls quad rows (NVIDIA's; the host checks it):
+// lane l holds rows l / 4 and l / 4 + 8, each at columns 2 (l % 4) .. + 1 and 8 further. One
+// exchange with the neighbouring lane (xor 1) gives every lane 4 adjacent columns of both
+// rows: an even lane keeps its columns 2 q .. + 1 and takes the odd lane's next two, an odd
+// lane takes the even lane's 8 + 2 (q - 1) .. + 1 and keeps its own after them. A quad then
+// stores a row's 16 outputs, whole sectors, with no workgroup memory and no barrier; the
+// staged epilogue (`write_part`) takes 2 barriers a round of stores, 4 rounds at RM = 256.
+// Measured on an H100 (BENCHMARKS.md, 2026-11-26): the 256 x 128 products 5-14% faster
+// (16384 x 1152 x 384 0.088-0.091 ms -> 0.084-0.085, its fused linear layer 0.101-0.103 ->
+// 0.088-0.089, 4096^3 0.550-0.554 -> 0.514-0.524), 128 x 128 ones within noise. A first
+// version, each of its 32 unrolled stores with its own one-by-one fallback (N not a multiple
+// of 4) and its own bias reads, made the GPT's products 12-19 us a launch slower in the
+// training step, though not in the bench, which repeats one product; which of the two did it
+// was not isolated.
+fn write_frag(m: coop_mat16x16<f32, C>, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, b4: vec4<f32>) {
+  let odd = (lane & 1u) == 1u;
+  let lo = vec4<f32>(coop_get0u(m), coop_get1u(m), coop_get4u(m), coop_get5u(m));
+  let hi = vec4<f32>(coop_get2u(m), coop_get3u(m), coop_get6u(m), coop_get7u(m));
+  // The pair each lane's neighbour needs: an even lane's high columns, an odd lane's low.
+  let got = subgroupShuffleXor(select(hi, lo, odd), 1u);
+  let top = select(vec4<f32>(lo.xy, got.xy), vec4<f32>(got.xy, hi.xy), odd);
+  let bot = select(vec4<f32>(lo.zw, got.zw), vec4<f32>(got.zw, hi.zw), odd);
+  let r = lane / 4u;
+  let gn = gn0 + select(2u * (lane % 4u), 6u + 2u * (lane % 4u), odd);
+  write4(top, c_base, gm0 + r, gn, tm0 + r, b4);
+  write4(bot, c_base, gm0 + r + 8u, gn, tm0 + r + 8u, b4);
+}
+
+// Outputs (gm, gn .. gn + 3) plus the column bias `b4` or row tm's: activation and C's dtype
+// as `write_part`; only where N and C's offset are multiples of 4 (the host's rule for REGS).
+fn write4(x0: vec4<f32>, c_base: u32, gm: u32, gn: u32, tm: u32, b4: vec4<f32>) {
+  if (gm >= p.m || gn >= p.n) { return; }
+  var x = x0 + b4;
+  if (((FUSE & 1u) != 0u) & (p.bias_rows != 0u)) { x = x + vec4<f32>(Bs[tm]); }
+  let act = FUSE >> 1u;
+  st4_c((c_base + gm * p.n + gn) / 4u, vec4<f32>(matmul_act(x.x, act), matmul_act(x.y, act), matmul_act(x.z, act), matmul_act(x.w, act)));
+}
+
 // RSUM = 1 (m-fast A, no bias): the product also sums op(A)'s rows over its K range, a bias's
 // gradient beside its weight's (dW = dY^T X, db = dY's column sums), from the runs of A each
 // invocation loads, whose 8 halves are 8 rows of op(A): `halves` widens a run. In the first
@@ -518,9 +559,27 @@ fn main(ids: Ids) {
     workgroupBarrier();
   }
 
+  let c_base = p.c_off + ids.wid.z * p.m * p.n;
+  if (REGS == 1u) {
+    // Straight from the accumulators (see `write_frag`): no staging, no barriers.
+    let col_bias = ((FUSE & 1u) != 0u) & (p.bias_rows == 0u);
+    let bc = wc + select(2u * (lane % 4u), 6u + 2u * (lane % 4u), (lane & 1u) == 1u);
+    //! unroll j in 0..4
+    if ((RM != 64u) | ($j < 2u)) {
+      var b$j = vec4<f32>(0.0);
+      if (col_bias) {
+        let t$j = bc + $j * 16u;
+        b$j = vec4<f32>(Bs[t$j], Bs[t$j + 1u], Bs[t$j + 2u], Bs[t$j + 3u]);
+      }
+      //! unroll i in 0..4
+      write_frag(c$i$j, lane, c_base, m0 + wr + $i * 16u, n0 + wc + $j * 16u, wr + $i * 16u, b$j);
+      //! end
+    }
+    //! end
+    return;
+  }
   // The loop ended with a barrier: every subgroup is done with the tiles, which now stage
   // the output, each subgroup's 64 x 32 halves in turn.
-  let c_base = p.c_off + ids.wid.z * p.m * p.n;
   if (RM == 64u) {
     //! unroll i in 0..4
     coopStoreT(c$i0u, &Ts[sg * HALF + $i * 16u * PO], PO);

@@ -380,6 +380,7 @@ fn operand_retyping_declares_f16() {
             ("GATHER", 0),
             ("RM", 128),
             ("RSUM", rsum),
+            ("REGS", 0),
         ];
         let dtypes = [DType::F16, DType::F16, DType::F32, DType::F32];
         let src = compose::compose(

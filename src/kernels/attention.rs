@@ -442,14 +442,6 @@ fn chunked(
     Ok(())
 }
 
-/// Whether the tensor-core kernels may work on their accumulators' elements in registers
-/// (the `_reg` entries of attention_coop.wgsl): the driver's cooperative-matrix layout is the
-/// one they are written for.
-fn reg_layout(dev: &Device) -> Result<bool> {
-    use super::coop_layout::{CoopLayout, layout};
-    Ok(layout(dev)?.is_some_and(|l| l == CoopLayout::quad_rows()))
-}
-
 /// o = attention(q, k, v), lse (f32 [bh, sq]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
@@ -470,7 +462,7 @@ pub(crate) fn forward(
         && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
         // The softmax in registers where the driver's layout is the one it assumes.
-        let reg = reg_layout(dev)?;
+        let reg = super::coop_layout::quad_rows(dev)?;
         return launch(
             dev,
             &Launch {
@@ -648,7 +640,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
         // The element work in registers where the driver's layout is the one it assumes.
-        let reg = reg_layout(dev)?;
+        let reg = super::coop_layout::quad_rows(dev)?;
         let (kv, q) = if reg {
             ("bwd_kv_reg", "bwd_q_reg")
         } else {

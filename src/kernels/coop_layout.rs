@@ -52,6 +52,13 @@ impl CoopLayout {
     }
 }
 
+/// Whether tensor-core kernels may work on their accumulators' elements in registers (the
+/// `_reg` entries of attention_coop.wgsl, matmul_wide.wgsl's REGS epilogue): `dev`'s layout
+/// is the one they are written for, [`CoopLayout::quad_rows`].
+pub fn quad_rows(dev: &Device) -> Result<bool> {
+    Ok(layout(dev)?.is_some_and(|l| l == CoopLayout::quad_rows()))
+}
+
 /// The layout of `dev`'s 16 x 16 cooperative matrices, measured on first use (see the
 /// module docs), or `None` where the device has no cooperative matrices, no SPIR-V
 /// passthrough or subgroups of 32, or element access is off (`Caps::coop_elements`), or

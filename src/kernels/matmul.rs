@@ -945,18 +945,28 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             smallvec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         // (`out_tile` gives the tall tiles RM = 256; only `CoopWide` gathers.)
-        Config::CoopWide | Config::CoopWideTall => (
-            Kernel::MatmulWide,
-            "main",
-            smallvec![
-                ("TA", ta as u32),
-                ("TB", tb as u32),
-                ("FUSE", fuse),
-                ("GATHER", g.gather.is_some() as u32),
-                ("RM", reg_rows as u32),
-                ("RSUM", rsum as u32),
-            ],
-        ),
+        Config::CoopWide | Config::CoopWideTall => {
+            // The epilogue from registers where the driver's layout is known (matmul_wide.wgsl
+            // REGS) and outputs go 4 to a store; not for 64-row tiles, whose staged epilogue
+            // is a single round (the f16 convolutions ran 2-3% slower from registers).
+            let regs = reg_rows >= 128
+                && p.n % 4 == 0
+                && p.c_off % 4 == 0
+                && super::coop_layout::quad_rows(dev)?;
+            (
+                Kernel::MatmulWide,
+                "main",
+                smallvec![
+                    ("TA", ta as u32),
+                    ("TB", tb as u32),
+                    ("FUSE", fuse),
+                    ("GATHER", g.gather.is_some() as u32),
+                    ("RM", reg_rows as u32),
+                    ("RSUM", rsum as u32),
+                    ("REGS", regs as u32),
+                ],
+            )
+        }
         Config::CoopDirect => (
             Kernel::MatmulTc,
             "direct",
