@@ -442,6 +442,7 @@ fn main() -> Result<()> {
                     Config::CoopTiled => "matmul (tensor cores, tiled)".to_string(),
                     Config::CoopWide => "matmul (tensor cores, tiled, 16-byte runs)".to_string(),
                     Config::CoopWideTall => "matmul (tensor cores, 256x128 tiles)".to_string(),
+                    Config::CoopWideFlat => "matmul (tensor cores, 128x256 tiles)".to_string(),
                     Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
                     Config::Coop => "matmul (tensor cores, any shape)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
@@ -460,6 +461,7 @@ fn main() -> Result<()> {
                     Config::CoopTiled
                         | Config::CoopWide
                         | Config::CoopWideTall
+                        | Config::CoopWideFlat
                         | Config::CoopDirect
                 );
                 let side = |rows: &mut Vec<Row>,
@@ -476,6 +478,7 @@ fn main() -> Result<()> {
                         ("matmul (forced main)", Config::CoopTiled),
                         ("matmul (forced wide)", Config::CoopWide),
                         ("matmul (forced wide 256x128)", Config::CoopWideTall),
+                        ("matmul (forced wide 128x256)", Config::CoopWideFlat),
                         ("matmul (forced direct)", Config::CoopDirect),
                     ] {
                         side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
@@ -593,6 +596,12 @@ fn main() -> Result<()> {
                     )?;
                     side(
                         rows,
+                        "matmul A^T B (forced wide 128x256)",
+                        Config::CoopWideFlat,
+                        &atb,
+                    )?;
+                    side(
+                        rows,
                         "matmul A^T B (forced direct)",
                         Config::CoopDirect,
                         &atb,
@@ -614,6 +623,7 @@ fn main() -> Result<()> {
                     Config::CoopTiled
                         | Config::CoopWide
                         | Config::CoopWideTall
+                        | Config::CoopWideFlat
                         | Config::CoopDirect
                 );
                 if dt == DType::F32 && f16_tc {

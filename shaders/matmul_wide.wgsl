@@ -7,7 +7,8 @@
 // with M <= 64, such as a convolution's 64 output channels) makes the tile 64 x 128, each
 // subgroup's block 64 x 32: the rows past M are neither multiplied nor kept. RM = 256
 // (`Config::CoopWideTall`) makes it 256 x 128 with 8 subgroups (WG = 256) of 64 x 64 each,
-// in K steps of 32 or 48: see "Traffic".
+// in K steps of 32 or 48: see "Traffic"; RM = 128 with WG = 256 (`Config::CoopWideFlat`)
+// 128 x 256 the same way.
 //
 // 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
 // computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
@@ -62,9 +63,10 @@
 // outputs past M or N are not stored.
 //
 // Loops (per invocation): 1 per KW of K, plus up to 204 in the staged epilogue: per half 17
-// for a lane's 16 output rows (RM = 256: per quarter 9 for 8 rows), up to 5 more a row where
-// N is not a multiple of 4 (outputs stored one by one), and 5 for the bias (REGS has none);
-// 9 more for RSUM's row sums (matmul.rs `Config::kchunk` keeps 256).
+// for a lane's 16 output rows (eight subgroups: per quarter 9 for 8 rows), up to 5 more a
+// row where N is not a multiple of 4 (outputs stored one by one), and 5 for the bias (REGS
+// has none); 9 more for RSUM's row sums, 17 at 128 x 256 (matmul.rs
+// `Config::kchunk` keeps 256).
 //
 // GATHER = 1 makes the product an implicit convolution: op(B) is the column matrix of NHWC
 // images, never written. TB = 1 is a forward product (B = col, K x positions); TB = 0 a
@@ -78,8 +80,6 @@
 
 alias Params = MatmulParams;
 
-const BN: u32 = 128u;
-
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data mut, c: data mut vec4)
 //! requires spirv
 //! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=64 RSUM=0 REGS=0
@@ -88,12 +88,17 @@ const BN: u32 = 128u;
 //! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0,1 REGS=0,1
 //! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RSUM=0 REGS=0,1
 //! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1 REGS=0,1
-// RM = 256: 256 x 128 tiles of 8 subgroups (WG = 256) in K steps of 32 (in RM = 128's 36
-// KiB), or 48 (42 KiB) where neither operand is k-fast (A^T B, a weight gradient's layout):
-// see "Traffic".
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0 REGS=0,1
+//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RSUM=1 REGS=0,1
+// Eight subgroups (WG = 256, E8): RM = 256 makes 256 x 128 tiles, RM = 128 128 x 256 ones
+// (`Config::CoopWideFlat`, for products with few rows and many columns), each subgroup 64 x
+// 64, in K steps of 32 (in RM = 128's 36 KiB), or 48 (42 KiB) where neither operand is
+// k-fast (A^T B, a weight gradient's layout): see "Traffic".
+const E8: u32 = WG / 256u;
 const R256: u32 = RM / 256u;
 const BM: u32 = 128u + 128u * R256;
-const KW: u32 = 64u - R256 * (32u - 16u * TA * (1u - TB));
+const BN: u32 = 128u + 128u * E8 * (1u - R256);
+const KW: u32 = 64u - E8 * (32u - 16u * TA * (1u - TB));
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
 const PMA8: u32 = BM / 8u + 1u;
@@ -113,9 +118,9 @@ const KIA: u32 = TA * RSA;
 const KIB: u32 = (1u - TB) * RSB;
 // A's tile, then B's at TB8; after the last step, the epilogue's staging (`write_half`).
 const TB8: u32 = BM * PK8;
-// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; RM = 256 eight 64 x 16
-// quarters, 8 x Q16.)
-var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, 2304u + 256u * R256)>;
+// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; eight subgroups
+// eight 64 x 16 quarters, 8 x Q16.)
+var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, 2304u + 256u * E8)>;
 // The tile's bias (FUSE's): 128 values along N, or BM along M with bias_rows, staged at the
 // start (see write_half).
 var<workgroup> Bs: array<f32, 256>;
@@ -280,7 +285,7 @@ fn gathered_taps(t: Taps, k: u32, kend: u32) -> array<vec4<f32>, 8> {
 // f32 (8 used; the ninth staggers the rows across banks), HALF runs a subgroup.
 const PO: u32 = 9u;
 const HALF: u32 = 576u;
-// RM = 256's quarters: 64 rows of PQ = 5 runs of 4 (4 used), Q16 runs a subgroup.
+// Eight subgroups' quarters: 64 rows of PQ = 5 runs of 4 (4 used), Q16 runs a subgroup.
 const PQ: u32 = 5u;
 const Q16: u32 = 320u;
 
@@ -343,7 +348,7 @@ fn write_part(at0: u32, pitch: u32, wide: bool, lane: u32, c_base: u32, gm0: u32
 // rows: an even lane keeps its columns 2 q .. + 1 and takes the odd lane's next two, an odd
 // lane takes the even lane's 8 + 2 (q - 1) .. + 1 and keeps its own after them. A quad then
 // stores a row's 16 outputs, whole sectors, with no workgroup memory and no barrier; the
-// staged epilogue (`write_part`) takes 2 barriers a round of stores, 4 rounds at RM = 256.
+// staged epilogue (`write_part`) takes 2 barriers a round of stores, 4 rounds with eight subgroups.
 // Measured on an H100 (BENCHMARKS.md, 2026-11-26): the 256 x 128 products 5-14% faster
 // (16384 x 1152 x 384 0.088-0.091 ms -> 0.084-0.085, its fused linear layer 0.101-0.103 ->
 // 0.088-0.089, 4096^3 0.550-0.554 -> 0.514-0.524), 128 x 128 ones within noise. A first
@@ -414,8 +419,8 @@ fn main(ids: Ids) {
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
   // RM = 64: the four subgroups side by side, 64 x 32 each.
-  let wr = select((sg / 2u) * 64u, 0u, RM == 64u);
-  let wc = select((sg % 2u) * 64u, sg * 32u, RM == 64u);
+  let wr = select((sg / (BN / 64u)) * 64u, 0u, RM == 64u);
+  let wc = select((sg % (BN / 64u)) * 64u, sg * 32u, RM == 64u);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
   let ra = runs(TA == 0u, BM, NA, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
@@ -589,7 +594,7 @@ fn main(ids: Ids) {
     write_half(sg, lane, c_base, m0, n0 + wc, 0u, wc);
     return;
   }
-  if (RM == 256u) {
+  if (E8 == 1u) {
     // Eight subgroups' 64 x 32 halves do not fit the tiles' memory at once; their 64 x 16
     // quarters do (Q16 runs a subgroup): four rounds with every subgroup writing, where
     // halves took four with half of them idle. On an H100 the GPT's K = 384 forward products

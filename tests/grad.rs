@@ -681,8 +681,8 @@ fn implicit_conv_gradients() {
 }
 
 /// A linear layer's bias gradient (the output gradient's column sums) summed by the weight
-/// gradient's product where `wide` runs it (RSUM: no column-sum pass), with 128 x 128 and
-/// 256 x 128 tiles (forced), in one K range (300 rows) and split into partial sums (4160),
+/// gradient's product where `wide` runs it (RSUM: no column-sum pass), with 128 x 128,
+/// 256 x 128 and 128 x 256 tiles (forced), in one K range (300 rows) and split into partial sums (4160),
 /// at sizes off the tiles (264 outputs, 136 inputs); 65 outputs take the padded product and
 /// sum apart. Against f64 sums of the seed gradient r: db = r's column sums, dW = r^T x,
 /// dx = r W.
@@ -693,7 +693,12 @@ fn linear_bias_gradient_in_the_weight_product() {
     let dt = DType::F16;
     let wide = runs_wide(&dev);
     let mut rng = Rng::new(41);
-    for config in [None, Some(Config::CoopWide), Some(Config::CoopWideTall)] {
+    for config in [
+        None,
+        Some(Config::CoopWide),
+        Some(Config::CoopWideTall),
+        Some(Config::CoopWideFlat),
+    ] {
         for (rows, inp, out) in [(300, 136, 264), (4160, 136, 264), (40, 24, 65)] {
             let name = format!("{config:?} {rows} x {inp} -> {out}");
             let (xv, wv, bv, rv) = (

@@ -747,9 +747,9 @@ fn matmul_register_tiles() {
     }
 }
 
-/// `wide` with 256 x 128 tiles (8 subgroups, K steps of 32), forced where the adapter runs
-/// `wide` (elsewhere the usual path, still checked): every transpose; M past one 256-row
-/// tile and N past one 128-column tile, both partial; K of one partial step, of several with
+/// `wide` with 256 x 128 and 128 x 256 tiles (8 subgroups, K steps of 32), forced where the
+/// adapter runs `wide` (elsewhere the usual path, still checked): every transpose; M and N
+/// past one tile, both partial, either way round (300 x 136, 136 x 300); K of one partial step, of several with
 /// a partial last one (88 = 32 + 32 + 24, or 48 + 40 for A^T B), and long enough to split into partial products
 /// (4160, with the bias and activation then in the `splitk` pass); the fused epilogues; a
 /// batch broadcasting B; and M below 64.
@@ -759,60 +759,68 @@ fn matmul_tall_tiles() {
     let dev = poisoned();
     let mut rng = Rng::new(29);
     let wide = runs_wide(&dev);
-    forced(Config::CoopWideTall, || {
-        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            for s in [(300, 136, 88), (264, 8, 24), (40, 264, 72), (256, 128, 64)] {
-                let ((), ran) = ran_kernels(&dev, || {
-                    matmul_case(&dev, &mut rng, DType::F16, s, ta, tb, false, None)
-                });
-                assert!(
-                    !wide || ran.iter().any(|k| k == "MatmulWide/main"),
-                    "{s:?} {ran:?}"
-                );
-            }
-            for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
-                matmul_case(
-                    &dev,
-                    &mut rng,
-                    DType::F16,
+    for config in [Config::CoopWideTall, Config::CoopWideFlat] {
+        forced(config, || {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                for s in [
                     (300, 136, 88),
-                    ta,
-                    tb,
-                    true,
-                    act,
-                );
+                    (264, 8, 24),
+                    (40, 264, 72),
+                    (256, 128, 64),
+                    (136, 300, 88),
+                ] {
+                    let ((), ran) = ran_kernels(&dev, || {
+                        matmul_case(&dev, &mut rng, DType::F16, s, ta, tb, false, None)
+                    });
+                    assert!(
+                        !wide || ran.iter().any(|k| k == "MatmulWide/main"),
+                        "{s:?} {ran:?}"
+                    );
+                }
+                for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+                    matmul_case(
+                        &dev,
+                        &mut rng,
+                        DType::F16,
+                        (300, 136, 88),
+                        ta,
+                        tb,
+                        true,
+                        act,
+                    );
+                }
             }
-        }
-        let act = Some(Activation::Relu);
-        matmul_case(
-            &dev,
-            &mut rng,
-            DType::F16,
-            (300, 136, 4160),
-            false,
-            true,
-            true,
-            act,
-        );
-        matmul_case(
-            &dev,
-            &mut rng,
-            DType::F16,
-            (300, 136, 4160),
-            true,
-            false,
-            true,
-            act,
-        );
-        broadcast_batch_case(
-            &dev,
-            &mut rng,
-            DType::F16,
-            (264, 136, 40),
-            "batched, 256 x 128 tiles",
-        );
-    })
-    .unwrap();
+            let act = Some(Activation::Relu);
+            matmul_case(
+                &dev,
+                &mut rng,
+                DType::F16,
+                (300, 136, 4160),
+                false,
+                true,
+                true,
+                act,
+            );
+            matmul_case(
+                &dev,
+                &mut rng,
+                DType::F16,
+                (300, 136, 4160),
+                true,
+                false,
+                true,
+                act,
+            );
+            broadcast_batch_case(
+                &dev,
+                &mut rng,
+                DType::F16,
+                (264, 136, 40),
+                &format!("batched, {config:?}"),
+            );
+        })
+        .unwrap();
+    }
 }
 
 /// A product with enough 128 x 128 tiles to fill a large GPU 1.45 times (16384 x 384), which

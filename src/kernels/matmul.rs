@@ -93,8 +93,8 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
     }
     let (tm, tn) = out_tile(dev, config, g.m, g.n);
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-    // 256 x 128 tiles run one a core.
-    let slots = if config == Config::CoopWideTall {
+    // 256 x 128 and 128 x 256 tiles run one a core.
+    let slots = if matches!(config, Config::CoopWideTall | Config::CoopWideFlat) {
         SLOTS / 2
     } else {
         SLOTS
@@ -140,6 +140,17 @@ fn tall_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
     m > 128
         && (tiles >= 3 * SLOTS / 2
             || (ta && !tb && tiles < SLOTS / 2 && k >= 8192 && (rows - m) * 8 <= rows))
+}
+
+/// Whether `CoopWideFlat`'s 128 x 256 tiles pay where the 256 x 128 ones do not: the same
+/// rule for the few tiles of a weight gradient split along a long K, with the columns in
+/// the place of the rows. The GPT's 384 x 1536 x 16384 gradient (fc2's weights) wastes a
+/// quarter of 256-row tiles and ran in 128 x 128 ones 29% slower than its transpose,
+/// 1536 x 384 x 16384, in 256 x 128 tiles (H100, BENCHMARKS.md, 2026-11-26).
+fn flat_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
+    let tiles = m.div_ceil(128) * n.div_ceil(256);
+    let cols = n.next_multiple_of(256);
+    n > 128 && ta && !tb && tiles < SLOTS / 2 && k >= 8192 && (cols - n) * 8 <= cols
 }
 
 /// `reg`'s workgroup memory at RM = 64: slices of 16 x 64 and 16 x 256 f32.
@@ -265,6 +276,10 @@ pub enum Config {
     /// on at large sizes; [`plan`] takes it where such tiles fill at least three waves of the
     /// GPU.
     CoopWideTall,
+    /// `CoopWide` with 128 x 256 tiles, 8 subgroups of 64 x 64 outputs (matmul_wide.wgsl, RM =
+    /// 128 with 256 invocations), the K steps of `CoopWideTall`: for weight gradients with
+    /// few rows and many columns, split along a long K ([`plan`]).
+    CoopWideFlat,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
     CoopDirect,
@@ -294,13 +309,17 @@ impl Config {
         // whose `main` writes 8 strips, and up to 102 a half in matmul_wide.wgsl, where N is
         // not a multiple of 4 and outputs are stored one by one).
         let reserve = match self {
-            Config::CoopTiled | Config::CoopWide | Config::CoopWideTall | Config::CoopDirect => 256,
+            Config::CoopTiled
+            | Config::CoopWide
+            | Config::CoopWideTall
+            | Config::CoopWideFlat
+            | Config::CoopDirect => 256,
             _ => 100,
         };
         let (per_step, step) = match self {
             Config::CoopTiled => (1, 32),
             Config::CoopWide => (1, 64),
-            Config::CoopWideTall => (1, 32),
+            Config::CoopWideTall | Config::CoopWideFlat => (1, 32),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -323,7 +342,7 @@ impl Config {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
             Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 128,
-            Config::Coop | Config::Reg | Config::CoopWideTall => 256,
+            Config::Coop | Config::Reg | Config::CoopWideTall | Config::CoopWideFlat => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
     }
@@ -339,6 +358,7 @@ impl Config {
             | Config::Coop
             | Config::Reg => (128, 128),
             Config::CoopWideTall => (256, 128),
+            Config::CoopWideFlat => (128, 256),
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
@@ -448,7 +468,8 @@ thread_local! {
 /// `config` (tests run each kernel on adapters where the rules would not pick it: the GPU
 /// kernels on lavapipe, benchmarks the tensor-core kernels side by side); the layout rules
 /// still apply (`Reg` needs runs of 4, `Simt` takes its 4-wide forms where it can, the
-/// tensor-core kernels their alignments). `CoopTiled`, `CoopWide`, `CoopWideTall` and `CoopDirect` apply only
+/// tensor-core kernels their alignments). `CoopTiled`, `CoopWide`, `CoopWideTall`,
+/// `CoopWideFlat` and `CoopDirect` apply only
 /// where the adapter and dtype have tensor cores (elsewhere the usual choice stands); `Coop`
 /// and the CPU kernels' other forms are an error.
 #[doc(hidden)]
@@ -461,6 +482,7 @@ pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
             | Config::CoopTiled
             | Config::CoopWide
             | Config::CoopWideTall
+            | Config::CoopWideFlat
             | Config::CoopDirect
     ) {
         return Err(Error::invalid(
@@ -483,14 +505,17 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let (ta, tb) = (sak != 1, sbn != 1);
     let coop_ok = tensor_cores(dev, dtype);
     let forced = FORCED.with(|c| c.get());
-    let mut config =
-        match forced {
-            Some(
-                Config::CoopTiled | Config::CoopWide | Config::CoopWideTall | Config::CoopDirect,
-            ) if !coop_ok => choose(dev, dtype, m, n, k),
-            Some(f) => f,
-            None => choose(dev, dtype, m, n, k),
-        };
+    let mut config = match forced {
+        Some(
+            Config::CoopTiled
+            | Config::CoopWide
+            | Config::CoopWideTall
+            | Config::CoopWideFlat
+            | Config::CoopDirect,
+        ) if !coop_ok => choose(dev, dtype, m, n, k),
+        Some(f) => f,
+        None => choose(dev, dtype, m, n, k),
+    };
     // Kernels that move runs of 4 elements along each operand's contiguous axis need that
     // axis's extent, the row pitches and every offset to be multiples of 4 (a run is then
     // wholly inside or outside the matrix, and 16-byte aligned for f32). (A row pitch of 0,
@@ -520,7 +545,11 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let direct_ok = runs_of_8 && [m, n, k].iter().all(|v| v % 16 == 0);
     // `wide` takes runs of 8 and the adapter's passing on wgrad's SPIR-V.
     let wide_ok = runs_of_8 && wide_runs(dev, dtype);
-    if matches!(config, Config::CoopWide | Config::CoopWideTall) && !wide_ok {
+    if matches!(
+        config,
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat
+    ) && !wide_ok
+    {
         config = Config::CoopTiled;
     }
     if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok) {
@@ -533,6 +562,8 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         // `main` there, 15% slower where B is contiguous along K.
         config = if wide_ok && forced.is_none() && tall_pays(m, n, k, ta, tb) {
             Config::CoopWideTall
+        } else if wide_ok && forced.is_none() && flat_pays(m, n, k, ta, tb) {
+            Config::CoopWideFlat
         } else if wide_ok {
             Config::CoopWide
         } else if !tb && direct_ok {
@@ -589,17 +620,14 @@ pub(crate) fn padding_gain(
     let dense = Operands::dense(mq, nq, kq, ta, tb);
     let ideal = plan(dev, dtype, (mq, nq, kq), &dense);
     let q = match ideal {
-        Config::CoopWide | Config::CoopWideTall => 8,
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat => 8,
         Config::Reg => 4,
         _ => return None,
     };
-    // The two `wide` tilings are one kernel's.
-    let family = |c: Config| {
-        if c == Config::CoopWideTall {
-            Config::CoopWide
-        } else {
-            c
-        }
+    // The three `wide` tilings are one kernel's.
+    let family = |c: Config| match c {
+        Config::CoopWideTall | Config::CoopWideFlat => Config::CoopWide,
+        c => c,
     };
     (family(plan(dev, dtype, (m, n, k), o)) != family(ideal)).then_some(q)
 }
@@ -770,7 +798,9 @@ fn variants(
         // `wide` ran 1.5-2.9x faster than `main` and `direct` on every shape measured on an
         // H100 (BENCHMARKS.md, 2026-11-24); trying them only cost compiles, 1.2-3.0 s a run,
         // and never changed a choice. They compete where `wide` does not run.
-        Config::CoopWide | Config::CoopWideTall => &[Config::CoopWide, Config::CoopWideTall],
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat => {
+            &[Config::CoopWide, Config::CoopWideTall, Config::CoopWideFlat]
+        }
         Config::CoopTiled | Config::CoopDirect => &[Config::CoopTiled, Config::CoopDirect],
         Config::Reg => &[Config::Reg, tiled],
         c if c == tiled => &[Config::Reg, tiled],
@@ -792,7 +822,10 @@ fn variants(
 /// along M (RSUM), for one matrix without bias, not gathered.
 fn sums_row_fused(config: Config, g: &Gemm<'_>) -> bool {
     g.row_sums.is_some()
-        && matches!(config, Config::CoopWide | Config::CoopWideTall)
+        && matches!(
+            config,
+            Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat
+        )
         && g.a_strides.1 != 1
         && g.a_strides.0 == 1
         && g.batch == 1
@@ -945,7 +978,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             smallvec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         // (`out_tile` gives the tall tiles RM = 256; only `CoopWide` gathers.)
-        Config::CoopWide | Config::CoopWideTall => {
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat => {
             // The epilogue from registers where the driver's layout is known (matmul_wide.wgsl
             // REGS) and outputs go 4 to a store; not for 64-row tiles, whose staged epilogue
             // is a single round (the f16 convolutions ran 2-3% slower from registers).
