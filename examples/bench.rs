@@ -443,6 +443,7 @@ fn main() -> Result<()> {
                     Config::CoopWide => "matmul (tensor cores, tiled, 16-byte runs)".to_string(),
                     Config::CoopWideTall => "matmul (tensor cores, 256x128 tiles)".to_string(),
                     Config::CoopWideFlat => "matmul (tensor cores, 128x256 tiles)".to_string(),
+                    Config::CoopWideMid => "matmul (tensor cores, 128x192 tiles)".to_string(),
                     Config::CoopDirect => "matmul (tensor cores, direct)".to_string(),
                     Config::Coop => "matmul (tensor cores, any shape)".to_string(),
                     Config::Tiled(bm, bn, ..) => format!("matmul (tiled {bm}x{bn})"),
@@ -462,6 +463,7 @@ fn main() -> Result<()> {
                         | Config::CoopWide
                         | Config::CoopWideTall
                         | Config::CoopWideFlat
+                        | Config::CoopWideMid
                         | Config::CoopDirect
                 );
                 let side = |rows: &mut Vec<Row>,
@@ -479,6 +481,7 @@ fn main() -> Result<()> {
                         ("matmul (forced wide)", Config::CoopWide),
                         ("matmul (forced wide 256x128)", Config::CoopWideTall),
                         ("matmul (forced wide 128x256)", Config::CoopWideFlat),
+                        ("matmul (forced wide 128x192)", Config::CoopWideMid),
                         ("matmul (forced direct)", Config::CoopDirect),
                     ] {
                         side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
@@ -561,6 +564,18 @@ fn main() -> Result<()> {
                         Config::CoopWideTall,
                         &lin,
                     )?;
+                    side(
+                        rows,
+                        "linear (forced wide 128x256)",
+                        Config::CoopWideFlat,
+                        &lin,
+                    )?;
+                    side(
+                        rows,
+                        "linear (forced wide 128x192)",
+                        Config::CoopWideMid,
+                        &lin,
+                    )?;
                     side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
                 }
                 emit(
@@ -602,6 +617,12 @@ fn main() -> Result<()> {
                     )?;
                     side(
                         rows,
+                        "matmul A^T B (forced wide 128x192)",
+                        Config::CoopWideMid,
+                        &atb,
+                    )?;
+                    side(
+                        rows,
                         "matmul A^T B (forced direct)",
                         Config::CoopDirect,
                         &atb,
@@ -624,6 +645,7 @@ fn main() -> Result<()> {
                         | Config::CoopWide
                         | Config::CoopWideTall
                         | Config::CoopWideFlat
+                        | Config::CoopWideMid
                         | Config::CoopDirect
                 );
                 if dt == DType::F32 && f16_tc {

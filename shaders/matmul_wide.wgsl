@@ -90,15 +90,21 @@ alias Params = MatmulParams;
 //! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1 REGS=0,1
 //! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0 REGS=0,1
 //! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RSUM=1 REGS=0,1
-// Eight subgroups (WG = 256, E8): RM = 256 makes 256 x 128 tiles, RM = 128 128 x 256 ones
-// (`Config::CoopWideFlat`, for products with few rows and many columns), each subgroup 64 x
-// 64, in K steps of 32 (in RM = 128's 36 KiB), or 48 (42 KiB) where neither operand is
-// k-fast (A^T B, a weight gradient's layout): see "Traffic".
+//! check WG=192 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0 REGS=0,1
+//! check WG=192 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RSUM=1 REGS=0,1
+// Subgroups of 64 x 64 side by side across the tile's BM rows (BM / 64 of them a column),
+// so the workgroup size sets BN. Eight subgroups (WG = 256, E8): RM = 256 makes 256 x 128
+// tiles, RM = 128 128 x 256 ones (`Config::CoopWideFlat`, for products with few rows and many
+// columns), in K steps of 32 (in RM = 128's 36 KiB), or 48 (42 KiB) where neither operand is
+// k-fast (A^T B, a weight gradient's layout): see "Traffic". Six (WG = 192, RM = 128) make
+// 128 x 192 tiles (`Config::CoopWideMid`) in K steps of 48 in every layout: a k-fast row's 6
+// runs of a step then fall to 6 invocations, and 32 rows a pass (with 256 invocations the
+// passes would not be whole rows).
 const E8: u32 = WG / 256u;
 const R256: u32 = RM / 256u;
 const BM: u32 = 128u + 128u * R256;
-const BN: u32 = 128u + 128u * E8 * (1u - R256);
-const KW: u32 = 64u - E8 * (32u - 16u * TA * (1u - TB));
+const BN: u32 = 64u * (WG / 32u) / (BM / 64u);
+const KW: u32 = select(64u - E8 * (32u - 16u * TA * (1u - TB)), 48u, WG == 192u);
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
 const PMA8: u32 = BM / 8u + 1u;
@@ -120,7 +126,7 @@ const KIB: u32 = (1u - TB) * RSB;
 const TB8: u32 = BM * PK8;
 // (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; eight subgroups
 // eight 64 x 16 quarters, 8 x Q16.)
-var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, 2304u + 256u * E8)>;
+var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, select(2304u, WG / 32u * Q16, WG > 128u))>;
 // The tile's bias (FUSE's): 128 values along N, or BM along M with bias_rows, staged at the
 // start (see write_half).
 var<workgroup> Bs: array<f32, 256>;
@@ -594,7 +600,7 @@ fn main(ids: Ids) {
     write_half(sg, lane, c_base, m0, n0 + wc, 0u, wc);
     return;
   }
-  if (E8 == 1u) {
+  if (WG > 128u) {
     // Eight subgroups' 64 x 32 halves do not fit the tiles' memory at once; their 64 x 16
     // quarters do (Q16 runs a subgroup): four rounds with every subgroup writing, where
     // halves took four with half of them idle. On an H100 the GPT's K = 384 forward products

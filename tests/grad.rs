@@ -698,6 +698,7 @@ fn linear_bias_gradient_in_the_weight_product() {
         Some(Config::CoopWide),
         Some(Config::CoopWideTall),
         Some(Config::CoopWideFlat),
+        Some(Config::CoopWideMid),
     ] {
         for (rows, inp, out) in [(300, 136, 264), (4160, 136, 264), (40, 24, 65)] {
             let name = format!("{config:?} {rows} x {inp} -> {out}");

@@ -759,7 +759,11 @@ fn matmul_tall_tiles() {
     let dev = poisoned();
     let mut rng = Rng::new(29);
     let wide = runs_wide(&dev);
-    for config in [Config::CoopWideTall, Config::CoopWideFlat] {
+    for config in [
+        Config::CoopWideTall,
+        Config::CoopWideFlat,
+        Config::CoopWideMid,
+    ] {
         forced(config, || {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                 for s in [

@@ -94,7 +94,10 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
     let (tm, tn) = out_tile(dev, config, g.m, g.n);
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
     // 256 x 128 and 128 x 256 tiles run one a core.
-    let slots = if matches!(config, Config::CoopWideTall | Config::CoopWideFlat) {
+    let slots = if matches!(
+        config,
+        Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
+    ) {
         SLOTS / 2
     } else {
         SLOTS
@@ -151,6 +154,22 @@ fn flat_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
     let tiles = m.div_ceil(128) * n.div_ceil(256);
     let cols = n.next_multiple_of(256);
     n > 128 && ta && !tb && tiles < SLOTS / 2 && k >= 8192 && (cols - n) * 8 <= cols
+}
+
+/// Whether `CoopWideMid`'s 128 x 192 tiles pay where the 256 x 128 ones do not: N a multiple
+/// of 192 and many tiles, whose waves fill the GPU clearly better than 128 x 128 tiles' (two
+/// a core) do. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128, 1.45 waves, and 256
+/// of 128 x 192, 1.94; on an H100 (BENCHMARKS.md, 2026-11-26) its products with K = 1536,
+/// 1152 and 384 ran 2-9% faster in them (16384 x 384 x 384 0.036-0.038 ms -> 0.033-0.035).
+fn mid_pays(m: usize, n: usize) -> bool {
+    let fill = |tiles: usize, slots: usize| {
+        tiles as f64 / tiles.div_ceil(slots).max(1) as f64 / slots as f64
+    };
+    let (mid, square) = (
+        m.div_ceil(128) * (n / 192),
+        m.div_ceil(128) * n.div_ceil(128),
+    );
+    n % 192 == 0 && square >= SLOTS && fill(mid, SLOTS / 2) >= fill(square, SLOTS) + 0.15
 }
 
 /// `reg`'s workgroup memory at RM = 64: slices of 16 x 64 and 16 x 256 f32.
@@ -280,6 +299,9 @@ pub enum Config {
     /// 128 with 256 invocations), the K steps of `CoopWideTall`: for weight gradients with
     /// few rows and many columns, split along a long K ([`plan`]).
     CoopWideFlat,
+    /// `CoopWide` with 128 x 192 tiles, 6 subgroups of 64 x 64 outputs (matmul_wide.wgsl, RM =
+    /// 128 with 192 invocations), K steps of 48 in every layout.
+    CoopWideMid,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
     CoopDirect,
@@ -313,6 +335,7 @@ impl Config {
             | Config::CoopWide
             | Config::CoopWideTall
             | Config::CoopWideFlat
+            | Config::CoopWideMid
             | Config::CoopDirect => 256,
             _ => 100,
         };
@@ -320,6 +343,7 @@ impl Config {
             Config::CoopTiled => (1, 32),
             Config::CoopWide => (1, 64),
             Config::CoopWideTall | Config::CoopWideFlat => (1, 32),
+            Config::CoopWideMid => (1, 48),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -343,6 +367,7 @@ impl Config {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
             Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 128,
             Config::Coop | Config::Reg | Config::CoopWideTall | Config::CoopWideFlat => 256,
+            Config::CoopWideMid => 192,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
     }
@@ -359,6 +384,7 @@ impl Config {
             | Config::Reg => (128, 128),
             Config::CoopWideTall => (256, 128),
             Config::CoopWideFlat => (128, 256),
+            Config::CoopWideMid => (128, 192),
             Config::Tiled(bm, bn, ..) => (bm as usize, bn as usize),
         }
     }
@@ -469,7 +495,7 @@ thread_local! {
 /// kernels on lavapipe, benchmarks the tensor-core kernels side by side); the layout rules
 /// still apply (`Reg` needs runs of 4, `Simt` takes its 4-wide forms where it can, the
 /// tensor-core kernels their alignments). `CoopTiled`, `CoopWide`, `CoopWideTall`,
-/// `CoopWideFlat` and `CoopDirect` apply only
+/// `CoopWideFlat`, `CoopWideMid` and `CoopDirect` apply only
 /// where the adapter and dtype have tensor cores (elsewhere the usual choice stands); `Coop`
 /// and the CPU kernels' other forms are an error.
 #[doc(hidden)]
@@ -483,6 +509,7 @@ pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
             | Config::CoopWide
             | Config::CoopWideTall
             | Config::CoopWideFlat
+            | Config::CoopWideMid
             | Config::CoopDirect
     ) {
         return Err(Error::invalid(
@@ -511,6 +538,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
             | Config::CoopWide
             | Config::CoopWideTall
             | Config::CoopWideFlat
+            | Config::CoopWideMid
             | Config::CoopDirect,
         ) if !coop_ok => choose(dev, dtype, m, n, k),
         Some(f) => f,
@@ -547,7 +575,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let wide_ok = runs_of_8 && wide_runs(dev, dtype);
     if matches!(
         config,
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
     ) && !wide_ok
     {
         config = Config::CoopTiled;
@@ -564,6 +592,8 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
             Config::CoopWideTall
         } else if wide_ok && forced.is_none() && flat_pays(m, n, k, ta, tb) {
             Config::CoopWideFlat
+        } else if wide_ok && forced.is_none() && mid_pays(m, n) {
+            Config::CoopWideMid
         } else if wide_ok {
             Config::CoopWide
         } else if !tb && direct_ok {
@@ -620,13 +650,13 @@ pub(crate) fn padding_gain(
     let dense = Operands::dense(mq, nq, kq, ta, tb);
     let ideal = plan(dev, dtype, (mq, nq, kq), &dense);
     let q = match ideal {
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat => 8,
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => 8,
         Config::Reg => 4,
         _ => return None,
     };
     // The three `wide` tilings are one kernel's.
     let family = |c: Config| match c {
-        Config::CoopWideTall | Config::CoopWideFlat => Config::CoopWide,
+        Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => Config::CoopWide,
         c => c,
     };
     (family(plan(dev, dtype, (m, n, k), o)) != family(ideal)).then_some(q)
@@ -798,9 +828,12 @@ fn variants(
         // `wide` ran 1.5-2.9x faster than `main` and `direct` on every shape measured on an
         // H100 (BENCHMARKS.md, 2026-11-24); trying them only cost compiles, 1.2-3.0 s a run,
         // and never changed a choice. They compete where `wide` does not run.
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat => {
-            &[Config::CoopWide, Config::CoopWideTall, Config::CoopWideFlat]
-        }
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => &[
+            Config::CoopWide,
+            Config::CoopWideTall,
+            Config::CoopWideFlat,
+            Config::CoopWideMid,
+        ],
         Config::CoopTiled | Config::CoopDirect => &[Config::CoopTiled, Config::CoopDirect],
         Config::Reg => &[Config::Reg, tiled],
         c if c == tiled => &[Config::Reg, tiled],
@@ -824,7 +857,7 @@ fn sums_row_fused(config: Config, g: &Gemm<'_>) -> bool {
     g.row_sums.is_some()
         && matches!(
             config,
-            Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat
+            Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
         )
         && g.a_strides.1 != 1
         && g.a_strides.0 == 1
@@ -978,7 +1011,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             smallvec![("TA", ta as u32), ("TB", tb as u32), ("FUSE", fuse)],
         ),
         // (`out_tile` gives the tall tiles RM = 256; only `CoopWide` gathers.)
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat => {
+        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => {
             // The epilogue from registers where the driver's layout is known (matmul_wide.wgsl
             // REGS) and outputs go 4 to a store; not for 64-row tiles, whose staged epilogue
             // is a single round (the f16 convolutions ran 2-3% slower from registers).
@@ -1102,6 +1135,28 @@ mod tests {
 
     fn splits(tiles: usize, k: usize, reg: bool) -> usize {
         k.div_ceil(split_chunk(tiles, k, usize::MAX, reg, super::SLOTS))
+    }
+
+    #[test]
+    fn tile_shapes_for_the_gpt_products() {
+        use super::{flat_pays, mid_pays, tall_pays};
+        // Forward products with K = 384 and many tiles: 256 x 128.
+        assert!(tall_pays(16384, 1152, 384, false, true));
+        assert!(tall_pays(16384, 1536, 384, false, true));
+        // 16384 x 384 outputs: 1.45 waves of 128 x 128 tiles, 1.94 of 128 x 192.
+        assert!(!tall_pays(16384, 384, 1536, false, false));
+        assert!(mid_pays(16384, 384));
+        // Whole waves of either, or N not a multiple of 192: 128 x 128 stays.
+        assert!(!mid_pays(16384, 768));
+        assert!(!mid_pays(16384, 256));
+        assert!(!mid_pays(256, 384));
+        // Weight gradients split along K = 16384: rows or columns in 256-wide tiles.
+        assert!(tall_pays(1536, 384, 16384, true, false));
+        assert!(tall_pays(1152, 384, 16384, true, false));
+        assert!(!tall_pays(384, 1536, 16384, true, false));
+        assert!(flat_pays(384, 1536, 16384, true, false));
+        assert!(!flat_pays(1536, 384, 16384, true, false));
+        assert!(!flat_pays(384, 384, 16384, true, false));
     }
 
     #[test]
