@@ -160,7 +160,7 @@ fn flat_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
 /// of 192 and many tiles, whose waves fill the GPU clearly better than 128 x 128 tiles' (two
 /// a core) do. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128, 1.45 waves, and 256
 /// of 128 x 192, 1.94; on an H100 (BENCHMARKS.md, 2026-11-26) its products with K = 1536,
-/// 1152 and 384 ran 2-9% faster in them (16384 x 384 x 384 0.036-0.038 ms -> 0.033-0.035).
+/// 1152 and 384 ran 2-9% faster in them (16384 x 384 x 384 0.036-0.038 ms -> 0.032-0.035).
 fn mid_pays(m: usize, n: usize) -> bool {
     let fill = |tiles: usize, slots: usize| {
         tiles as f64 / tiles.div_ceil(slots).max(1) as f64 / slots as f64
@@ -169,7 +169,7 @@ fn mid_pays(m: usize, n: usize) -> bool {
         m.div_ceil(128) * (n / 192),
         m.div_ceil(128) * n.div_ceil(128),
     );
-    n % 192 == 0 && square >= SLOTS && fill(mid, SLOTS / 2) >= fill(square, SLOTS) + 0.15
+    n.is_multiple_of(192) && square >= SLOTS && fill(mid, SLOTS / 2) >= fill(square, SLOTS) + 0.15
 }
 
 /// `reg`'s workgroup memory at RM = 64: slices of 16 x 64 and 16 x 256 f32.
