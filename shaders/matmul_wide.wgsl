@@ -8,7 +8,7 @@
 // subgroup's block 64 x 32: the rows past M are neither multiplied nor kept. RM = 256
 // (`Config::CoopWideTall`) makes it 256 x 128 with 8 subgroups (WG = 256) of 64 x 64 each,
 // in K steps of 32 or 48: see "Traffic"; RM = 128 with WG = 256 (`Config::CoopWideFlat`)
-// 128 x 256 the same way.
+// 128 x 256 the same way, and with WG = 192 (`Config::CoopWideMid`) 128 x 192.
 //
 // 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
 // computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
@@ -124,10 +124,10 @@ const KIA: u32 = TA * RSA;
 const KIB: u32 = (1u - TB) * RSB;
 // A's tile, then B's at TB8; after the last step, the epilogue's staging (`write_half`).
 const TB8: u32 = BM * PK8;
-// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; eight subgroups
-// eight 64 x 16 quarters, 8 x Q16.)
+// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; six or eight
+// subgroups a 64 x 16 quarter each, Q16 a subgroup.)
 var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, select(2304u, WG / 32u * Q16, WG > 128u))>;
-// The tile's bias (FUSE's): 128 values along N, or BM along M with bias_rows, staged at the
+// The tile's bias (FUSE's): BN values along N, or BM along M with bias_rows, staged at the
 // start (see write_half).
 var<workgroup> Bs: array<f32, 256>;
 
@@ -291,7 +291,7 @@ fn gathered_taps(t: Taps, k: u32, kend: u32) -> array<vec4<f32>, 8> {
 // f32 (8 used; the ninth staggers the rows across banks), HALF runs a subgroup.
 const PO: u32 = 9u;
 const HALF: u32 = 576u;
-// Eight subgroups' quarters: 64 rows of PQ = 5 runs of 4 (4 used), Q16 runs a subgroup.
+// Six or eight subgroups' quarters: 64 rows of PQ = 5 runs of 4 (4 used), Q16 runs a subgroup.
 const PQ: u32 = 5u;
 const Q16: u32 = 320u;
 
@@ -354,7 +354,8 @@ fn write_part(at0: u32, pitch: u32, wide: bool, lane: u32, c_base: u32, gm0: u32
 // rows: an even lane keeps its columns 2 q .. + 1 and takes the odd lane's next two, an odd
 // lane takes the even lane's 8 + 2 (q - 1) .. + 1 and keeps its own after them. A quad then
 // stores a row's 16 outputs, whole sectors, with no workgroup memory and no barrier; the
-// staged epilogue (`write_part`) takes 2 barriers a round of stores, 4 rounds with eight subgroups.
+// staged epilogue (`write_part`) takes 2 barriers a round of stores, 4 rounds with six or
+// eight subgroups.
 // Measured on an H100 (BENCHMARKS.md, 2026-11-26): the 256 x 128 products 5-14% faster
 // (16384 x 1152 x 384 0.088-0.091 ms -> 0.084-0.085, its fused linear layer 0.101-0.103 ->
 // 0.088-0.089, 4096^3 0.550-0.554 -> 0.514-0.524), 128 x 128 ones within noise. A first
@@ -601,8 +602,8 @@ fn main(ids: Ids) {
     return;
   }
   if (WG > 128u) {
-    // Eight subgroups' 64 x 32 halves do not fit the tiles' memory at once; their 64 x 16
-    // quarters do (Q16 runs a subgroup): four rounds with every subgroup writing, where
+    // Eight (or six) subgroups' 64 x 32 halves do not fit the tiles' memory at once; their
+    // 64 x 16 quarters do (Q16 runs a subgroup): four rounds with every subgroup writing, where
     // halves took four with half of them idle. On an H100 the GPT's K = 384 forward products
     // ran 6-10% faster (16384 x 1536 x 384: 0.114-0.119 ms -> 0.102-0.106), their fused
     // linear layers 9%. Reading a lane's 16 rows first and storing after (the loop written

@@ -93,7 +93,7 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
     }
     let (tm, tn) = out_tile(dev, config, g.m, g.n);
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-    // 256 x 128 and 128 x 256 tiles run one a core.
+    // Tiles of six or eight subgroups run one a core.
     let slots = if matches!(
         config,
         Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
@@ -300,7 +300,8 @@ pub enum Config {
     /// few rows and many columns, split along a long K ([`plan`]).
     CoopWideFlat,
     /// `CoopWide` with 128 x 192 tiles, 6 subgroups of 64 x 64 outputs (matmul_wide.wgsl, RM =
-    /// 128 with 192 invocations), K steps of 48 in every layout.
+    /// 128 with 192 invocations), K steps of 48 in every layout: for outputs 384 wide, whose
+    /// 128 x 128 tiles fill the GPU's waves poorly ([`plan`]).
     CoopWideMid,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
