@@ -93,11 +93,8 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
     }
     let (tm, tn) = out_tile(dev, config, g.m, g.n);
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-    // Tiles of six or eight subgroups run one a core.
-    let slots = if matches!(
-        config,
-        Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
-    ) {
+    // `wide`'s tiles of six or eight subgroups run one a core.
+    let slots = if config.wide() && config.wg() > 128 {
         SLOTS / 2
     } else {
         SLOTS
@@ -363,6 +360,14 @@ impl Config {
         ((LOOP_BUDGET - reserve) / per_step as usize) * step as usize
     }
 
+    /// Whether this is one of `wide`'s tilings (matmul_wide.wgsl).
+    fn wide(self) -> bool {
+        matches!(
+            self,
+            Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
+        )
+    }
+
     fn wg(self) -> u32 {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
@@ -574,11 +579,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let direct_ok = runs_of_8 && [m, n, k].iter().all(|v| v % 16 == 0);
     // `wide` takes runs of 8 and the adapter's passing on wgrad's SPIR-V.
     let wide_ok = runs_of_8 && wide_runs(dev, dtype);
-    if matches!(
-        config,
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
-    ) && !wide_ok
-    {
+    if config.wide() && !wide_ok {
         config = Config::CoopTiled;
     }
     if (config == Config::CoopTiled && !tiled_ok) || (config == Config::CoopDirect && !direct_ok) {
@@ -651,15 +652,12 @@ pub(crate) fn padding_gain(
     let dense = Operands::dense(mq, nq, kq, ta, tb);
     let ideal = plan(dev, dtype, (mq, nq, kq), &dense);
     let q = match ideal {
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => 8,
+        c if c.wide() => 8,
         Config::Reg => 4,
         _ => return None,
     };
-    // The three `wide` tilings are one kernel's.
-    let family = |c: Config| match c {
-        Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => Config::CoopWide,
-        c => c,
-    };
+    // `wide`'s tilings are one kernel's.
+    let family = |c: Config| if c.wide() { Config::CoopWide } else { c };
     (family(plan(dev, dtype, (m, n, k), o)) != family(ideal)).then_some(q)
 }
 
@@ -829,7 +827,7 @@ fn variants(
         // `wide` ran 1.5-2.9x faster than `main` and `direct` on every shape measured on an
         // H100 (BENCHMARKS.md, 2026-11-24); trying them only cost compiles, 1.2-3.0 s a run,
         // and never changed a choice. They compete where `wide` does not run.
-        Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => &[
+        c if c.wide() => &[
             Config::CoopWide,
             Config::CoopWideTall,
             Config::CoopWideFlat,
@@ -856,10 +854,7 @@ fn variants(
 /// along M (RSUM), for one matrix without bias, not gathered.
 fn sums_row_fused(config: Config, g: &Gemm<'_>) -> bool {
     g.row_sums.is_some()
-        && matches!(
-            config,
-            Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid
-        )
+        && config.wide()
         && g.a_strides.1 != 1
         && g.a_strides.0 == 1
         && g.batch == 1
