@@ -8,7 +8,8 @@
 // subgroup's block 64 x 32: the rows past M are neither multiplied nor kept. RM = 256
 // (`Config::CoopWideTall`) makes it 256 x 128 with 8 subgroups (WG = 256) of 64 x 64 each,
 // in K steps of 32 or 48: see "Traffic"; RM = 128 with WG = 256 (`Config::CoopWideFlat`)
-// 128 x 256 the same way, and with WG = 192 (`Config::CoopWideMid`) 128 x 192.
+// 128 x 256 the same way, and with RN = 192 (`Config::CoopWideMid`) 128 x 192, 8 subgroups
+// of 64 x 48 (see "Eight subgroups").
 //
 // 16-byte runs. Operands move as runs of 8 halves carried in vec4<f32> (bits moved, never
 // computed on): one 16-byte load from the buffer, one 16-byte store into workgroup memory,
@@ -65,7 +66,7 @@
 // Loops (per invocation): 1 per KW of K, plus up to 204 in the staged epilogue: per half 17
 // for a lane's 16 output rows (eight subgroups: per quarter 9 for 8 rows), up to 5 more a
 // row where N is not a multiple of 4 (outputs stored one by one), and 5 for the bias (REGS
-// has none); 9 more for RSUM's row sums, 17 at 128 x 256 (matmul.rs
+// has none); 9 more for RSUM's row sums, 17 at 128 x 256 and 128 x 192 (matmul.rs
 // `Config::kchunk` keeps 256).
 //
 // GATHER = 1 makes the product an implicit convolution: op(B) is the column matrix of NHWC
@@ -82,40 +83,52 @@ alias Params = MatmulParams;
 
 //! entry main(a: f16 raw16, b: f16 raw16, bias: data mut, c: data mut vec4)
 //! requires spirv
-//! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=64 RSUM=0 REGS=0
-//! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=64 RSUM=0,1 REGS=0
-//! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=128 RSUM=0 REGS=0,1
-//! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0,1 REGS=0,1
-//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RSUM=0 REGS=0,1
-//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RSUM=1 REGS=0,1
-//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0 REGS=0,1
-//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RSUM=1 REGS=0,1
-//! check WG=192 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RSUM=0 REGS=0,1
-//! check WG=192 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RSUM=1 REGS=0,1
-// Subgroups of 64 x 64 side by side across the tile's BM rows (BM / 64 of them a column),
-// so the workgroup size sets BN. Eight subgroups (WG = 256, E8): RM = 256 makes 256 x 128
-// tiles, RM = 128 128 x 256 ones (`Config::CoopWideFlat`, for products with few rows and many
-// columns), in K steps of 32 (in RM = 128's 36 KiB), or 48 (42 KiB) where neither operand is
-// k-fast (A^T B, a weight gradient's layout): see "Traffic". Six (WG = 192, RM = 128) make
-// 128 x 192 tiles (`Config::CoopWideMid`) in K steps of 48 in every layout: a k-fast row's 6
-// runs of a step then fall to 6 invocations, and 32 rows a pass (with 256 invocations the
-// passes would not be whole rows).
+//! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=64 RN=128 RSUM=0 REGS=0
+//! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=64 RN=128 RSUM=0,1 REGS=0
+//! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=128 RN=128 RSUM=0 REGS=0,1
+//! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RN=128 RSUM=0,1 REGS=0,1
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=256 RN=128 RSUM=0 REGS=0,1
+//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=256 RN=128 RSUM=1 REGS=0,1
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RN=256 RSUM=0 REGS=0,1
+//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RN=256 RSUM=1 REGS=0,1
+//! check WG=256 TA=0,1 TB=0,1 FUSE=0,5 GATHER=0 RM=128 RN=192 RSUM=0 REGS=0,1
+//! check WG=256 TA=1 TB=0,1 FUSE=0 GATHER=0 RM=128 RN=192 RSUM=1 REGS=0,1
+// The tile is RM x RN (BM x BN; RM = 64 computes a 128 x 128 tile's first 64 rows), its
+// subgroups BM / 64 a column of SW-wide blocks. Eight subgroups (WG = 256, E8): RM = 256
+// makes 256 x 128 tiles, RM = 128 128 x 256 ones (`Config::CoopWideFlat`, for products with
+// few rows and many columns), in K steps of 32 (in RM = 128's 36 KiB), or 48 (42 KiB) where
+// neither operand is k-fast (A^T B, a weight gradient's layout): see "Traffic"; RN = 192
+// 128 x 192 ones (`Config::CoopWideMid`), subgroups of 64 x 48, in K steps of 64 (46 KiB).
+// Why eight subgroups of 64 x 48 and not six of 64 x 64 (the first version): a core's four
+// schedulers each have their own tensor cores, and a workgroup's subgroups are dealt to them
+// in turn, so six put two on two schedulers and one on the others; each step then took as
+// long as two subgroups' products, three quarters of the core's rate at best. Measured on an
+// H100 (BENCHMARKS.md, 2026-11-26): six ran 4096^3 35% slower than 256 x 128 tiles; eight
+// ran the GPT's products with 16384 x 384 outputs 12-20% faster than six.
 const E8: u32 = WG / 256u;
 const R256: u32 = RM / 256u;
 const BM: u32 = 128u + 128u * R256;
-const BN: u32 = 64u * (WG / 32u) / (BM / 64u);
-const KW: u32 = select(64u - E8 * (32u - 16u * TA * (1u - TB)), 48u, WG == 192u);
+const BN: u32 = RN;
+// Subgroups across the tile's columns, each SW columns wide, FJ fragments of 16.
+const SGN: u32 = WG / 32u / (BM / 64u);
+const SW: u32 = select(BN / SGN, 32u, RM == 64u);
+const FJ: u32 = SW / 16u;
+const KW: u32 = select(64u - E8 * (32u - 16u * TA * (1u - TB)), 64u, BN == 192u);
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
 const PMA8: u32 = BM / 8u + 1u;
 const PMN8: u32 = BN / 8u + 1u;
 // Runs an invocation loads of A and of B a step, and how far apart they lie: RSK rows of a
 // k-fast tile, RSA (RSB) K rows of an m-fast (n-fast) one.
-const NA: u32 = BM * KW / 8u / WG;
-const NB: u32 = BN * KW / 8u / WG;
 const RSK: u32 = WG / (KW / 8u);
 const RSA: u32 = WG / (BM / 8u);
 const RSB: u32 = WG / (BN / 8u);
+const NA: u32 = select(BM / RSK, (KW + RSA - 1u) / RSA, TA == 1u);
+const NB: u32 = select(BN / RSK, (KW + RSB - 1u) / RSB, TB == 0u);
+// An m- or n-fast tile whose runs a K row do not divide WG (BN = 192: 24 runs, 10 K rows a
+// pass) ends in a partial pass: its last run exists only where its K row is below KW.
+const PA: bool = (TA == 1u) & (NA * RSA > KW);
+const PB: bool = (TB == 0u) & (NB * RSB > KW);
 // Distance in the tile between an invocation's runs, and their K offsets (see `Runs`): fixed
 // by the layouts, so stores and bounds take immediate offsets instead of registers.
 const SIA: u32 = (1u - TA) * RSK * PK8 + TA * RSA * PMA8;
@@ -124,8 +137,8 @@ const KIA: u32 = TA * RSA;
 const KIB: u32 = (1u - TB) * RSB;
 // A's tile, then B's at TB8; after the last step, the epilogue's staging (`write_half`).
 const TB8: u32 = BM * PK8;
-// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; six or eight
-// subgroups a 64 x 16 quarter each, Q16 a subgroup.)
+// (At least 4 x HALF: the epilogue stages four 64 x 32 halves at once; eight subgroups a
+// 64 x 16 quarter each, Q16 a subgroup.)
 var<workgroup> Ts: array<vec4<f32>, max((BM + BN) * PK8, select(2304u, WG / 32u * Q16, WG > 128u))>;
 // The tile's bias (FUSE's): BN values along N, or BM along M with bias_rows, staged at the
 // start (see write_half).
@@ -291,7 +304,7 @@ fn gathered_taps(t: Taps, k: u32, kend: u32) -> array<vec4<f32>, 8> {
 // f32 (8 used; the ninth staggers the rows across banks), HALF runs a subgroup.
 const PO: u32 = 9u;
 const HALF: u32 = 576u;
-// Six or eight subgroups' quarters: 64 rows of PQ = 5 runs of 4 (4 used), Q16 runs a subgroup.
+// Eight subgroups' quarters: 64 rows of PQ = 5 runs of 4 (4 used), Q16 runs a subgroup.
 const PQ: u32 = 5u;
 const Q16: u32 = 320u;
 
@@ -354,8 +367,8 @@ fn write_part(at0: u32, pitch: u32, wide: bool, lane: u32, c_base: u32, gm0: u32
 // rows: an even lane keeps its columns 2 q .. + 1 and takes the odd lane's next two, an odd
 // lane takes the even lane's 8 + 2 (q - 1) .. + 1 and keeps its own after them. A quad then
 // stores a row's 16 outputs, whole sectors, with no workgroup memory and no barrier; the
-// staged epilogue (`write_part`) takes 2 barriers a round of stores, 4 rounds with six or
-// eight subgroups.
+// staged epilogue (`write_part`) takes 2 barriers a round of stores, FJ rounds with eight
+// subgroups.
 // Measured on an H100 (BENCHMARKS.md, 2026-11-26): the 256 x 128 products 5-14% faster
 // (16384 x 1152 x 384 0.088-0.091 ms -> 0.084-0.085, its fused linear layer 0.101-0.103 ->
 // 0.088-0.089, 4096^3 0.550-0.554 -> 0.514-0.524), 128 x 128 ones within noise. A first
@@ -426,12 +439,17 @@ fn main(ids: Ids) {
   let m0 = ids.wid.y * BM;
   let n0 = ids.wid.x * BN;
   // RM = 64: the four subgroups side by side, 64 x 32 each.
-  let wr = select((sg / (BN / 64u)) * 64u, 0u, RM == 64u);
-  let wc = select((sg % (BN / 64u)) * 64u, sg * 32u, RM == 64u);
+  let wr = select((sg / SGN) * 64u, 0u, RM == 64u);
+  let wc = select((sg % SGN) * SW, sg * 32u, RM == 64u);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
   let ra = runs(TA == 0u, BM, NA, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
   let rb = runs(TB == 1u, BN, NB, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
+  // Which of the invocation's runs exist (see PA, PB).
+  //! unroll i in 0..8
+  let exa$i = ($i < NA) & (!PA | ($i + 1u < NA) | (ra.k_lo + $i * KIA < KW));
+  let exb$i = ($i < NB) & (!PB | ($i + 1u < NB) | (rb.k_lo + $i * KIB < KW));
+  //! end
   // The bias for the epilogue, one value a thread; the loop's barriers publish it.
   if ((FUSE & 1u) != 0u) {
     let rows = p.bias_rows != 0u;
@@ -457,9 +475,9 @@ fn main(ids: Ids) {
   let kq = (lid % 8u) * 8u;
   let kr16 = lid / 16u;
   //! unroll i in 0..8
-  let oka$i = ($i < NA) & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+  let oka$i = exa$i & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
   var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
-  let okb$i = (GATHER == 0u) & ($i < NB) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+  let okb$i = (GATHER == 0u) & exb$i & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
   var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
   //! end
   if (GATHER == 1u && TB == 1u) {
@@ -479,9 +497,9 @@ fn main(ids: Ids) {
   var rs0 = vec4<f32>(0.0);
   var rs1 = vec4<f32>(0.0);
   //! unroll i in 0..8
-  if ($i < NA) { Ts[ra.s0 + $i * SIA] = xa$i; }
-  if ($i < NB) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
-  if (sums & ($i < NA)) {
+  if (exa$i) { Ts[ra.s0 + $i * SIA] = xa$i; }
+  if (exb$i) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
+  if (sums & exa$i) {
     rs0 = rs0 + halves(xa$i, false);
     rs1 = rs1 + halves(xa$i, true);
   }
@@ -498,11 +516,11 @@ fn main(ids: Ids) {
       // load without bounds or zeroing.
       if (ra.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
-        if ($i < NA) { xa$i = a[ga + $i * ra.gi]; }
+        if (exa$i) { xa$i = a[ga + $i * ra.gi]; }
         //! end
       } else {
         //! unroll i in 0..8
-        let na$i = ($i < NA) & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
+        let na$i = exa$i & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
         xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
         //! end
       }
@@ -519,11 +537,11 @@ fn main(ids: Ids) {
         //! end
       } else if (rb.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
-        if ($i < NB) { xb$i = b[gb + $i * rb.gi]; }
+        if (exb$i) { xb$i = b[gb + $i * rb.gi]; }
         //! end
       } else {
         //! unroll i in 0..8
-        let nb$i = ($i < NB) & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
+        let nb$i = exb$i & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
         xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
         //! end
       }
@@ -532,11 +550,11 @@ fn main(ids: Ids) {
     if ($s * 16u < KW) {
       //! unroll i in 0..4
       let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
-      let b$s$i = frag_b($s * 16u, wc + select($i, $i % 2u, RM == 64u) * 16u);
+      let b$s$i = frag_b($s * 16u, wc + min($i, FJ - 1u) * 16u);
       //! end
       //! unroll i in 0..4
       //! unroll j in 0..4
-      if ((RM != 64u) | ($j < 2u)) { c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j); }
+      if ($j < FJ) { c$i$j = coopMultiplyAdd(a$s$i, b$s$j, c$i$j); }
       //! end
       //! end
     }
@@ -545,9 +563,9 @@ fn main(ids: Ids) {
     workgroupBarrier();
     if (more) {
       //! unroll i in 0..8
-      if ($i < NA) { Ts[ra.s0 + $i * SIA] = xa$i; }
-      if ($i < NB) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
-      if (sums & ($i < NA)) {
+      if (exa$i) { Ts[ra.s0 + $i * SIA] = xa$i; }
+      if (exb$i) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
+      if (sums & exa$i) {
         rs0 = rs0 + halves(xa$i, false);
         rs1 = rs1 + halves(xa$i, true);
       }
@@ -577,7 +595,7 @@ fn main(ids: Ids) {
     let col_bias = ((FUSE & 1u) != 0u) & (p.bias_rows == 0u);
     let bc = wc + select(2u * (lane % 4u), 6u + 2u * (lane % 4u), (lane & 1u) == 1u);
     //! unroll j in 0..4
-    if ((RM != 64u) | ($j < 2u)) {
+    if ($j < FJ) {
       var b$j = vec4<f32>(0.0);
       if (col_bias) {
         let t$j = bc + $j * 16u;
@@ -602,19 +620,21 @@ fn main(ids: Ids) {
     return;
   }
   if (WG > 128u) {
-    // Eight (or six) subgroups' 64 x 32 halves do not fit the tiles' memory at once; their
-    // 64 x 16 quarters do (Q16 runs a subgroup): four rounds with every subgroup writing, where
+    // Eight subgroups' 64 x 32 halves do not fit the tiles' memory at once; their 64 x 16
+    // quarters do (Q16 runs a subgroup): FJ rounds with every subgroup writing, where
     // halves took four with half of them idle. On an H100 the GPT's K = 384 forward products
     // ran 6-10% faster (16384 x 1536 x 384: 0.114-0.119 ms -> 0.102-0.106), their fused
     // linear layers 9%. Reading a lane's 16 rows first and storing after (the loop written
     // out) made them 5-35% slower instead.
     //! unroll j in 0..4
-    //! unroll i in 0..4
-    coopStoreT(c$i$j, &Ts[sg * Q16 + $i * 16u * PQ], PQ);
-    //! end
-    workgroupBarrier();
-    write_part(sg * Q16, PQ, false, lane, c_base, m0 + wr, n0 + wc + $j * 16u, wr, wc + $j * 16u);
-    workgroupBarrier();
+    if ($j < FJ) {
+      //! unroll i in 0..4
+      coopStoreT(c$i$j, &Ts[sg * Q16 + $i * 16u * PQ], PQ);
+      //! end
+      workgroupBarrier();
+      write_part(sg * Q16, PQ, false, lane, c_base, m0 + wr, n0 + wc + $j * 16u, wr, wc + $j * 16u);
+      workgroupBarrier();
+    }
     //! end
     return;
   }

@@ -379,6 +379,7 @@ fn operand_retyping_declares_f16() {
             ("FUSE", 0),
             ("GATHER", 0),
             ("RM", 128),
+            ("RN", 128),
             ("RSUM", rsum),
             ("REGS", 0),
         ];

@@ -93,7 +93,7 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
     }
     let (tm, tn) = out_tile(dev, config, g.m, g.n);
     let tiles = g.m.div_ceil(tm) * g.n.div_ceil(tn) * g.batch;
-    // `wide`'s tiles of six or eight subgroups run one a core.
+    // `wide`'s tiles of eight subgroups run one a core.
     let slots = if config.wide() && config.wg() > 128 {
         SLOTS / 2
     } else {
@@ -125,48 +125,69 @@ fn out_tile(dev: &Device, config: Config, m: usize, n: usize) -> (usize, usize) 
     }
 }
 
-/// Whether `CoopWideTall`'s 256 x 128 tiles pay for an M x N x K product whose op(A) is
-/// contiguous along K unless `ta` and op(B) along N unless `tb`: where they fill at least
-/// three waves (they run one a core, `SLOTS / 2` at once), or where they are few, split
-/// along a long K, waste at most an eighth of their rows, and neither operand is contiguous
-/// along K (A^T B, a weight gradient's layout, whose K steps of 48 ran 313 TFLOP/s at 8192^3
-/// against 242 on an H100). Measured on an H200 (BENCHMARKS.md, 2026-11-26): 11-15% faster than
-/// 128 x 128 at 4096^3 and 8192^3, 14% at 16384 x 1536 x 384 (5.8 waves), 3-5% at
-/// 16384 x 1152 x 384 (4.4); 13% slower at 16384 x 384 x 1536 (1.45), where a last partial
-/// wave of large tiles leaves more cores idle.
-fn tall_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
-    let tiles = m.div_ceil(256) * n.div_ceil(128);
-    let rows = m.next_multiple_of(256);
-    m > 128
-        && (tiles >= 3 * SLOTS / 2
-            || (ta && !tb && tiles < SLOTS / 2 && k >= 8192 && (rows - m) * 8 <= rows))
+/// Whether `CoopWideTall`'s 256 x 128 tiles pay for an M x N product with many tiles: where
+/// they fill at least three waves (they run one a core, `SLOTS / 2` at once). Measured on an
+/// H200 (BENCHMARKS.md, 2026-11-26): 11-15% faster than 128 x 128 at 4096^3 and 8192^3, 14%
+/// at 16384 x 1536 x 384 (5.8 waves), 3-5% at 16384 x 1152 x 384 (4.4); 13% slower at
+/// 16384 x 384 x 1536 (1.45), where a last partial wave of large tiles leaves more cores
+/// idle.
+fn tall_pays(m: usize, n: usize) -> bool {
+    m > 128 && m.div_ceil(256) * n.div_ceil(128) >= 3 * SLOTS / 2
 }
 
-/// Whether `CoopWideFlat`'s 128 x 256 tiles pay where the 256 x 128 ones do not: the same
-/// rule for the few tiles of a weight gradient split along a long K, with the columns in
-/// the place of the rows. The GPT's 384 x 1536 x 16384 gradient (fc2's weights) wastes a
-/// quarter of 256-row tiles and ran in 128 x 128 ones 29% slower than its transpose,
-/// 1536 x 384 x 16384, in 256 x 128 tiles (H100, BENCHMARKS.md, 2026-11-26).
-fn flat_pays(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> bool {
-    let tiles = m.div_ceil(128) * n.div_ceil(256);
-    let cols = n.next_multiple_of(256);
-    n > 128 && ta && !tb && tiles < SLOTS / 2 && k >= 8192 && (cols - n) * 8 <= cols
+/// The eight-subgroup tiling for a weight gradient's few tiles split along a long K (A^T B
+/// with op(A) contiguous along M and op(B) along N, K >= 8192, under half a wave of tiles):
+/// the one that pads M and N least, by at most an eighth of its area, and on a tie 256 x 128
+/// before 128 x 256 before 128 x 192 (whose subgroups multiply 64 x 48, not 64 x 64, per
+/// fragment loaded). In this layout both operands load in K steps of 48 or 64 (A^T B 8192^3
+/// ran 313 TFLOP/s in 256 x 128 tiles against 242 in 128 x 128 on an H100). The GPT's
+/// gradients (H100, BENCHMARKS.md, 2026-11-26): fc2's 384 x 1536 x 16384 wastes a quarter of
+/// 256-row tiles and ran 29% slower in 128 x 128 ones than its transpose in 256 x 128; the
+/// qkv layer's 1152 x 384 x 16384 wastes a tenth of them and ran 15-20% faster in 128 x 192.
+fn split_tiling(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Option<Config> {
+    if !(ta && !tb && k >= 8192) {
+        return None;
+    }
+    [
+        Config::CoopWideTall,
+        Config::CoopWideFlat,
+        Config::CoopWideMid,
+    ]
+    .into_iter()
+    .filter_map(|c| {
+        let (tm, tn) = c.tile();
+        let tiles = m.div_ceil(tm) * n.div_ceil(tn);
+        let area = tiles * tm * tn;
+        (tiles < SLOTS / 2 && (area - m * n) * 8 <= area).then_some((area, c))
+    })
+    .min_by_key(|&(area, _)| area)
+    .map(|(_, c)| c)
 }
 
-/// Whether `CoopWideMid`'s 128 x 192 tiles pay where the 256 x 128 ones do not: N a multiple
-/// of 192 and many tiles, whose waves fill the GPU clearly better than 128 x 128 tiles' (two
-/// a core) do. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128, 1.45 waves, and 256
-/// of 128 x 192, 1.94; on an H100 (BENCHMARKS.md, 2026-11-26) its products with K = 1536,
-/// 1152 and 384 ran 2-9% faster in them (16384 x 384 x 384 0.036-0.038 ms -> 0.032-0.035).
+/// How full `tiles` workgroups keep the waves of `slots` run at once: 1 where they fill
+/// their last wave.
+fn fill(tiles: usize, slots: usize) -> f64 {
+    tiles as f64 / (tiles.div_ceil(slots).max(1) * slots) as f64
+}
+
+/// Whether `CoopWideMid`'s 128 x 192 tiles pay: N a multiple of 192 and many tiles, whose
+/// waves fill the GPU clearly better than 128 x 128 tiles' (two a core) do, or where 256 x
+/// 128 ones pay ([`tall_pays`]), better than theirs by more than their subgroups' 64 x 48
+/// blocks lose to 64 x 64 ones. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128,
+/// 1.45 waves, and 256 of 128 x 192, 1.94; its 16384 x 1152 ones 4.4 waves of 256 x 128 and
+/// 5.8 of 128 x 192. On an H100 (BENCHMARKS.md, 2026-11-26) 128 x 192 tiles ran the
+/// products with K = 1152 and 1536 and 16384 x 384 outputs 15-25% faster than both others,
+/// 16384 x 1152 x 384 7-10% faster than 256 x 128, and 16384 x 1536 x 384 (waves as full
+/// either way) 6% slower.
 fn mid_pays(m: usize, n: usize) -> bool {
-    let fill = |tiles: usize, slots: usize| {
-        tiles as f64 / tiles.div_ceil(slots).max(1) as f64 / slots as f64
-    };
-    let (mid, square) = (
-        m.div_ceil(128) * (n / 192),
-        m.div_ceil(128) * n.div_ceil(128),
-    );
-    n.is_multiple_of(192) && square >= SLOTS && fill(mid, SLOTS / 2) >= fill(square, SLOTS) + 0.15
+    let mid = fill(m.div_ceil(128) * (n / 192), SLOTS / 2);
+    n.is_multiple_of(192)
+        && if tall_pays(m, n) {
+            0.94 * mid > fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2)
+        } else {
+            m.div_ceil(128) * n.div_ceil(128) >= SLOTS
+                && mid >= fill(m.div_ceil(128) * n.div_ceil(128), SLOTS) + 0.15
+        }
 }
 
 /// `reg`'s workgroup memory at RM = 64: slices of 16 x 64 and 16 x 256 f32.
@@ -296,9 +317,10 @@ pub enum Config {
     /// 128 with 256 invocations), the K steps of `CoopWideTall`: for weight gradients with
     /// few rows and many columns, split along a long K ([`plan`]).
     CoopWideFlat,
-    /// `CoopWide` with 128 x 192 tiles, 6 subgroups of 64 x 64 outputs (matmul_wide.wgsl, RM =
-    /// 128 with 192 invocations), K steps of 48 in every layout: for outputs 384 wide, whose
-    /// 128 x 128 tiles fill the GPU's waves poorly ([`plan`]).
+    /// `CoopWide` with 128 x 192 tiles, 8 subgroups of 64 x 48 outputs (matmul_wide.wgsl, RM =
+    /// 128, RN = 192), K steps of 64 in every layout: for outputs whose 128 x 128 or 256 x 128
+    /// tiles fill the GPU's waves poorly, such as the GPT's 384 wide ones, and weight
+    /// gradients they pad least ([`plan`]).
     CoopWideMid,
     /// Tensor-core kernel loading fragments straight from the buffers, 64 x 64 per subgroup
     /// (matmul_tc.wgsl `direct`): M, N, K multiples of 16, B contiguous along N.
@@ -341,7 +363,7 @@ impl Config {
             Config::CoopTiled => (1, 32),
             Config::CoopWide => (1, 64),
             Config::CoopWideTall | Config::CoopWideFlat => (1, 32),
-            Config::CoopWideMid => (1, 48),
+            Config::CoopWideMid => (1, 64),
             Config::CoopDirect => (1, 16),
             Config::Coop => (35, 32),
             // The simt kernels' only counted loop is K's: their constant TM x TN loops are
@@ -372,8 +394,11 @@ impl Config {
         match self {
             Config::Simt(..) | Config::SimtN4(..) | Config::SimtK4(..) => 64,
             Config::CoopTiled | Config::CoopWide | Config::CoopDirect => 128,
-            Config::Coop | Config::Reg | Config::CoopWideTall | Config::CoopWideFlat => 256,
-            Config::CoopWideMid => 192,
+            Config::Coop
+            | Config::Reg
+            | Config::CoopWideTall
+            | Config::CoopWideFlat
+            | Config::CoopWideMid => 256,
             Config::Tiled(bm, bn, _, tm, tn) => (bm / tm) * (bn / tn),
         }
     }
@@ -590,12 +615,13 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         // `direct` on the GPT's shapes and 2.1-2.9x at 4096^3, in every layout. Without it,
         // `direct` where B is contiguous along N: on an H200 it ran 10-15% faster than
         // `main` there, 15% slower where B is contiguous along K.
-        config = if wide_ok && forced.is_none() && tall_pays(m, n, k, ta, tb) {
-            Config::CoopWideTall
-        } else if wide_ok && forced.is_none() && flat_pays(m, n, k, ta, tb) {
-            Config::CoopWideFlat
+        let split = split_tiling(m, n, k, ta, tb).filter(|_| wide_ok && forced.is_none());
+        config = if let Some(c) = split {
+            c
         } else if wide_ok && forced.is_none() && mid_pays(m, n) {
             Config::CoopWideMid
+        } else if wide_ok && forced.is_none() && tall_pays(m, n) {
+            Config::CoopWideTall
         } else if wide_ok {
             Config::CoopWide
         } else if !tb && direct_ok {
@@ -1024,6 +1050,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
                     ("FUSE", fuse),
                     ("GATHER", g.gather.is_some() as u32),
                     ("RM", reg_rows as u32),
+                    ("RN", tn as u32),
                     ("RSUM", rsum as u32),
                     ("REGS", regs as u32),
                 ],
@@ -1135,24 +1162,31 @@ mod tests {
 
     #[test]
     fn tile_shapes_for_the_gpt_products() {
-        use super::{flat_pays, mid_pays, tall_pays};
-        // Forward products with K = 384 and many tiles: 256 x 128.
-        assert!(tall_pays(16384, 1152, 384, false, true));
-        assert!(tall_pays(16384, 1536, 384, false, true));
+        use super::{Config, mid_pays, split_tiling, tall_pays};
+        // Forward products with K = 384 and many tiles: 256 x 128, unless 128 x 192 ones
+        // fill their waves clearly better (5.8 waves against 4.4).
+        assert!(tall_pays(16384, 1152) && mid_pays(16384, 1152));
+        assert!(tall_pays(16384, 1536) && !mid_pays(16384, 1536));
+        assert!(tall_pays(4096, 4096) && !mid_pays(4096, 4096));
         // 16384 x 384 outputs: 1.45 waves of 128 x 128 tiles, 1.94 of 128 x 192.
-        assert!(!tall_pays(16384, 384, 1536, false, false));
+        assert!(!tall_pays(16384, 384));
         assert!(mid_pays(16384, 384));
         // Whole waves of either, or N not a multiple of 192: 128 x 128 stays.
         assert!(!mid_pays(16384, 768));
         assert!(!mid_pays(16384, 256));
         assert!(!mid_pays(256, 384));
-        // Weight gradients split along K = 16384: rows or columns in 256-wide tiles.
-        assert!(tall_pays(1536, 384, 16384, true, false));
-        assert!(tall_pays(1152, 384, 16384, true, false));
-        assert!(!tall_pays(384, 1536, 16384, true, false));
-        assert!(flat_pays(384, 1536, 16384, true, false));
-        assert!(!flat_pays(1536, 384, 16384, true, false));
-        assert!(!flat_pays(384, 384, 16384, true, false));
+        // Weight gradients split along K = 16384: the tiles that pad least.
+        let split = |m, n| split_tiling(m, n, 16384, true, false);
+        assert_eq!(split(1536, 384), Some(Config::CoopWideTall));
+        assert_eq!(split(1152, 384), Some(Config::CoopWideMid));
+        assert_eq!(split(384, 1536), Some(Config::CoopWideFlat));
+        assert_eq!(split(384, 384), Some(Config::CoopWideMid));
+        assert_eq!(split(1152, 256), Some(Config::CoopWideFlat));
+        // Other layouts, shorter K, many tiles or more padding: none of them.
+        assert_eq!(split_tiling(1152, 384, 16384, false, false), None);
+        assert_eq!(split_tiling(1152, 384, 4096, true, false), None);
+        assert_eq!(split(8192, 8192), None);
+        assert_eq!(split(100, 100), None);
     }
 
     #[test]
