@@ -114,6 +114,10 @@ const SGN: u32 = WG / 32u / (BM / 64u);
 const SW: u32 = select(BN / SGN, 32u, RM == 64u);
 const FJ: u32 = SW / 16u;
 const KW: u32 = select(64u - E8 * (32u - 16u * TA * (1u - TB)), 64u, BN == 192u);
+// Steps of 48 or 64 multiply their last 16 of K after the first barrier (see the loop); on
+// an H100 (BENCHMARKS.md, 2026-11-26) A^T B 8192^3 ran 4-6% faster so, 4096^3 6-8%, while
+// steps of 32 (256 x 128 tiles with a k-fast operand) ran 5-8% slower.
+const LATE: bool = KW > 32u;
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
 const PMA8: u32 = BM / 8u + 1u;
@@ -546,8 +550,9 @@ fn main(ids: Ids) {
         //! end
       }
     }
+    // Every 16 of the step's K, but the last where LATE.
     //! unroll s in 0..4
-    if ($s * 16u < KW) {
+    if (($s * 16u < KW) & (!LATE | (($s + 1u) * 16u < KW))) {
       //! unroll i in 0..4
       let a$s$i = frag_a(wr + $i * 16u, $s * 16u);
       let b$s$i = frag_b($s * 16u, wc + min($i, FJ - 1u) * 16u);
@@ -559,6 +564,12 @@ fn main(ids: Ids) {
       //! end
     }
     //! end
+    // LATE: the last 16's fragments are read before the barrier and multiplied after it,
+    // while other subgroups store the next step's tiles (unused otherwise).
+    //! unroll i in 0..4
+    let al$i = frag_a(wr + $i * 16u, KW - 16u);
+    let bl$i = frag_b(KW - 16u, wc + min($i, FJ - 1u) * 16u);
+    //! end
     // `more` is the same for the whole workgroup: the barriers stay uniform.
     workgroupBarrier();
     if (more) {
@@ -569,6 +580,13 @@ fn main(ids: Ids) {
         rs0 = rs0 + halves(xa$i, false);
         rs1 = rs1 + halves(xa$i, true);
       }
+      //! end
+    }
+    if (LATE) {
+      //! unroll i in 0..4
+      //! unroll j in 0..4
+      if ($j < FJ) { c$i$j = coopMultiplyAdd(al$i, bl$j, c$i$j); }
+      //! end
       //! end
     }
     workgroupBarrier();
