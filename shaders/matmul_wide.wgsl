@@ -130,7 +130,9 @@ const RSB: u32 = WG / (BN / 8u);
 const NA: u32 = select(BM / RSK, (KW + RSA - 1u) / RSA, TA == 1u);
 const NB: u32 = select(BN / RSK, (KW + RSB - 1u) / RSB, TB == 0u);
 // An m- or n-fast tile whose runs a K row do not divide WG (BN = 192: 24 runs, 10 K rows a
-// pass) ends in a partial pass: its last run exists only where its K row is below KW.
+// pass) ends in a partial pass: its last run exists only where its K row is below KW. The
+// invocations past the last whole row of a pass (240 .. 255) load and store the same runs
+// as invocations 0 .. 15 one pass later, with the same values.
 const PA: bool = (TA == 1u) & (NA * RSA > KW);
 const PB: bool = (TB == 0u) & (NB * RSB > KW);
 // Distance in the tile between an invocation's runs, and their K offsets (see `Runs`): fixed
