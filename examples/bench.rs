@@ -475,17 +475,23 @@ fn main() -> Result<()> {
                     emit(rows, gemm_row(name, (m, n, k), dt, ms, "-".into()));
                     Ok(())
                 };
+                // Every tensor-core kernel and tiling forced in turn, as "<what> (forced ...)".
+                let forced_tc =
+                    |rows: &mut Vec<Row>, what: &str, f: &dyn Fn() -> Result<()>| -> Result<()> {
+                        for (tiling, config) in [
+                            ("main", Config::CoopTiled),
+                            ("wide", Config::CoopWide),
+                            ("wide 256x128", Config::CoopWideTall),
+                            ("wide 128x256", Config::CoopWideFlat),
+                            ("wide 128x192", Config::CoopWideMid),
+                            ("direct", Config::CoopDirect),
+                        ] {
+                            side(rows, &format!("{what} (forced {tiling})"), config, f)?;
+                        }
+                        Ok(())
+                    };
                 if tc {
-                    for (name, config) in [
-                        ("matmul (forced main)", Config::CoopTiled),
-                        ("matmul (forced wide)", Config::CoopWide),
-                        ("matmul (forced wide 256x128)", Config::CoopWideTall),
-                        ("matmul (forced wide 128x256)", Config::CoopWideFlat),
-                        ("matmul (forced wide 128x192)", Config::CoopWideMid),
-                        ("matmul (forced direct)", Config::CoopDirect),
-                    ] {
-                        side(rows, name, config, &|| ta.matmul(&tb).map(drop))?;
-                    }
+                    forced_tc(rows, "matmul", &|| ta.matmul(&tb).map(drop))?;
                 }
                 // A thin f32 product (M <= 64) runs 64 x 64 tiles; `reg`'s 64-row tiles,
                 // which the f32 convolutions' implicit products take, timed beside it.
@@ -556,27 +562,7 @@ fn main() -> Result<()> {
                         Config::CoopWide,
                         &ab_bias,
                     )?;
-                    side(rows, "linear (forced main)", Config::CoopTiled, &lin)?;
-                    side(rows, "linear (forced wide)", Config::CoopWide, &lin)?;
-                    side(
-                        rows,
-                        "linear (forced wide 256x128)",
-                        Config::CoopWideTall,
-                        &lin,
-                    )?;
-                    side(
-                        rows,
-                        "linear (forced wide 128x256)",
-                        Config::CoopWideFlat,
-                        &lin,
-                    )?;
-                    side(
-                        rows,
-                        "linear (forced wide 128x192)",
-                        Config::CoopWideMid,
-                        &lin,
-                    )?;
-                    side(rows, "linear (forced direct)", Config::CoopDirect, &lin)?;
+                    forced_tc(rows, "linear", &lin)?;
                 }
                 emit(
                     rows,
@@ -601,32 +587,7 @@ fn main() -> Result<()> {
                     eprintln!("matmul A^T B {m}x{n}x{k} {dt}:\n{}", dev.stop_profiling()?);
                 }
                 if tc {
-                    side(rows, "matmul A^T B (forced main)", Config::CoopTiled, &atb)?;
-                    side(rows, "matmul A^T B (forced wide)", Config::CoopWide, &atb)?;
-                    side(
-                        rows,
-                        "matmul A^T B (forced wide 256x128)",
-                        Config::CoopWideTall,
-                        &atb,
-                    )?;
-                    side(
-                        rows,
-                        "matmul A^T B (forced wide 128x256)",
-                        Config::CoopWideFlat,
-                        &atb,
-                    )?;
-                    side(
-                        rows,
-                        "matmul A^T B (forced wide 128x192)",
-                        Config::CoopWideMid,
-                        &atb,
-                    )?;
-                    side(
-                        rows,
-                        "matmul A^T B (forced direct)",
-                        Config::CoopDirect,
-                        &atb,
-                    )?;
+                    forced_tc(rows, "matmul A^T B", &atb)?;
                 }
                 emit(
                     rows,
