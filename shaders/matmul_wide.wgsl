@@ -391,9 +391,16 @@ fn write_frag(m: coop_mat16x16<f32, C>, lane: u32, c_base: u32, gm0: u32, gn0: u
   let top = select(vec4<f32>(lo.xy, got.xy), vec4<f32>(got.xy, hi.xy), odd);
   let bot = select(vec4<f32>(lo.zw, got.zw), vec4<f32>(got.zw, hi.zw), odd);
   let r = lane / 4u;
-  let gn = gn0 + select(2u * (lane % 4u), 6u + 2u * (lane % 4u), odd);
+  let gn = gn0 + frag_col(lane);
   write4(top, c_base, gm0 + r, gn, tm0 + r, b4);
   write4(bot, c_base, gm0 + r + 8u, gn, tm0 + r + 8u, b4);
+}
+
+// The first of the 4 adjacent columns of a 16 x 16 accumulator lane `lane` writes after
+// `write_frag`'s exchange (its bias too): an even lane its own 2 (l % 4), an odd lane the
+// even lane's high pair, 8 + 2 (l % 4 - 1).
+fn frag_col(lane: u32) -> u32 {
+  return select(2u * (lane % 4u), 6u + 2u * (lane % 4u), (lane & 1u) == 1u);
 }
 
 // Outputs (gm, gn .. gn + 3) plus the column bias `b4` or row tm's: activation and C's dtype
@@ -613,7 +620,7 @@ fn main(ids: Ids) {
   if (REGS == 1u) {
     // Straight from the accumulators (see `write_frag`): no staging, no barriers.
     let col_bias = ((FUSE & 1u) != 0u) & (p.bias_rows == 0u);
-    let bc = wc + select(2u * (lane % 4u), 6u + 2u * (lane % 4u), (lane & 1u) == 1u);
+    let bc = wc + frag_col(lane);
     //! unroll j in 0..4
     if ($j < FJ) {
       var b$j = vec4<f32>(0.0);
