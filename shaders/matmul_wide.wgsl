@@ -32,7 +32,10 @@
 // ms against 3.88-3.94 (296-306 TFLOP/s); where an operand is k-fast they were slower (A B
 // 4.27-4.54 ms, however its 6 runs a row were spread over invocations), so they are only
 // taken there. Loading two steps ahead in registers instead of one was slower (4.34 ms, and
-// 4.93 with the loop written out twice so that no register set is copied).
+// 4.93 with the loop written out twice so that no register set is copied). On an H100
+// (BENCHMARKS.md, 2026-11-26) neither a k-fast A loaded 64 of K a row every other step
+// (whole lines) nor staged m-fast, transposed 8 x 8 through subgroup exchanges so that A B
+// ran these steps of 48, made A B faster: the first timed the same, the second 1.75x slower.
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
