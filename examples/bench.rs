@@ -5,7 +5,7 @@
 //! cargo run --release --example bench -- [--json] [--quick]
 //!     [--matmul 4096x4096x4096,...] [--attn 4x16x2048x64,...] [--conv 32x64x56x56x64x3,...]
 //!     [--rows 4096x4096,...] [--elems 67108864] [--dtypes f32,f16,bf16] [--ms 300]
-//!     [--warm-ms 250] [--profile]
+//!     [--warm-ms 250] [--profile] [--rounds 1]
 //! ```
 //!
 //! Every size is given as a flag, so the same binary measures lavapipe (`--quick`) and a
@@ -69,6 +69,11 @@ struct Args {
     /// backward, and of one A^T B product (where the time goes).
     #[arg(long)]
     profile: bool,
+    /// Rounds of the forced tensor-core tiling rows, each round starting one tiling later in
+    /// the list, every round's rows printed: under sustained load the GPU's clocks fall, so a
+    /// tiling's place in one round can decide a comparison of a few percent [default: 1].
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 /// A list of sizes, each a list of dimensions.
@@ -98,6 +103,7 @@ struct Plan {
     dtypes: Vec<DType>,
     ms: Budget,
     profile: bool,
+    rounds: usize,
 }
 
 /// How long each measurement is timed for, and how long it runs untimed first.
@@ -144,6 +150,7 @@ fn parse() -> Plan {
             warm_ms: a.warm_ms.unwrap_or(warm_ms),
         },
         profile: a.profile,
+        rounds: a.rounds.max(1),
     }
 }
 
@@ -475,18 +482,23 @@ fn main() -> Result<()> {
                     emit(rows, gemm_row(name, (m, n, k), dt, ms, "-".into()));
                     Ok(())
                 };
-                // Every tensor-core kernel and tiling forced in turn, as "<what> (forced ...)".
+                // Every tensor-core kernel and tiling forced in turn, as "<what> (forced ...)",
+                // in `--rounds` rounds each starting one later in the list.
                 let forced_tc =
                     |rows: &mut Vec<Row>, what: &str, f: &dyn Fn() -> Result<()>| -> Result<()> {
-                        for (tiling, config) in [
+                        let all = [
                             ("main", Config::CoopTiled),
                             ("wide", Config::CoopWide),
                             ("wide 256x128", Config::CoopWideTall),
                             ("wide 128x256", Config::CoopWideFlat),
                             ("wide 128x192", Config::CoopWideMid),
                             ("direct", Config::CoopDirect),
-                        ] {
-                            side(rows, &format!("{what} (forced {tiling})"), config, f)?;
+                        ];
+                        for round in 0..a.rounds {
+                            for j in 0..all.len() {
+                                let (tiling, config) = all[(j + round) % all.len()];
+                                side(rows, &format!("{what} (forced {tiling})"), config, f)?;
+                            }
                         }
                         Ok(())
                     };
