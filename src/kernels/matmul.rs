@@ -175,19 +175,31 @@ fn fill(tiles: usize, slots: usize) -> f64 {
 
 /// Whether `CoopWideMid`'s 128 x 192 tiles pay: N a multiple of 192 and many tiles, whose
 /// waves fill the GPU clearly better than 128 x 128 tiles' (two a core) do, or where 256 x
-/// 128 ones pay ([`tall_pays`]), better than theirs by more than their subgroups' 64 x 48
+/// 128 ones pay ([`tall_pays`]), at least as well as theirs where those run K steps of 32
+/// (`steps32`: an operand is k-fast), else better by more than their subgroups' 64 x 48
 /// blocks lose to 64 x 64 ones. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128,
 /// 1.45 waves, and 256 of 128 x 192, 1.94; its 16384 x 1152 ones 4.4 waves of 256 x 128 and
 /// 5.8 of 128 x 192. On an H100 (BENCHMARKS.md, 2026-11-26) 128 x 192 tiles ran the
 /// products with 16384 x 384 outputs and K = 1152 or 1536 10-14% faster than 128 x 128 and
-/// 20-24% faster than 256 x 128, 16384 x 1152 x 384 5-12% faster than 256 x 128, and
-/// 16384 x 1536 x 384 (waves as full either way) 4-8% slower: the 0.94 below.
-fn mid_pays(m: usize, n: usize) -> bool {
+/// 20-24% faster than 256 x 128, and 16384 x 1152 x 384 5-12% faster than 256 x 128. At
+/// 16384 x 1536 x 384 (waves as full either way) they ran 4-8% slower before the last 16 of
+/// their K steps of 64 moved after the barrier: the 0.94 below, kept for A^T B, whose 256 x
+/// 128 tiles run steps of 48 with the same late 16 (128 x 192 still 6% slower in the
+/// medians of `bench --rounds 3`). Where 256 x 128 tiles run steps of 32, 128 x 192 ones
+/// since ran that product 1% faster as A B and 2% as x W^T in those medians (5-7% in a
+/// one-off rotating comparison), and the GPT's f16 step, in which they then take fc1's
+/// forward and fc2's input gradient, 1.9% faster (8.64-8.66 ms against 8.80-8.83).
+fn mid_pays(m: usize, n: usize, steps32: bool) -> bool {
     let mid = fill(m.div_ceil(128) * (n / 192), SLOTS / 2);
     let square = m.div_ceil(128) * n.div_ceil(128);
     n.is_multiple_of(192)
         && if tall_pays(m, n) {
-            0.94 * mid > fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2)
+            let tall = fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2);
+            if steps32 {
+                mid + 0.01 >= tall
+            } else {
+                0.94 * mid > tall
+            }
         } else {
             square >= SLOTS && mid >= fill(square, SLOTS) + 0.15
         }
@@ -621,7 +633,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         let split = split_tiling(m, n, k, ta, tb).filter(|_| wide_ok && forced.is_none());
         config = if let Some(c) = split {
             c
-        } else if wide_ok && forced.is_none() && mid_pays(m, n) {
+        } else if wide_ok && forced.is_none() && mid_pays(m, n, !(ta && !tb)) {
             Config::CoopWideMid
         } else if wide_ok && forced.is_none() && tall_pays(m, n) {
             Config::CoopWideTall
@@ -1166,18 +1178,25 @@ mod tests {
     #[test]
     fn tile_shapes_for_the_gpt_products() {
         use super::{Config, mid_pays, split_tiling, tall_pays};
-        // Forward products with K = 384 and many tiles: 256 x 128, unless 128 x 192 ones
-        // fill their waves clearly better (5.8 waves against 4.4).
-        assert!(tall_pays(16384, 1152) && mid_pays(16384, 1152));
-        assert!(tall_pays(16384, 1536) && !mid_pays(16384, 1536));
-        assert!(tall_pays(4096, 4096) && !mid_pays(4096, 4096));
-        // 16384 x 384 outputs: 1.45 waves of 128 x 128 tiles, 1.94 of 128 x 192.
-        assert!(!tall_pays(16384, 384));
-        assert!(mid_pays(16384, 384));
-        // Whole waves of either, or N not a multiple of 192: 128 x 128 stays.
-        assert!(!mid_pays(16384, 768));
-        assert!(!mid_pays(16384, 256));
-        assert!(!mid_pays(256, 384));
+        // Products with K = 384 and many tiles: 256 x 128, unless 128 x 192 ones fill their
+        // waves clearly better (5.8 waves against 4.4), or as well where 256 x 128 tiles
+        // would run K steps of 32 (A B, x W^T).
+        for steps32 in [false, true] {
+            assert!(tall_pays(16384, 1152) && mid_pays(16384, 1152, steps32));
+            assert!(tall_pays(4096, 4096) && !mid_pays(4096, 4096, steps32));
+            // 16384 x 384 outputs: 1.45 waves of 128 x 128 tiles, 1.94 of 128 x 192.
+            assert!(!tall_pays(16384, 384));
+            assert!(mid_pays(16384, 384, steps32));
+            // Whole waves of either, or N not a multiple of 192: 128 x 128 stays.
+            assert!(!mid_pays(16384, 768, steps32));
+            assert!(!mid_pays(16384, 256, steps32));
+            assert!(!mid_pays(256, 384, steps32));
+        }
+        // Waves as full either way: 128 x 192 where 256 x 128 tiles would run steps of 32.
+        assert!(tall_pays(16384, 1536) && !mid_pays(16384, 1536, false));
+        assert!(mid_pays(16384, 1536, true));
+        // 128 x 192 waves filled less (4096 x 4224: 0.89 against 1): 256 x 128.
+        assert!(tall_pays(4096, 4224) && !mid_pays(4096, 4224, true));
         // Weight gradients split along K = 16384: the tiles that pad least.
         let split = |m, n| split_tiling(m, n, 16384, true, false);
         assert_eq!(split(1536, 384), Some(Config::CoopWideTall));
