@@ -633,7 +633,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         let split = split_tiling(m, n, k, ta, tb).filter(|_| wide_ok && forced.is_none());
         config = if let Some(c) = split {
             c
-        } else if wide_ok && forced.is_none() && mid_pays(m, n, !(ta && !tb)) {
+        } else if wide_ok && forced.is_none() && mid_pays(m, n, !ta || tb) {
             Config::CoopWideMid
         } else if wide_ok && forced.is_none() && tall_pays(m, n) {
             Config::CoopWideTall
