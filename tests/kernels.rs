@@ -747,7 +747,8 @@ fn matmul_register_tiles() {
     }
 }
 
-/// `wide` with 256 x 128 and 128 x 256 tiles (8 subgroups, K steps of 32), forced where the
+/// `wide` with 256 x 128, 128 x 256 and 128 x 192 tiles (8 subgroups; K steps of 32, 48 or
+/// 64 by layout and tile), forced where the
 /// adapter runs `wide` (elsewhere the usual path, still checked): every transpose; M and N
 /// past one tile, both partial, either way round (300 x 136, 136 x 300); K of one partial step, of several with
 /// a partial last one (88 = 32 + 32 + 24, or 48 + 40 for A^T B), and long enough to split into partial products

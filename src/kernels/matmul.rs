@@ -365,15 +365,7 @@ impl Config {
         // epilogue, 256 for the tensor-core kernels' (up to 25 a strip in matmul_tc.wgsl,
         // whose `main` writes 8 strips, and up to 102 a half in matmul_wide.wgsl, where N is
         // not a multiple of 4 and outputs are stored one by one).
-        let reserve = match self {
-            Config::CoopTiled
-            | Config::CoopWide
-            | Config::CoopWideTall
-            | Config::CoopWideFlat
-            | Config::CoopWideMid
-            | Config::CoopDirect => 256,
-            _ => 100,
-        };
+        let reserve = if self.staged_tc() { 256 } else { 100 };
         let (per_step, step) = match self {
             Config::CoopTiled => (1, 32),
             Config::CoopWide => (1, 64),
@@ -395,6 +387,12 @@ impl Config {
             Config::Reg => (REG_BK + 2 + 8, REG_BK),
         };
         ((LOOP_BUDGET - reserve) / per_step as usize) * step as usize
+    }
+
+    /// Whether this is a tensor-core kernel that takes operand layouts and alignments
+    /// (`main`, `direct` and `wide`'s tilings; not `Coop`, which takes any f16 shape).
+    fn staged_tc(self) -> bool {
+        matches!(self, Config::CoopTiled | Config::CoopDirect) || self.wide()
     }
 
     /// Whether this is one of `wide`'s tilings (matmul_wide.wgsl).
@@ -546,18 +544,8 @@ thread_local! {
 /// and the CPU kernels' other forms are an error.
 #[doc(hidden)]
 pub fn forced<R>(config: Config, f: impl FnOnce() -> R) -> Result<R> {
-    if !matches!(
-        config,
-        Config::Tiled(..)
-            | Config::Reg
-            | Config::Simt(..)
-            | Config::CoopTiled
-            | Config::CoopWide
-            | Config::CoopWideTall
-            | Config::CoopWideFlat
-            | Config::CoopWideMid
-            | Config::CoopDirect
-    ) {
+    if !(matches!(config, Config::Tiled(..) | Config::Reg | Config::Simt(..)) || config.staged_tc())
+    {
         return Err(Error::invalid(
             "matmul::forced",
             format!("{config:?} does not take every shape"),
@@ -579,14 +567,7 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     let coop_ok = tensor_cores(dev, dtype);
     let forced = FORCED.with(|c| c.get());
     let mut config = match forced {
-        Some(
-            Config::CoopTiled
-            | Config::CoopWide
-            | Config::CoopWideTall
-            | Config::CoopWideFlat
-            | Config::CoopWideMid
-            | Config::CoopDirect,
-        ) if !coop_ok => choose(dev, dtype, m, n, k),
+        Some(f) if f.staged_tc() && !coop_ok => choose(dev, dtype, m, n, k),
         Some(f) => f,
         None => choose(dev, dtype, m, n, k),
     };
