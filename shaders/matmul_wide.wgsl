@@ -36,6 +36,10 @@
 // (BENCHMARKS.md, 2026-11-26) neither a k-fast A loaded 64 of K a row every other step
 // (whole lines) nor staged m-fast, transposed 8 x 8 through subgroup exchanges so that A B
 // ran these steps of 48, made A B faster: the first timed the same, the second 1.75x slower.
+// Once each quarter-subgroup's stores fell in distinct banks (see `runs`) and steps of 48
+// multiplied their last 16 after the barrier (LATE), steps of 48 with A's runs split 4 + 2
+// a row ran A B 2-4% faster than steps of 32 at 8192^3 (about as fast at 4096^3), and x W^T
+// (both operands k-fast, both split) 6-7% slower: so a k-fast B keeps steps of 32.
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
@@ -99,8 +103,9 @@ alias Params = MatmulParams;
 // The tile is RM x RN (BM x BN; RM = 64 computes a 128 x 128 tile's first 64 rows), its
 // subgroups BM / 64 a column of SW-wide blocks. Eight subgroups (WG = 256, E8): RM = 256
 // makes 256 x 128 tiles, RM = 128 128 x 256 ones (`Config::CoopWideFlat`, for products with
-// few rows and many columns), in K steps of 32 (in RM = 128's 36 KiB), or 48 (42 KiB) where
-// neither operand is k-fast (A^T B, a weight gradient's layout): see "Traffic"; RN = 192
+// few rows and many columns), in K steps of 32 (in RM = 128's 36 KiB) where B is k-fast
+// (x W^T), or 48 (42 KiB) where it is not (A B; A^T B, a weight gradient's layout): see
+// "Traffic"; RN = 192
 // 128 x 192 ones (`Config::CoopWideMid`), subgroups of 64 x 48, in K steps of 64 (46 KiB).
 // Why eight subgroups of 64 x 48 and not six of 64 x 64 (the first version): a core's four
 // schedulers each have their own tensor cores, and a workgroup's subgroups are dealt to them
@@ -116,10 +121,10 @@ const BN: u32 = RN;
 const SGN: u32 = WG / 32u / (BM / 64u);
 const SW: u32 = select(BN / SGN, 32u, RM == 64u);
 const FJ: u32 = SW / 16u;
-const KW: u32 = select(64u - E8 * (32u - 16u * TA * (1u - TB)), 64u, BN == 192u);
+const KW: u32 = select(64u - E8 * (16u + 16u * TB), 64u, BN == 192u);
 // Steps of 48 or 64 multiply their last 16 of K after the first barrier (see the loop); on
 // an H100 (BENCHMARKS.md, 2026-11-26) A^T B 8192^3 ran 4-6% faster so, 4096^3 6-8%, while
-// steps of 32 (256 x 128 tiles with a k-fast operand) ran 5-8% slower.
+// steps of 32 (256 x 128 tiles with a k-fast B) ran 5-8% slower.
 const LATE: bool = KW > 32u;
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
@@ -127,10 +132,15 @@ const PMA8: u32 = BM / 8u + 1u;
 const PMN8: u32 = BN / 8u + 1u;
 // Runs an invocation loads of A and of B a step, and how far apart they lie: RSK rows of a
 // k-fast tile, RSA (RSB) K rows of an m-fast (n-fast) one.
-const RSK: u32 = WG / (KW / 8u);
+const RSK: u32 = select(WG / (KW / 8u), 64u, KW == 48u);
+// K steps of 48 split a k-fast A's 6 runs a row in two: runs 0 .. N1A - 1 by 4 lanes a row,
+// RSK = 64 rows apart, the rest by 2 lanes a row, 128 rows apart (see `runs`). N1 = 8: not
+// split (B never is: a k-fast B steps by 32).
+const N1A: u32 = select(8u, BM / 64u, (KW == 48u) & (TA == 0u));
+const N1B: u32 = 8u;
 const RSA: u32 = WG / (BM / 8u);
 const RSB: u32 = WG / (BN / 8u);
-const NA: u32 = select(BM / RSK, (KW + RSA - 1u) / RSA, TA == 1u);
+const NA: u32 = select(BM / RSK + select(0u, BM / 128u, N1A < 8u), (KW + RSA - 1u) / RSA, TA == 1u);
 const NB: u32 = select(BN / RSK, (KW + RSB - 1u) / RSB, TB == 0u);
 // An m- or n-fast tile whose runs a K row do not divide WG (BN = 192: 24 runs, 10 K rows a
 // pass) ends in a partial pass: its last run exists only where its K row is below KW. The
@@ -164,6 +174,26 @@ struct Runs {
   s0: u32,
   mask: u32,
   k_lo: u32,
+  // A split k-fast tile's runs from N1 on (see N1A): their first's distance from run 0 in
+  // the buffer (d2) and tile (sd2), wrapping, and their K offset.
+  d2: u32,
+  sd2: u32,
+  k2: u32,
+}
+
+// Run i's place in the buffer (g the step's run 0), in the tile (si the layout's distance,
+// SIA or SIB), and its K offset (ki: KIA or KIB); n1 is N1A or N1B. i and n1 are constants
+// where these are called, so the selects fold.
+fn run_at(o: Runs, g: u32, i: u32, n1: u32) -> u32 {
+  return select(g + i * o.gi, g + o.d2 + (i - n1) * 2u * o.gi, i >= n1);
+}
+
+fn run_tile(o: Runs, i: u32, si: u32, n1: u32) -> u32 {
+  return select(o.s0 + i * si, o.s0 + o.sd2 + (i - n1) * 2u * si, i >= n1);
+}
+
+fn run_k(o: Runs, i: u32, ki: u32, n1: u32) -> u32 {
+  return select(o.k_lo + i * ki, o.k2, i >= n1);
 }
 
 // The runs of an operand whose tile is `rows` x K (rows along M or N, starting at `r0`, of
@@ -171,8 +201,11 @@ struct Runs {
 // runs an invocation. Run v = lid + WG i: a k-fast tile has KW / 8 runs a row (rows
 // lid / (KW / 8) + RSK i, but for rows of 4 runs, see below), an m- or n-fast one rows / 8 a
 // K row (K rows lid / (rows / 8) + WG / (rows / 8) i).
-fn runs(kfast: bool, rows: u32, count: u32, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
+fn runs(kfast: bool, rows: u32, count: u32, n1: u32, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
   var o: Runs;
+  o.d2 = 0u;
+  o.sd2 = 0u;
+  o.k2 = 0u;
   if (kfast) {
     // Rows of 4 runs (KW = 32, pitch 5 runs): a subgroup's 8 rows are dealt so that each
     // quarter of it (the 8 lanes whose 16-byte stores go to memory together) holds rows r
@@ -180,18 +213,30 @@ fn runs(kfast: bool, rows: u32, count: u32, lid: u32, base: u32, r0: u32, extent
     // one, and every store took two passes. On an H100 (BENCHMARKS.md, 2026-11-26) A B and
     // x W^T on 256 x 128 tiles ran 3-7% faster so.
     let per = KW / 8u;
+    let split = n1 < 8u;
     let r4 = (lid / 32u) * 8u + (lid % 32u) / 8u + 4u * ((lid / 4u) % 2u);
-    let r = select(lid / per, r4, per == 4u);
-    let q8 = lid % per;
+    let r = select(lid / per, r4, (per == 4u) | split);
+    let q8 = select(lid % per, lid % 4u, split);
     let q = q8 * 8u;
     o.g0 = (base + (r0 + r) * pr + k0 + q) / 8u;
     o.gi = RSK / 8u * pr;
     o.gk = KW / 8u;
     o.s0 = r * PK8 + q8;
+    // Split (KW = 48, pitch 7): the last 2 runs of each row by 2 lanes, a subgroup's 16 rows
+    // dealt so that each quarter holds rows r, r + 2, r + 4, r + 6, in distinct banks.
+    let l = lid % 32u;
+    let r2 = (lid / 32u) * 16u + (l / 16u) * 8u + (l / 8u) % 2u + 2u * ((l % 8u) / 2u);
+    let q2 = 4u + l % 2u;
+    if (split) {
+      o.d2 = (base + (r0 + r2) * pr + k0 + q2 * 8u) / 8u - o.g0;
+      o.sd2 = r2 * PK8 + q2 - o.s0;
+      o.k2 = q2 * 8u;
+    }
     o.mask = 0u;
     // Bits past `count` are set: those runs do not exist.
     //! unroll i in 0..8
-    o.mask = o.mask | select(0u, 1u << $i, ($i >= count) | (r0 + r + RSK * $i < extent));
+    let row$i = select(r0 + r + RSK * $i, r0 + r2 + 128u * ($i - n1), $i >= n1);
+    o.mask = o.mask | select(0u, 1u << $i, ($i >= count) | (row$i < extent));
     //! end
     o.k_lo = q;
   } else {
@@ -467,8 +512,8 @@ fn main(ids: Ids) {
   let wc = select((sg % SGN) * SW, sg * 32u, RM == 64u);
   let a_base = p.a_off + (bt % p.a_mod) * p.a_bs;
   let b_base = p.b_off + (bt % p.b_mod) * p.b_bs;
-  let ra = runs(TA == 0u, BM, NA, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
-  let rb = runs(TB == 1u, BN, NB, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
+  let ra = runs(TA == 0u, BM, NA, N1A, lid, a_base, m0, p.m, p.sam, p.sak, kr.x);
+  let rb = runs(TB == 1u, BN, NB, N1B, lid, b_base, n0, p.n, p.sbn, p.sbk, kr.x);
   // Which of the invocation's runs exist (see PA, PB).
   //! unroll i in 0..8
   let exa$i = ($i < NA) & (!PA | ($i + 1u < NA) | (ra.k_lo + $i * KIA < KW));
@@ -499,10 +544,10 @@ fn main(ids: Ids) {
   let kq = (lid % 8u) * 8u;
   let kr16 = lid / 16u;
   //! unroll i in 0..8
-  let oka$i = exa$i & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
-  var xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, oka$i)], oka$i);
-  let okb$i = (GATHER == 0u) & exb$i & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
-  var xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, okb$i)], okb$i);
+  let oka$i = exa$i & (((ra.mask >> $i) & 1u) != 0u) & (run_k(ra, $i, KIA, N1A) < left);
+  var xa$i = select(vec4<f32>(0.0), a[select(0u, run_at(ra, ga, $i, N1A), oka$i)], oka$i);
+  let okb$i = (GATHER == 0u) & exb$i & (((rb.mask >> $i) & 1u) != 0u) & (run_k(rb, $i, KIB, N1B) < left);
+  var xb$i = select(vec4<f32>(0.0), b[select(0u, run_at(rb, gb, $i, N1B), okb$i)], okb$i);
   //! end
   if (GATHER == 1u && TB == 1u) {
     let g = gathered(px, kr.x + kq, kr.y);
@@ -521,8 +566,8 @@ fn main(ids: Ids) {
   var rs0 = vec4<f32>(0.0);
   var rs1 = vec4<f32>(0.0);
   //! unroll i in 0..8
-  if (exa$i) { Ts[ra.s0 + $i * SIA] = xa$i; }
-  if (exb$i) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
+  if (exa$i) { Ts[run_tile(ra, $i, SIA, N1A)] = xa$i; }
+  if (exb$i) { Ts[TB8 + run_tile(rb, $i, SIB, N1B)] = xb$i; }
   if (sums & exa$i) {
     rs0 = rs0 + halves(xa$i, false);
     rs1 = rs1 + halves(xa$i, true);
@@ -540,12 +585,12 @@ fn main(ids: Ids) {
       // load without bounds or zeroing.
       if (ra.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
-        if (exa$i) { xa$i = a[ga + $i * ra.gi]; }
+        if (exa$i) { xa$i = a[run_at(ra, ga, $i, N1A)]; }
         //! end
       } else {
         //! unroll i in 0..8
-        let na$i = exa$i & (((ra.mask >> $i) & 1u) != 0u) & (ra.k_lo + $i * KIA < left);
-        xa$i = select(vec4<f32>(0.0), a[select(0u, ga + $i * ra.gi, na$i)], na$i);
+        let na$i = exa$i & (((ra.mask >> $i) & 1u) != 0u) & (run_k(ra, $i, KIA, N1A) < left);
+        xa$i = select(vec4<f32>(0.0), a[select(0u, run_at(ra, ga, $i, N1A), na$i)], na$i);
         //! end
       }
       if (GATHER == 1u && TB == 1u) {
@@ -561,12 +606,12 @@ fn main(ids: Ids) {
         //! end
       } else if (rb.mask == 0xffu && left >= KW) {
         //! unroll i in 0..8
-        if (exb$i) { xb$i = b[gb + $i * rb.gi]; }
+        if (exb$i) { xb$i = b[run_at(rb, gb, $i, N1B)]; }
         //! end
       } else {
         //! unroll i in 0..8
-        let nb$i = exb$i & (((rb.mask >> $i) & 1u) != 0u) & (rb.k_lo + $i * KIB < left);
-        xb$i = select(vec4<f32>(0.0), b[select(0u, gb + $i * rb.gi, nb$i)], nb$i);
+        let nb$i = exb$i & (((rb.mask >> $i) & 1u) != 0u) & (run_k(rb, $i, KIB, N1B) < left);
+        xb$i = select(vec4<f32>(0.0), b[select(0u, run_at(rb, gb, $i, N1B), nb$i)], nb$i);
         //! end
       }
     }
@@ -594,8 +639,8 @@ fn main(ids: Ids) {
     workgroupBarrier();
     if (more) {
       //! unroll i in 0..8
-      if (exa$i) { Ts[ra.s0 + $i * SIA] = xa$i; }
-      if (exb$i) { Ts[TB8 + rb.s0 + $i * SIB] = xb$i; }
+      if (exa$i) { Ts[run_tile(ra, $i, SIA, N1A)] = xa$i; }
+      if (exb$i) { Ts[TB8 + run_tile(rb, $i, SIB, N1B)] = xb$i; }
       if (sums & exa$i) {
         rs0 = rs0 + halves(xa$i, false);
         rs1 = rs1 + halves(xa$i, true);

@@ -175,9 +175,9 @@ fn fill(tiles: usize, slots: usize) -> f64 {
 
 /// Whether `CoopWideMid`'s 128 x 192 tiles pay: N a multiple of 192 and many tiles, whose
 /// waves fill the GPU clearly better than 128 x 128 tiles' (two a core) do, or where 256 x
-/// 128 ones pay ([`tall_pays`]), at least as well as theirs where those run K steps of 32
-/// (`steps32`: an operand is k-fast), else better by more than their subgroups' 64 x 48
-/// blocks lose to 64 x 64 ones. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128,
+/// 128 ones pay ([`tall_pays`]), at least as well as theirs where an operand is k-fast
+/// (`kfast`: A B, x W^T), else better by more than their subgroups' 64 x 48 blocks lose to
+/// 64 x 64 ones. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128,
 /// 1.45 waves, and 256 of 128 x 192, 1.94; its 16384 x 1152 ones 4.4 waves of 256 x 128 and
 /// 5.8 of 128 x 192. On an H100 (BENCHMARKS.md, 2026-11-26) 128 x 192 tiles ran the
 /// products with 16384 x 384 outputs and K = 1152 or 1536 10-14% faster than 128 x 128 and
@@ -188,14 +188,18 @@ fn fill(tiles: usize, slots: usize) -> f64 {
 /// medians of `bench --rounds 3`). Where 256 x 128 tiles run steps of 32, 128 x 192 ones
 /// since ran that product 1% faster as A B and 2% as x W^T in those medians (5-7% in a
 /// one-off rotating comparison), and the GPT's f16 step, in which they then take fc1's
-/// forward and fc2's input gradient, 1.9% faster (8.64-8.66 ms against 8.80-8.83).
-fn mid_pays(m: usize, n: usize, steps32: bool) -> bool {
+/// forward and fc2's input gradient, 1.9% faster (8.64-8.66 ms against 8.80-8.83). Since
+/// then 256 x 128 tiles run A B in steps of 48 and store a k-fast operand without bank
+/// conflicts; in the same medians 128 x 192 tiles still ran that A B 8% faster, while x W^T
+/// ran 2-4% slower on them than on 256 x 128, too little to show in the step, so the rule
+/// stands.
+fn mid_pays(m: usize, n: usize, kfast: bool) -> bool {
     let mid = fill(m.div_ceil(128) * (n / 192), SLOTS / 2);
     let square = m.div_ceil(128) * n.div_ceil(128);
     n.is_multiple_of(192)
         && if tall_pays(m, n) {
             let tall = fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2);
-            if steps32 {
+            if kfast {
                 mid + 0.01 >= tall
             } else {
                 0.94 * mid > tall
@@ -322,8 +326,8 @@ pub enum Config {
     /// `kernels::spirv`): contiguous extents, pitches and offsets multiples of 8, and an
     /// adapter that takes wgrad's SPIR-V (`Caps::spirv`).
     CoopWide,
-    /// `CoopWide` with 256 x 128 tiles: 8 subgroups of 64 x 64 outputs, K steps of 32 (48 for
-    /// A^T B) within 48 KiB of workgroup memory (matmul_wide.wgsl, RM = 256). A workgroup
+    /// `CoopWide` with 256 x 128 tiles: 8 subgroups of 64 x 64 outputs, K steps of 48 (32
+    /// where B is contiguous along K, x W^T) within 48 KiB of workgroup memory (matmul_wide.wgsl, RM = 256). A workgroup
     /// loads a quarter less per product than two 128 x 128 ones, which is what `wide` waits
     /// on at large sizes; [`plan`] takes it where such tiles fill at least three waves of the
     /// GPU.
@@ -1160,20 +1164,20 @@ mod tests {
     fn tile_shapes_for_the_gpt_products() {
         use super::{Config, mid_pays, split_tiling, tall_pays};
         // Products with K = 384 and many tiles: 256 x 128, unless 128 x 192 ones fill their
-        // waves clearly better (5.8 waves against 4.4), or as well where 256 x 128 tiles
-        // would run K steps of 32 (A B, x W^T).
-        for steps32 in [false, true] {
-            assert!(tall_pays(16384, 1152) && mid_pays(16384, 1152, steps32));
-            assert!(tall_pays(4096, 4096) && !mid_pays(4096, 4096, steps32));
+        // waves clearly better (5.8 waves against 4.4), or as well where an operand is
+        // k-fast (A B, x W^T).
+        for kfast in [false, true] {
+            assert!(tall_pays(16384, 1152) && mid_pays(16384, 1152, kfast));
+            assert!(tall_pays(4096, 4096) && !mid_pays(4096, 4096, kfast));
             // 16384 x 384 outputs: 1.45 waves of 128 x 128 tiles, 1.94 of 128 x 192.
             assert!(!tall_pays(16384, 384));
-            assert!(mid_pays(16384, 384, steps32));
+            assert!(mid_pays(16384, 384, kfast));
             // Whole waves of either, or N not a multiple of 192: 128 x 128 stays.
-            assert!(!mid_pays(16384, 768, steps32));
-            assert!(!mid_pays(16384, 256, steps32));
-            assert!(!mid_pays(256, 384, steps32));
+            assert!(!mid_pays(16384, 768, kfast));
+            assert!(!mid_pays(16384, 256, kfast));
+            assert!(!mid_pays(256, 384, kfast));
         }
-        // Waves as full either way: 128 x 192 where 256 x 128 tiles would run steps of 32.
+        // Waves as full either way: 128 x 192 where an operand is k-fast.
         assert!(tall_pays(16384, 1536) && !mid_pays(16384, 1536, false));
         assert!(mid_pays(16384, 1536, true));
         // 128 x 192 waves filled less (4096 x 4224: 0.89 against 1): 256 x 128.
