@@ -751,7 +751,8 @@ fn matmul_register_tiles() {
 /// 64 by layout and tile), forced where the
 /// adapter runs `wide` (elsewhere the usual path, still checked): every transpose; M and N
 /// past one tile, both partial, either way round (300 x 136, 136 x 300); K of one partial step, of several with
-/// a partial last one (88 = 32 + 32 + 24, or 48 + 40 for A^T B), and long enough to split into partial products
+/// a partial last one (88 = 32 + 32 + 24 where B is k-fast, 48 + 40 for A B and A^T B, whose
+/// 48 split a k-fast A's runs 4 + 2), and long enough to split into partial products
 /// (4160, with the bias and activation then in the `splitk` pass); the fused epilogues; a
 /// batch broadcasting B; and M below 64.
 #[test]
@@ -796,16 +797,18 @@ fn matmul_tall_tiles() {
                 }
             }
             let act = Some(Activation::Relu);
-            matmul_case(
-                &dev,
-                &mut rng,
-                DType::F16,
-                (300, 136, 4160),
-                false,
-                true,
-                true,
-                act,
-            );
+            for (ta, tb) in [(false, true), (false, false)] {
+                matmul_case(
+                    &dev,
+                    &mut rng,
+                    DType::F16,
+                    (300, 136, 4160),
+                    ta,
+                    tb,
+                    true,
+                    act,
+                );
+            }
             matmul_case(
                 &dev,
                 &mut rng,

@@ -190,9 +190,9 @@ fn fill(tiles: usize, slots: usize) -> f64 {
 /// one-off rotating comparison), and the GPT's f16 step, in which they then take fc1's
 /// forward and fc2's input gradient, 1.9% faster (8.64-8.66 ms against 8.80-8.83). Since
 /// then 256 x 128 tiles run A B in steps of 48 and store a k-fast operand without bank
-/// conflicts; in the same medians 128 x 192 tiles still ran that A B 8% faster, while x W^T
-/// ran 2-4% slower on them than on 256 x 128, too little to show in the step, so the rule
-/// stands.
+/// conflicts; in `bench --rounds 3` medians 128 x 192 tiles still ran that A B 8% faster,
+/// while x W^T ran 2-4% slower on them than on 256 x 128, too little to show in the step, so
+/// the rule stands.
 fn mid_pays(m: usize, n: usize, kfast: bool) -> bool {
     let mid = fill(m.div_ceil(128) * (n / 192), SLOTS / 2);
     let square = m.div_ceil(128) * n.div_ceil(128);
