@@ -327,10 +327,10 @@ pub enum Config {
     /// adapter that takes wgrad's SPIR-V (`Caps::spirv`).
     CoopWide,
     /// `CoopWide` with 256 x 128 tiles: 8 subgroups of 64 x 64 outputs, K steps of 48 (32
-    /// where B is contiguous along K, x W^T) within 48 KiB of workgroup memory (matmul_wide.wgsl, RM = 256). A workgroup
-    /// loads a quarter less per product than two 128 x 128 ones, which is what `wide` waits
-    /// on at large sizes; [`plan`] takes it where such tiles fill at least three waves of the
-    /// GPU.
+    /// where B is contiguous along K, x W^T) within 48 KiB of workgroup memory
+    /// (matmul_wide.wgsl, RM = 256). A workgroup loads a quarter less per product than two
+    /// 128 x 128 ones, which is what `wide` waits on at large sizes; [`plan`] takes it where
+    /// such tiles fill at least three waves of the GPU.
     CoopWideTall,
     /// `CoopWide` with 128 x 256 tiles, 8 subgroups of 64 x 64 outputs (matmul_wide.wgsl, RM =
     /// 128 with 256 invocations), the K steps of `CoopWideTall`: for weight gradients with
