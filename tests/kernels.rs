@@ -747,14 +747,13 @@ fn matmul_register_tiles() {
     }
 }
 
-/// `wide` with 256 x 128, 128 x 256 and 128 x 192 tiles (8 subgroups; K steps of 32, 48 or
-/// 64 by layout and tile), forced where the
-/// adapter runs `wide` (elsewhere the usual path, still checked): every transpose; M and N
-/// past one tile, both partial, either way round (300 x 136, 136 x 300); K of one partial step, of several with
-/// a partial last one (88 = 32 + 32 + 24 where B is k-fast, 48 + 40 for A B and A^T B, whose
-/// 48 split a k-fast A's runs 4 + 2), and long enough to split into partial products
-/// (4160, with the bias and activation then in the `splitk` pass); the fused epilogues; a
-/// batch broadcasting B; and M below 64.
+/// `wide` with 256 x 128, 128 x 256 and 128 x 192 tiles (8 subgroups; K steps of 32, 48 or 64
+/// by layout and tile), forced where the adapter runs `wide` (elsewhere the usual path, still
+/// checked): every transpose; M and N past one tile, both partial, either way round (300 x 136,
+/// 136 x 300); K of one partial step, of several with a partial last one (88 = 32 + 32 + 24
+/// where B is k-fast, 48 + 40 for A B and A^T B, whose 48 split a k-fast A's runs 4 + 2), and
+/// long enough to split into partial products (4160, with the bias and activation then in the
+/// `splitk` pass); the fused epilogues; a batch broadcasting B; and M below 64.
 #[test]
 fn matmul_tall_tiles() {
     use wgrad::kernels::matmul::{Config, forced};
