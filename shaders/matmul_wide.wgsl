@@ -20,39 +20,29 @@
 // Steps. K goes in steps of KW = 64 through one buffer per operand: each invocation loads its
 // 8 runs of A and 8 of B for the next step into registers before the current step's products
 // and stores them after (two barriers a step). Double-buffered steps of 32 (one barrier a
-// step, 48 KiB) ran 20% slower on an H100.
+// step, 48 KiB) ran 20% slower on an H100, and so did a prototype of 256 x 128 tiles in
+// double-buffered steps of 16 with the loads two or three steps ahead (195-230 TFLOP/s
+// against 290-300; BENCHMARKS.md, thirty-fifth session).
 //
-// Traffic. Timed with parts left out (wrong results; H200, 8192^3, 4.79 ms whole): without
-// the products 3.90 ms (loads, stores, barriers), without the loads from the buffers 3.15
-// ms. The kernel waits on what it reads, 1/64 byte a flop at 128 x 128 (3.7 TB/s at 230
-// TFLOP/s). A 256 x 128 tile reads 3/4 of that, but in 48 KiB of workgroup memory only in K
-// steps of 32 (A and B of K 64 would take 54 KiB with their padding): 8192^3 in 4.15 ms,
-// 4096^3 11% faster. Its products per step are half those of RM = 128 (two barriers a 32 of
-// K). Steps of 48 fit too (42 KiB), and ran A^T B (m-fast A, n-fast B) at 8192^3 in 3.59-3.71
-// ms against 3.88-3.94 (296-306 TFLOP/s); where an operand is k-fast they were slower (A B
-// 4.27-4.54 ms, however its 6 runs a row were spread over invocations), so they are only
-// taken there. Loading two steps ahead in registers instead of one was slower (4.34 ms, and
-// 4.93 with the loop written out twice so that no register set is copied). On an H100
-// (BENCHMARKS.md, 2026-11-26) neither a k-fast A loaded 64 of K a row every other step
-// (whole lines) nor staged m-fast, transposed 8 x 8 through subgroup exchanges so that A B
-// ran these steps of 48, made A B faster: the first timed the same, the second 1.75x slower.
-// Once each quarter-subgroup's stores fell in distinct banks (see `runs`) and steps of 48
-// multiplied their last 16 after the barrier (LATE), steps of 48 with A's runs split 4 + 2
-// a row ran A B 2-4% faster than steps of 32 at 8192^3 (about as fast at 4096^3), and x W^T
-// (both operands k-fast, both split) 6-7% slower: so a k-fast B keeps steps of 32.
+// Traffic. A 128 x 128 tile reads 1/64 byte a flop from the buffers; 256 x 128 and 128 x 256
+// tiles read 3/4 of that, but in 48 KiB of workgroup memory only in K steps of 32 or 48 (A and
+// B of K 64 would take 54 KiB with their padding). Steps of 48 (42 KiB) run where no operand
+// is k-fast (A^T B) and for A B, whose k-fast A's 6 runs a row are loaded 4 + 2 (see `runs`);
+// x W^T, both operands k-fast, steps by 32 (by 48 it ran 6-7% slower). The loop is not bound
+// by the rate L2 serves its loads: with the same 36 KiB in flight a core, plain loads draw
+// 6.8 TB/s from an H100's L2 (examples/load_rate.rs), about twice what these tiles draw. The
+// layouts, orders and staging tried against it are in BENCHMARKS.md.
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
 // (SIB) in the tile, with SIA, SIB constants of the layout; it is inside the matrix when
 // bit i of a row mask is set and its K offset is below the K left. An invocation whose runs
-// are all inside loads them without selects. Computed per load (as `main` does), the address and bounds
-// arithmetic outnumbered the products 4 to 1 in the driver's machine code of the loop.
+// are all inside loads them without selects. Computed per load (as `main` does), the address
+// and bounds arithmetic outnumbered the products 4 to 1 in the driver's machine code of the
+// loop.
 //
-// What was measured on an H100 (BENCHMARKS.md, 2026-11-24): the products alone, with their
-// fragments loaded once, ran at 513 TFLOP/s and with their fragment loads at 391-419; the
-// first version of this kernel at 122; per-load addressing hoisted 143, constant strides and
-// the bounds-free path 205-211, the loop kept rolled (the driver had unrolled it 8 times and
-// spilled) 235, this epilogue 241.
+// Ceilings measured on an H100 (BENCHMARKS.md, 2026-11-24): the products alone, with their
+// fragments loaded once, ran at 513 TFLOP/s, and with their fragment loads at 391-419.
 //
 // Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows BM (BN) + 8, so the 8
 // rows of 16 bytes a fragment load reads at once fall in distinct banks.

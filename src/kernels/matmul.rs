@@ -173,26 +173,17 @@ fn fill(tiles: usize, slots: usize) -> f64 {
     tiles as f64 / (tiles.div_ceil(slots).max(1) * slots) as f64
 }
 
-/// Whether `CoopWideMid`'s 128 x 192 tiles pay: N a multiple of 192 and many tiles, whose
-/// waves fill the GPU clearly better than 128 x 128 tiles' (two a core) do, or where 256 x
-/// 128 ones pay ([`tall_pays`]), at least as well as theirs where an operand is k-fast
-/// (`kfast`: A B, x W^T), else better by more than their subgroups' 64 x 48 blocks lose to
-/// 64 x 64 ones. The GPT's 16384 x 384 outputs are 384 tiles of 128 x 128,
-/// 1.45 waves, and 256 of 128 x 192, 1.94; its 16384 x 1152 ones 4.4 waves of 256 x 128 and
-/// 5.8 of 128 x 192. On an H100 (BENCHMARKS.md, 2026-11-26) 128 x 192 tiles ran the
-/// products with 16384 x 384 outputs and K = 1152 or 1536 10-14% faster than 128 x 128 and
-/// 20-24% faster than 256 x 128, and 16384 x 1152 x 384 5-12% faster than 256 x 128. At
-/// 16384 x 1536 x 384 (waves as full either way) they ran 4-8% slower before the last 16 of
-/// their K steps of 64 moved after the barrier: the 0.94 below, kept for A^T B, whose 256 x
-/// 128 tiles run steps of 48 with the same late 16 (128 x 192 still 6% slower in the
-/// medians of `bench --rounds 3`). Where 256 x 128 tiles run steps of 32, 128 x 192 ones
-/// since ran that product 1% faster as A B and 2% as x W^T in those medians (5-7% in a
-/// one-off rotating comparison), and the GPT's f16 step, in which they then take fc1's
-/// forward and fc2's input gradient, 1.9% faster (8.64-8.66 ms against 8.80-8.83). Since
-/// then 256 x 128 tiles run A B in steps of 48 and store a k-fast operand without bank
-/// conflicts; in `bench --rounds 3` medians 128 x 192 tiles still ran that A B 8% faster,
-/// while x W^T ran 2-4% slower on them than on 256 x 128, too little to show in the step, so
-/// the rule stands.
+/// Whether `CoopWideMid`'s 128 x 192 tiles pay: N a multiple of 192, and their waves fill
+/// the GPU clearly better than 128 x 128 tiles' (two a core) do; or, where 256 x 128 tiles
+/// pay ([`tall_pays`]), at least as well as those where an operand is k-fast (`kfast`: A B,
+/// x W^T), else by more than their 64 x 48 subgroup blocks lose to 64 x 64 ones (the 0.94).
+/// The GPT's 16384 x 384 outputs make 1.45 waves of 128 x 128 tiles and 1.94 of 128 x 192;
+/// its 16384 x 1152 ones 4.4 waves of 256 x 128 and 5.8 of 128 x 192. On an H100
+/// (BENCHMARKS.md, thirty-first to thirty-third sessions) 128 x 192 tiles ran the products
+/// with 16384 x 384 outputs 10-24% faster than either, 16384 x 1152 x 384 5-12% faster than
+/// 256 x 128, and, taking fc1's forward and fc2's input gradient (16384 x 1536 x 384, equal
+/// fill), the f16 GPT step from 8.80 to 8.64 ms; A^T B there keeps 256 x 128 (128 x 192
+/// ran it 6% slower).
 fn mid_pays(m: usize, n: usize, kfast: bool) -> bool {
     let mid = fill(m.div_ceil(128) * (n / 192), SLOTS / 2);
     let square = m.div_ceil(128) * n.div_ceil(128);
