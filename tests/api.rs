@@ -125,6 +125,7 @@ fn examples_answer_help_and_refuse_unknown_options() {
         .join("examples");
     for name in [
         "bench",
+        "load_rate",
         "loader_bench",
         "make_records",
         "memory_bench",
