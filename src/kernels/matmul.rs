@@ -173,10 +173,12 @@ fn fill(tiles: usize, slots: usize) -> f64 {
     tiles as f64 / (tiles.div_ceil(slots).max(1) * slots) as f64
 }
 
-/// Whether `CoopWideMid`'s 128 x 192 tiles pay: N a multiple of 192, and their waves fill
-/// the GPU clearly better than 128 x 128 tiles' (two a core) do; or, where 256 x 128 tiles
-/// pay ([`tall_pays`]), at least as well as those where an operand is k-fast (`kfast`: A B,
-/// x W^T), else by more than their 64 x 48 subgroup blocks lose to 64 x 64 ones (the 0.94).
+/// Whether `CoopWideMid`'s 128 x 192 tiles pay. N must be a multiple of 192. Where 256 x 128
+/// tiles pay ([`tall_pays`]), 128 x 192 ones must fill their waves at least as well where an
+/// operand is k-fast (`kfast`: A B, x W^T), else better by more than their 64 x 48 subgroup
+/// blocks lose to 64 x 64 ones (the 0.94). Elsewhere they must fill them clearly better (by
+/// 0.15) than 128 x 128 tiles (two a core), of which there must be a wave or more.
+///
 /// The GPT's 16384 x 384 outputs make 1.45 waves of 128 x 128 tiles and 1.94 of 128 x 192;
 /// its 16384 x 1152 ones 4.4 waves of 256 x 128 and 5.8 of 128 x 192. On an H100
 /// (BENCHMARKS.md, thirty-first to thirty-third sessions) 128 x 192 tiles ran the products
