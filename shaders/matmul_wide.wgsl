@@ -31,7 +31,7 @@
 // x W^T, both operands k-fast, steps by 32 (by 48 it ran 6-7% slower). The loop is not bound
 // by the rate L2 serves its loads: with the same 36 KiB in flight a core, plain loads draw
 // 6.8 TB/s from an H100's L2 (examples/load_rate.rs), about twice what these tiles draw. Yet
-// left out (timing probes), the loads took 18-29% of the loop's time: about 10% is the wait
+// left out (timing probes), the loads took 18-28% of the loop's time: about 10% is the wait
 // for L2 (loads that hit L1 cost that much less), the rest is spent in the core. The layouts,
 // orders and staging tried against it are in BENCHMARKS.md (thirty-fifth session).
 //
