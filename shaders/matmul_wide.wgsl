@@ -194,10 +194,8 @@ fn run_k(o: Runs, i: u32, ki: u32, n1: u32) -> u32 {
 // lid / (KW / 8) + RSK i, but for rows of 4 runs, see below), an m- or n-fast one rows / 8 a
 // K row (K rows lid / (rows / 8) + WG / (rows / 8) i).
 fn runs(kfast: bool, rows: u32, count: u32, n1: u32, lid: u32, base: u32, r0: u32, extent: u32, pr: u32, pk: u32, k0: u32) -> Runs {
+  // Zero-initialised (WGSL's rule for `var`): d2, sd2 and k2 stay 0 unless the tile is split.
   var o: Runs;
-  o.d2 = 0u;
-  o.sd2 = 0u;
-  o.k2 = 0u;
   if (kfast) {
     // Rows of 4 runs (KW = 32, pitch 5 runs): a subgroup's 8 rows are dealt so that each
     // quarter of it (the 8 lanes whose 16-byte stores go to memory together) holds rows r
