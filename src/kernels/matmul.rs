@@ -135,6 +135,17 @@ fn tall_pays(m: usize, n: usize) -> bool {
     m > 128 && m.div_ceil(256) * n.div_ceil(128) >= 3 * SLOTS / 2
 }
 
+/// Where 256 x 128 tiles pay, whether 128 x 256 ones serve better: for A B (op(A) contiguous
+/// along K, op(B) along N) with N a multiple of 256 and waves filled as well. On an H100
+/// (BENCHMARKS.md, thirty-sixth session) A B ran 8-9% slower than A^T B in 256 x 128 tiles
+/// at every K from 1024 to 8192, so whatever A's row pitch; 128 x 256 tiles, which load half
+/// as many rows of A a step, ran it 2-4% faster at K up to 4096 and as fast at 8192^3. x W^T,
+/// both operands k-fast, loads as many k-fast rows either way and lost 1-2% (thirtieth).
+fn flat_pays(m: usize, n: usize, ta: bool, tb: bool) -> bool {
+    let tall = fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2);
+    !ta && !tb && n.is_multiple_of(256) && fill(m.div_ceil(128) * (n / 256), SLOTS / 2) >= tall
+}
+
 /// The eight-subgroup tiling for a weight gradient's few tiles split along a long K (A^T B
 /// with op(A) contiguous along M and op(B) along N, K >= 8192, under half a wave of tiles):
 /// the one that pads M and N least, by at most an eighth of its area, and on a tie 256 x 128
@@ -614,7 +625,11 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         } else if wide_ok && forced.is_none() && mid_pays(m, n, !ta || tb) {
             Config::CoopWideMid
         } else if wide_ok && forced.is_none() && tall_pays(m, n) {
-            Config::CoopWideTall
+            if flat_pays(m, n, ta, tb) {
+                Config::CoopWideFlat
+            } else {
+                Config::CoopWideTall
+            }
         } else if wide_ok {
             Config::CoopWide
         } else if !tb && direct_ok {
@@ -1155,7 +1170,7 @@ mod tests {
 
     #[test]
     fn tile_shapes_for_the_gpt_products() {
-        use super::{Config, mid_pays, split_tiling, tall_pays};
+        use super::{Config, flat_pays, mid_pays, split_tiling, tall_pays};
         // Products with K = 384 and many tiles: 256 x 128, unless 128 x 192 ones fill their
         // waves clearly better (5.8 waves against 4.4), or as well where an operand is
         // k-fast (A B, x W^T).
@@ -1175,6 +1190,10 @@ mod tests {
         assert!(mid_pays(16384, 1536, true));
         // 128 x 192 waves filled less (4096 x 4224: 0.89 against 1): 256 x 128.
         assert!(tall_pays(4096, 4224) && !mid_pays(4096, 4224, true));
+        // A B's large products: 128 x 256 where N is a multiple of 256; not other layouts.
+        assert!(flat_pays(4096, 4096, false, false) && flat_pays(8192, 8192, false, false));
+        assert!(!flat_pays(4096, 4096, false, true) && !flat_pays(4096, 4096, true, false));
+        assert!(!flat_pays(4096, 4224, false, false));
         // Weight gradients split along K = 16384: the tiles that pad least.
         let split = |m, n| split_tiling(m, n, 16384, true, false);
         assert_eq!(split(1536, 384), Some(Config::CoopWideTall));
