@@ -22,7 +22,9 @@
 // and stores them after (two barriers a step). Double-buffered steps of 32 (one barrier a
 // step, 48 KiB) ran 20% slower on an H100, and so did a prototype of 256 x 128 tiles in
 // double-buffered steps of 16 with the loads two or three steps ahead (195-230 TFLOP/s
-// against 290-300; BENCHMARKS.md, thirty-fifth session).
+// against 290-300; BENCHMARKS.md, thirty-fifth session). Loaded a third of a step earlier
+// (before the last 16 of K's products, with no register copies waiting on them in the
+// driver's code), the runs gained nothing (thirty-sixth session).
 //
 // Traffic. A 128 x 128 tile reads 1/64 byte a flop from the buffers; 256 x 128 and 128 x 256
 // tiles read 3/4 of that, but in 48 KiB of workgroup memory only in K steps of 32 or 48 (A and
@@ -31,9 +33,12 @@
 // x W^T, both operands k-fast, steps by 32 (by 48 it ran 6-7% slower). The loop is not bound
 // by the rate L2 serves its loads: with the same 36 KiB in flight a core, plain loads draw
 // 6.8 TB/s from an H100's L2 (examples/load_rate.rs), about twice what these tiles draw. Yet
-// left out (timing probes), the loads took 18-28% of the loop's time: about 10% is the wait
-// for L2 (loads that hit L1 cost that much less), the rest is spent in the core. The layouts,
-// orders and staging tried against it are in BENCHMARKS.md (thirty-fifth session).
+// left out (timing probes), the loads took 18-28% of the loop's time; loads that hit L1 cost
+// about 10% less, but loads issued earlier did not (see Steps), so the cost is not their
+// latency. A k-fast operand costs more: A B ran 8-9% slower than A^T B at every K from 1024
+// to 8192 (so not for A's row pitch), and 128 x 256 tiles, loading half as many rows of A,
+// serve it better (matmul.rs `flat_pays`). The layouts, orders and staging tried against it
+// are in BENCHMARKS.md (thirty-fifth and thirty-sixth sessions).
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
