@@ -142,8 +142,9 @@ fn tall_pays(m: usize, n: usize) -> bool {
 /// as many rows of A a step, ran it 2-4% faster at K up to 4096 and as fast at 8192^3. x W^T,
 /// both operands k-fast, loads as many k-fast rows either way and lost 1-2% (thirtieth).
 fn flat_pays(m: usize, n: usize, ta: bool, tb: bool) -> bool {
-    let tall = fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2);
-    !ta && !tb && n.is_multiple_of(256) && fill(m.div_ceil(128) * (n / 256), SLOTS / 2) >= tall
+    !ta && !tb
+        && n.is_multiple_of(256)
+        && eight_fill(m, n, Config::CoopWideFlat) >= eight_fill(m, n, Config::CoopWideTall)
 }
 
 /// The eight-subgroup tiling for a weight gradient's few tiles split along a long K (A^T B
@@ -184,6 +185,12 @@ fn fill(tiles: usize, slots: usize) -> f64 {
     tiles as f64 / (tiles.div_ceil(slots).max(1) * slots) as f64
 }
 
+/// [`fill`] for an M x N product in an eight-subgroup `tiling`'s tiles, which run one a core.
+fn eight_fill(m: usize, n: usize, tiling: Config) -> f64 {
+    let (tm, tn) = tiling.tile();
+    fill(m.div_ceil(tm) * n.div_ceil(tn), SLOTS / 2)
+}
+
 /// Whether `CoopWideMid`'s 128 x 192 tiles pay. N must be a multiple of 192. Where 256 x 128
 /// tiles pay ([`tall_pays`]), 128 x 192 ones must fill their waves at least as well where an
 /// operand is k-fast (`kfast`: A B, x W^T), else better by more than their 64 x 48 subgroup
@@ -198,11 +205,11 @@ fn fill(tiles: usize, slots: usize) -> f64 {
 /// fill), the f16 GPT step from 8.80 to 8.64 ms; A^T B there keeps 256 x 128 (128 x 192
 /// ran it 6% slower).
 fn mid_pays(m: usize, n: usize, kfast: bool) -> bool {
-    let mid = fill(m.div_ceil(128) * (n / 192), SLOTS / 2);
+    let mid = eight_fill(m, n, Config::CoopWideMid);
     let square = m.div_ceil(128) * n.div_ceil(128);
     n.is_multiple_of(192)
         && if tall_pays(m, n) {
-            let tall = fill(m.div_ceil(256) * n.div_ceil(128), SLOTS / 2);
+            let tall = eight_fill(m, n, Config::CoopWideTall);
             if kfast {
                 mid + 0.01 >= tall
             } else {
