@@ -25,8 +25,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Devices are opened *and torn down* one at a time: NVIDIA's Vulkan driver stalled when
-/// threads created and destroyed devices at once (seen with 8-16 test threads on an H200,
-/// threads stuck in vkCreateDevice, vkDestroyDevice and vkDestroyInstance).
+/// threads created and destroyed devices at once (seen with 8-16 test threads, threads
+/// stuck in vkCreateDevice, vkDestroyDevice and vkDestroyInstance).
 pub(crate) static DEVICE_LIFECYCLE: Mutex<()> = Mutex::new(());
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {

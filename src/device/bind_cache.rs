@@ -1,8 +1,9 @@
 //! Bind groups kept for reuse, keyed by what they bind.
 //!
 //! Why: a training step repeats the same launches on the same memory (the pool hands the
-//! same blocks back each step), and creating a bind group per dispatch cost the host about
-//! 5 us each, 2.1 ms of an f16 GPT step of 434 dispatches on an H100 (BENCHMARKS.md). The
+//! same blocks back each step), and creating a bind group per dispatch costs the host
+//! microseconds each, milliseconds of a GPT step's hundreds of dispatches
+//! (docs/performance.md, host overhead). The
 //! kernel's parameters are bound with a dynamic offset into the stream's parameter buffer, so
 //! a bind group depends only on the pipeline's layout, the parameter block's size and the
 //! storage ranges, and the next step finds it here.
@@ -94,8 +95,8 @@ struct Entry<V> {
 /// the hash table is read only where the order breaks.
 ///
 /// Why: as one hash table of handles, a lookup missed the cache on the slot and on what it
-/// pointed to; a lavapipe profile of the GPT step (`perf`, twenty-sixth session) put the cache
-/// at 13% of the recording thread's time, nearly all of it in those loads.
+/// pointed to; a profile of the GPT step on lavapipe (`perf`) put the cache at over a tenth
+/// of the recording thread's time, nearly all of it in those loads.
 pub(crate) struct BindCache<V = wgpu::BindGroup> {
     keys: Vec<u64>,
     entries: Vec<Entry<V>>,

@@ -254,7 +254,7 @@ struct Idle {
 }
 
 /// Closed devices, kept for the next `Device` on the same adapter instead of destroyed.
-/// NVIDIA's Vulkan driver (580, H100) sometimes never returns from `vkDestroyDevice` while
+/// NVIDIA's Vulkan driver (580) sometimes never returns from `vkDestroyDevice` while
 /// other devices of the process are busy: two data-parallel tests, each closing devices while
 /// the other still ran, hung 4 of 9 runs inside it. Reuse avoids the call, and opening a
 /// device becomes cheap. The list holds at most as many devices as were ever open at once;

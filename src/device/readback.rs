@@ -34,7 +34,7 @@ impl MapState {
 /// buffer: wgpu refuses a submit that uses a buffer with a map pending, and requesting the map
 /// here, not on the recording thread, lets a read-back be queued without waiting for the
 /// submit thread to catch up (an optimizer step's read-back of the loss scaler's decision
-/// waited 1-2 ms a step for it on an H100).
+/// would wait for it every step).
 pub(crate) struct MapAfter {
     pub buffer: wgpu::Buffer,
     pub size: u64,
@@ -101,8 +101,8 @@ impl<T: bytemuck::Pod> Readback<T> {
         // device has it queued instead of idling until the host wakes, records on and submits.
         // A training step that waits at its update for the last step's decision
         // (`GradScaler::step_deferred`) otherwise left the device idle for its update's
-        // recording and encoding whenever the step's forward and backward fit in one batch:
-        // the GPT step with 266 launches ran 11.2-11.4 ms against 10.4 (H200). Also where the
+        // recording and encoding whenever the step's forward and backward fit in one batch,
+        // a measurable part of the step (docs/performance.md, host overhead). Also where the
         // data is already here: the host stops here to use it, and the work is handed over
         // at the same point whatever the device's timing.
         self.dev.flush()?;

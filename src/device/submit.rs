@@ -1,10 +1,10 @@
 //! The submit thread: encodes and submits the stream's batches off the recording thread.
 //!
 //! Why: wgpu validates and encodes a command buffer at `finish`, and the driver records it at
-//! submit. In an f16 GPT step on an H100 that was 1.2-1.7 ms of the host's 4-5 ms
-//! (BENCHMARKS.md, thirteenth session), all of it on the thread that runs the model. The
-//! stream now hands each finished batch here and goes on recording the next one while this
-//! thread encodes, so the two overlap.
+//! submit, about a third of the host's time in a training step (docs/performance.md, host
+//! overhead); on the thread that runs the model it would all add to the step. The stream
+//! hands each finished batch here and goes on recording the next one while this thread
+//! encodes, so the two overlap.
 //!
 //! Order: batches are encoded and submitted one at a time, in the order they were handed over,
 //! so the queue order that block reuse and uploads rely on (`memory`, `staging`) is kept.

@@ -140,8 +140,8 @@ pub(crate) struct Dims {
 impl Dims {
     /// fwd_reg's constants: `coop_consts`, then HOLD, how the next runs of K and V load
     /// while a block multiplies: at 64 the next block's whole (1); at 128, where the
-    /// accumulators need those registers (the whole block ahead ran 2x16x4096x128 in 1.92-2.02
-    /// ms against 1.71 on an H100, in an earlier kernel), half a block at a time (2).
+    /// accumulators need those registers and a whole block ahead runs slower, half a block
+    /// at a time (2) (docs/performance.md, attention).
     fn fwd_reg_consts(&self) -> Consts {
         let mut c = self.coop_consts(false).iter().copied().collect::<Consts>();
         c.push(("HOLD", if self.d == 64 { 1 } else { 2 }));
@@ -238,10 +238,10 @@ impl Dims {
 impl Dims {
     /// The backward register kernels' constants: `coop_consts`, then HOLD. bwd_kv_reg
     /// (`for_q` false) then keeps its K and V tiles in registers across its loop, which
-    /// measured best at both head dimensions (fwd + bwd causal 2x16x4096x128 on an H100:
-    /// 3.67-3.70 ms against 4.12-4.14 loading them per pair of query tiles), and at 64 also
-    /// loads the next block ahead (not at 128: the shader's `ahead`); bwd_q_reg loads the next
-    /// block ahead, as fwd_reg does, except at 128 (3.57 ms against 3.62-3.67).
+    /// measured best at both head dimensions against loading them per pair of query tiles,
+    /// and at 64 also loads the next block ahead (not at 128: the shader's `ahead`); bwd_q_reg
+    /// loads the next block ahead, as fwd_reg does, except at 128, where that ran slower
+    /// (docs/performance.md, attention).
     fn reg_consts(&self, for_q: bool) -> Consts {
         let mut c = self.coop_consts(true).iter().copied().collect::<Consts>();
         c.push(("HOLD", !(for_q && self.d == 128) as u32));
@@ -540,8 +540,8 @@ pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
 /// The head dimension `fwd_tile` is built for where the forward takes it: 64 for heads up to
 /// 64 (as [`fwd_tiled`], and subgroups of at least 8: the lanes of a row group combine their
 /// row statistics by shuffles), 128 for heads up to 128 with 48 KiB of workgroup memory and
-/// subgroups of at least 16 (a row group's 16 lanes). On an H100 the f32 forward at
-/// 2x16x4096x128 took 117.5 ms in `fwd` (BENCHMARKS.md, 2026-11-26).
+/// subgroups of at least 16 (a row group's 16 lanes). `fwd` is far slower at head dimension
+/// 128 (docs/performance.md, attention).
 fn fwd_tile_dmax(dev: &Device, d: usize) -> Option<u32> {
     let c = dev.caps();
     if !c.subgroups {
@@ -557,8 +557,7 @@ fn fwd_tile_dmax(dev: &Device, d: usize) -> Option<u32> {
 }
 
 /// Whether `fwd_tile` gives the weights P an array of their own (40 KiB of workgroup memory
-/// instead of 32): a barrier less a block (on an H100, in a build that still loaded the next
-/// block ahead, 8x16x2048x64 took 8.00 ms against 8.15).
+/// instead of 32): a barrier less a block.
 fn sep_p(dev: &Device) -> bool {
     dev.caps().workgroup_storage >= 40_960
 }

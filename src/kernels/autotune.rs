@@ -1,9 +1,9 @@
 //! Choosing between kernel variants by measuring them, once per shape and adapter. Off by
-//! default: on an H100 it has never beaten the size rules on the GPT's products (every f32
-//! shape class kept `reg`; f16 products run `wide`, which nothing measured came near), and
-//! a first run pays up to the budget compiling the pipelines of the variants that lose
-//! (0.66 s with the driver's shader cache cold, 0.15 s warm; 0.5 ms once every shape is in
-//! the file; BENCHMARKS.md). `WGRAD_AUTOTUNE=on` turns it on.
+//! default: where measured it has never beaten the size rules on the GPT's products (every
+//! f32 shape class kept `reg`; f16 products run `wide`, which nothing measured came near),
+//! and a first run pays up to the budget compiling the pipelines of the variants that lose
+//! (a fraction of a second; next to nothing once every shape is in the file:
+//! docs/performance.md, autotuning). `WGRAD_AUTOTUNE=on` turns it on.
 //!
 //! Policy, when on:
 //! - Where the size rules leave two kernels that both take a product's operands (the

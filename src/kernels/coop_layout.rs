@@ -32,7 +32,7 @@ pub struct CoopLayout {
 }
 
 impl CoopLayout {
-    /// The layout `fwd_reg` is written for, NVIDIA's (measured on an H100), the same for C
+    /// The layout `fwd_reg` is written for, NVIDIA's (as `measure` finds it), the same for C
     /// and A: lane l holds rows l / 4 and l / 4 + 8, and in each the columns 2 (l % 4),
     /// 2 (l % 4) + 1 and those 8 further; element e is at row l / 4 + 8 (e / 4), column
     /// 2 (l % 4) + e % 2 + 8 ((e / 2) % 2). A row's 16 columns are thus spread over the four
@@ -149,7 +149,7 @@ mod tests {
     fn decodes_a_layout_and_rejects_what_is_not_one() {
         let nv = CoopLayout::quad_rows();
         assert_eq!(decode(&output(&nv)).as_ref(), Some(&nv));
-        // Lane 0 holds row 0's columns 0, 1, 8, 9, then row 8's, as the H100 reported.
+        // Lane 0 holds row 0's columns 0, 1, 8, 9, then row 8's, as NVIDIA's driver reports.
         assert_eq!(nv.c[0], [0, 1, 8, 9, 128, 129, 136, 137]);
         assert_eq!(nv.c[5], [18, 19, 26, 27, 146, 147, 154, 155]);
         let mut v = output(&nv);

@@ -10,8 +10,8 @@ use crate::memory::Block;
 /// Positions one scatter invocation walks at most (its loop bound).
 const PCHUNK: usize = 8192;
 /// Invocations the row scatter aims for on a GPU: each walks a chunk of the positions for
-/// one output element, so few long chunks left an H100 waiting on load latency (GPT's token
-/// embedding, 16,384 positions into 65 x 384, in 2 chunks of 8,192: 0.43 ms).
+/// one output element, so few long chunks leave a large GPU waiting on load latency (the
+/// GPT's token embedding, 16,384 positions into 65 x 384, would be 2 chunks of 8,192).
 const SCATTER_THREADS: usize = 1 << 20;
 /// Vocabularies up to this size use the row variant of the scatter.
 const ROWS_VOCAB: usize = 4096;

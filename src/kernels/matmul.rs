@@ -69,7 +69,7 @@ crate::params! {
 }
 
 /// Workgroups of a product kernel that run at once on a large GPU: two per core of the
-/// largest current parts (132 SMs on an H100), where `reg`'s and `wide`'s registers hold
+/// largest current parts (132 SMs), where `reg`'s and `wide`'s registers hold
 /// each core to two.
 const SLOTS: usize = 264;
 
@@ -83,9 +83,9 @@ const SLOTS: usize = 264;
 /// tiles of 128 x 128): 9 splits fill one wave, where 10 (the fewest reaching `SLOTS`) ran 6
 /// workgroups in a second. A split must save 5% to be taken, since its partials cost memory
 /// traffic the estimate leaves out. Products with many tiles split only on `reg` (up to 4):
-/// the GPT's 16384 x 384 outputs are 384 tiles, 1.45 waves; in two splits, 2.9, and the f32
-/// products with K = 1152 and 1536 ran 14% and 18% faster on an H100. (On tensor cores those
-/// splits were slower: their partials are large, and a fused bias and activation move to the
+/// the GPT's 16384 x 384 outputs are 384 tiles, 1.45 waves; in two splits, 2.9, whose fuller
+/// waves save more than the partials cost (docs/performance.md, matmul). (On tensor cores
+/// such splits lose: their partials are large, and a fused bias and activation move to the
 /// `splitk` pass.)
 fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -> usize {
     if dev.info().is_cpu() {
@@ -106,10 +106,10 @@ fn occupancy_kchunk(dev: &Device, config: Config, g: &Gemm<'_>, kchunk: usize) -
 /// `wide` and `reg` cover with tiles of 64 rows (a 128-row tile would multiply as many zero
 /// rows as real ones): 64 x 128 for `wide`; for `reg` 64 x 256 (matmul.wgsl: the same 8 x 8
 /// outputs a thread as at 128 x 128) where its 20 KiB of workgroup memory fit and the tiles
-/// pad N by at most an eighth, else 64 x 128. Measured on an H200 (f32 convolutions, 3 x 3,
-/// batch 32): the 64-channel 56 x 56 one's forward and input gradient 3-5% faster (N = 3136
-/// positions), and the 32-to-64-channel 112 x 112 one's 12%; the former's weight gradient
-/// (N = 576 taps, a third more in 256-wide tiles) was 9% slower in them, hence the rule.
+/// pad N by at most an eighth, else 64 x 128. Wider tiles pay where N is long and fits them
+/// (a convolution's thousands of positions) and lose where they pad it more (a 3 x 3
+/// weight gradient's 576 taps take a third more in 256-wide tiles) (docs/performance.md,
+/// convolution).
 fn out_tile(dev: &Device, config: Config, m: usize, n: usize) -> (usize, usize) {
     let wide_n = n.next_multiple_of(256) - n <= n / 8;
     match config {
@@ -126,21 +126,18 @@ fn out_tile(dev: &Device, config: Config, m: usize, n: usize) -> (usize, usize) 
 }
 
 /// Whether `CoopWideTall`'s 256 x 128 tiles pay for an M x N product with many tiles: where
-/// they fill at least three waves (they run one a core, `SLOTS / 2` at once). Measured on an
-/// H200 (BENCHMARKS.md, 2026-11-26): 11-15% faster than 128 x 128 at 4096^3 and 8192^3, 14%
-/// at 16384 x 1536 x 384 (5.8 waves), 3-5% at 16384 x 1152 x 384 (4.4); 13% slower at
-/// 16384 x 384 x 1536 (1.45), where a last partial wave of large tiles leaves more cores
-/// idle.
+/// they fill at least three waves (they run one a core, `SLOTS / 2` at once): fewer, larger
+/// tiles load each operand fewer times, but over fewer waves a last partial wave of large
+/// tiles leaves more cores idle than that saves (docs/performance.md, matmul).
 fn tall_pays(m: usize, n: usize) -> bool {
     m > 128 && m.div_ceil(256) * n.div_ceil(128) >= 3 * SLOTS / 2
 }
 
 /// Where 256 x 128 tiles pay, whether 128 x 256 ones serve better: for A B (op(A) contiguous
-/// along K, op(B) along N) with N a multiple of 256 and waves filled as well. On an H100
-/// (BENCHMARKS.md, thirty-sixth session) A B ran 8-9% slower than A^T B in 256 x 128 tiles
-/// at every K from 1024 to 8192, so whatever A's row pitch; 128 x 256 tiles, which load half
-/// as many rows of A a step, ran it 2-4% faster at K up to 4096 and as fast at 8192^3. x W^T,
-/// both operands k-fast, loads as many k-fast rows either way and lost 1-2% (thirtieth).
+/// along K, op(B) along N) with N a multiple of 256 and waves filled as well: a k-fast
+/// operand costs more to load than an m-fast one whatever its row pitch, and 128 x 256
+/// tiles load half as many rows of A a step as 256 x 128 ones. x W^T, both operands k-fast,
+/// loads as many k-fast rows either way and keeps 256 x 128 (docs/performance.md, matmul).
 fn flat_pays(m: usize, n: usize, ta: bool, tb: bool) -> bool {
     !ta && !tb
         && n.is_multiple_of(256)
@@ -151,14 +148,12 @@ fn flat_pays(m: usize, n: usize, ta: bool, tb: bool) -> bool {
 /// with op(A) contiguous along M and op(B) along N, K >= 8192, under half a wave of tiles):
 /// the one that pads M and N least, by at most an eighth of its area, and on a tie 256 x 128
 /// before 128 x 256 before 128 x 192 (whose subgroups multiply 64 x 48, not 64 x 64, per
-/// fragment loaded). In this layout both operands load in K steps of 48 or 64 (A^T B 8192^3
-/// ran 313 TFLOP/s in 256 x 128 tiles against 242 in 128 x 128 on an H100). The GPT's
-/// gradients (H100, BENCHMARKS.md, 2026-11-26): fc2's 384 x 1536 x 16384 wastes a quarter of
-/// 256-row tiles and ran 29% slower in 128 x 128 ones than its transpose in 256 x 128; the
-/// qkv layer's 1152 x 384 x 16384 pads a tenth of their rows and ran 17-25% faster in
-/// 128 x 192 (0.070-0.077 ms against 0.093). Its attention projection's 384 x 384 x 16384
-/// (a quarter padded either way at 256 wide) moved from 128 x 128 tiles to 128 x 192 with
-/// the rest; it was timed only inside the training step, which got faster as a whole.
+/// fragment loaded). In this layout both operands load in K steps of 48 or 64, and a large
+/// tile that fits the product beats 128 x 128 ones by a wide margin, which padding beyond an
+/// eighth gives back. The GPT's gradients: fc2's 384 x 1536 x 16384 would waste a quarter of
+/// 256-row tiles and takes 128 x 256; the qkv layer's 1152 x 384 x 16384 (a tenth of 256-row
+/// tiles padded) and the attention projection's 384 x 384 x 16384 (a quarter padded either
+/// way at 256 wide) take 128 x 192, which pads neither (docs/performance.md, matmul).
 fn split_tiling(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Option<Config> {
     if !(ta && !tb && k >= 8192) {
         return None;
@@ -198,12 +193,10 @@ fn eight_fill(m: usize, n: usize, tiling: Config) -> f64 {
 /// 0.15) than 128 x 128 tiles (two a core), of which there must be a wave or more.
 ///
 /// The GPT's 16384 x 384 outputs make 1.45 waves of 128 x 128 tiles and 1.94 of 128 x 192;
-/// its 16384 x 1152 ones 4.4 waves of 256 x 128 and 5.8 of 128 x 192. On an H100
-/// (BENCHMARKS.md, thirty-first to thirty-third sessions) 128 x 192 tiles ran the products
-/// with 16384 x 384 outputs 10-24% faster than either, 16384 x 1152 x 384 5-12% faster than
-/// 256 x 128, and, taking fc1's forward and fc2's input gradient (16384 x 1536 x 384, equal
-/// fill), the f16 GPT step from 8.80 to 8.64 ms; A^T B there keeps 256 x 128 (128 x 192
-/// ran it 6% slower).
+/// its 16384 x 1152 ones 4.4 waves of 256 x 128 and 5.8 of 128 x 192: the fuller waves
+/// outweigh the smaller subgroup blocks, and where the fill is equal (16384 x 1536 x 384) a
+/// k-fast operand's products still gain from 128 x 192, while A^T B, whose loads cost least,
+/// keeps 256 x 128 (docs/performance.md, matmul).
 fn mid_pays(m: usize, n: usize, kfast: bool) -> bool {
     let mid = eight_fill(m, n, Config::CoopWideMid);
     let square = m.div_ceil(128) * n.div_ceil(128);
@@ -483,9 +476,9 @@ pub fn choose(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> Confi
     if dev.info().is_cpu() {
         return Config::Simt(4, 4);
     }
-    // 128 x 128 tiles with 8 x 8 outputs per thread where they are mostly full. (An earlier
-    // 128 x 128 `main`, whose 64 accumulators were an indexed array, spilled and ran at a
-    // third of the 64 x 64 tiles' rate on an H200; `reg` keeps them in named registers.)
+    // 128 x 128 tiles with 8 x 8 outputs per thread where they are mostly full. (64
+    // accumulators in an indexed array spill to local memory; `reg` keeps them in named
+    // registers.)
     if m >= 96 && n >= 96 {
         return Config::Reg;
     }
@@ -622,10 +615,10 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
         config = Config::Coop;
     }
     if config == Config::Coop && tiled_ok {
-        // Measured on an H100 (BENCHMARKS.md, 2026-11-24): `wide` ran 1.5-2.4x `main` and
-        // `direct` on the GPT's shapes and 2.1-2.9x at 4096^3, in every layout. Without it,
-        // `direct` where B is contiguous along N: on an H200 it ran 10-15% faster than
-        // `main` there, 15% slower where B is contiguous along K.
+        // `wide` wherever it runs: it is well ahead of `main` and `direct` in every layout.
+        // Without it, `direct` where B is contiguous along N, where it beats `main`, and
+        // `main` where B is contiguous along K, where `direct` loses (docs/performance.md,
+        // matmul).
         let split = split_tiling(m, n, k, ta, tb).filter(|_| wide_ok && forced.is_none());
         config = if let Some(c) = split {
             c
@@ -865,9 +858,9 @@ fn variants(
 ) -> Vec<Config> {
     let tiled = Config::Tiled(64, 64, 16, 4, 4);
     let family: &[Config] = match planned {
-        // `wide` ran 1.5-2.9x faster than `main` and `direct` on every shape measured on an
-        // H100 (BENCHMARKS.md, 2026-11-24); trying them only cost compiles, 1.2-3.0 s a run,
-        // and never changed a choice. They compete where `wide` does not run.
+        // `wide` is well ahead of `main` and `direct` on every shape measured, so trying them
+        // would only cost compiles and never change a choice. They compete where `wide` does
+        // not run.
         c if c.wide() => &[
             Config::CoopWide,
             Config::CoopWideTall,
@@ -1051,7 +1044,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         Config::CoopWide | Config::CoopWideTall | Config::CoopWideFlat | Config::CoopWideMid => {
             // The epilogue from registers where the driver's layout is known (matmul_wide.wgsl
             // REGS) and outputs go 4 to a store; not for 64-row tiles, whose staged epilogue
-            // is a single round (the f16 convolutions ran 2-3% slower from registers).
+            // is a single round and beats registers on the f16 convolutions.
             let regs = reg_rows >= 128
                 && p.n % 4 == 0
                 && p.c_off % 4 == 0

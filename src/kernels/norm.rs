@@ -9,8 +9,9 @@ use crate::memory::Block;
 use smallvec::smallvec;
 
 /// Rows one `bwd_params` invocation sums (its loop bound). 64 rather than 256: the GPT's
-/// 16384 x 384 gradients then give the GPU 98,304 threads instead of 24,576, and the pass
-/// took 0.31 ms a step instead of 0.88 on an H100 (the chunk sums that follow, 0.09 more).
+/// 16384 x 384 gradients then give the GPU 98,304 threads instead of 24,576, enough to hide
+/// load latency, which saves far more than the longer chunk sums that follow cost
+/// (docs/performance.md, normalisation).
 const RCHUNK: usize = 64;
 
 /// Rows each subgroup of `bwd_x_params_vec` takes (its loop bound): chunks of 32 rows, as

@@ -51,9 +51,9 @@ impl Key {
 
 /// Names compare by address first: a launch site passes the same `&'static str`s every time,
 /// so a lookup that hits compares no bytes. Comparing them byte by byte called `memcmp` 13
-/// times a lookup, and on the H100 machine's host that took 29% of the f16 GPT step's
-/// recording time (BENCHMARKS.md, eighteenth session). Equal text at another address still
-/// compares equal.
+/// times a lookup, a large share of a training step's recording time on the host
+/// (docs/performance.md, host overhead). Equal text at another address still compares
+/// equal.
 fn same_name(a: &'static str, b: &'static str) -> bool {
     std::ptr::eq(a, b) || a == b
 }

@@ -99,8 +99,9 @@ const COLS_THREADS: usize = 65536;
 
 /// (chunk, number of chunks) for an axis of `len` with `lines` = outer x inner lines.
 /// `cols` passes on a GPU cut the axis finer when there are few lines (a bias gradient sums
-/// 16,384 rows into 1,152 columns: in chunks of 8,192 that was 2,304 threads and 1 ms on an
-/// H100); CPU adapters keep long chunks, since their few cores are busy anyway.
+/// 16,384 rows into 1,152 columns: chunks of 8,192 would be 2,304 threads, too few to hide
+/// a large GPU's load latency); CPU adapters keep long chunks, since their few cores are
+/// busy anyway.
 fn chunks(len: usize, rows: bool, lines: usize, cpu: bool) -> Result<(usize, usize)> {
     let chunk = if rows {
         ROWS_CHUNK

@@ -150,8 +150,8 @@ fn instructions(words: &[u32]) -> Result<Vec<(u32, usize)>> {
 ///
 /// The NVIDIA driver unrolled `wide`'s K loop 8 times: 1,024 HMMA instructions, an 80 KB
 /// loop body, and with the registers for eight steps' addresses in flight the code spilled
-/// to local memory. Kept rolled, the same kernel ran 8192^3 at 235 TFLOP/s instead of 210 on
-/// an H100 and the GPT's products 5-10% faster, with no spills.
+/// to local memory. Kept rolled, it has no spills and runs faster (docs/performance.md,
+/// matmul).
 pub fn dont_unroll(words: &mut [u32]) -> Result<usize> {
     const OP_LOOP_MERGE: u32 = 246;
     const DONT_UNROLL: u32 = 0x2;

@@ -15,9 +15,9 @@
 //!
 //! Within a page, spans sit in a table linked in offset order; a block's placement and a free
 //! span's entry in the free set name their slot in it, so a free reaches its neighbours
-//! through the links without a search. The pages kept their spans in one ordered map until
-//! the host's time in a GPT step showed the allocator's B-tree walks at about a fifth of it
-//! (BENCHMARKS.md, twenty-second session), then in three hash maps (twenty-seventh).
+//! through the links without a search. An ordered map of spans costs B-tree walks, a
+//! large share of the host's time in a training step, and hash maps their upkeep
+//! (docs/performance.md, host overhead).
 
 use crate::hash::FastMap;
 use std::collections::BTreeSet;

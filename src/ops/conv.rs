@@ -136,9 +136,9 @@ impl ConvDims {
     /// Whether the images go channels last: one group, the channels in whole runs of the
     /// gathering kernel, and, where planar images gather too (`reg`), more than one tap.
     /// A planar image's runs of 4 positions take four loads and four bounds tests where a
-    /// channels-last one's 4 channels take one each: on an H100 the 64-channel 3x3 f32
-    /// convolution's products went from 397, 400 and 410 us (forward, input gradient,
-    /// weight gradient) to 316, 316 and 366, for 26-32 us a copy of an image. With one tap
+    /// channels-last one's 4 channels take one each, and for a 3x3 convolution the products
+    /// save several times what the copy of the image costs (docs/performance.md,
+    /// convolution). With one tap
     /// the planar runs are contiguous already, and copies would only add traffic.
     fn channels_last(&self, g: &km::Gathers) -> bool {
         self.groups == 1

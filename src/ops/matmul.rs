@@ -311,10 +311,10 @@ impl Padding {
     }
 
     /// Whether the product's work outweighs the `copied` elements for the kernel that needs
-    /// runs of `q`, in multiply-adds an element copied: at least 32 for `wide` (q = 8), whose
-    /// products ran 2-10x the general kernels' on an H100, and 512 for `reg`, 2x at best.
-    /// There the f32 [16384 x 65] x [65 x 384] (375 to one) ran 0.083 ms as it was and 0.102
-    /// padded, and the f32 products of a 50257-word vocabulary (about 700 to one) 41 and 20 ms.
+    /// runs of `q`, in multiply-adds an element copied: at least 32 for `wide` (q = 8), which
+    /// runs several times faster than the general kernels, so a copy pays early, and 512 for
+    /// `reg`, which gains 2x at best: an f32 product at 375 multiply-adds a copied element ran
+    /// slower padded, one at about 700 twice as fast (docs/performance.md, matmul).
     fn pays(&self, batch: usize, q: usize, copied: usize) -> bool {
         let macs = self.m.saturating_mul(self.n).saturating_mul(self.kq);
         let ratio = if q == 8 { 32 } else { 512 };
@@ -429,9 +429,9 @@ pub fn split_everywhere<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// The multiply-adds from which a split f32 product pays for its extra passes (the operands'
-/// scales and parts, the final scaling). On an H100 (BENCHMARKS.md, 2026-11-24) the split ran
-/// 1.3-1.4x faster than `reg` at 4096^3 and 8192^3 and 1.2x at 16384 x 1536 x 384, but 3-4%
-/// slower at 16384 x 384 x 384 and 1024^3 (2.4e9 and 1.1e9).
+/// scales and parts, the final scaling): below about 2^32 those passes cost more than the
+/// tensor cores save against `reg`, above it the split wins by a growing margin
+/// (docs/performance.md, matmul).
 const MIN_SPLIT_MACS: usize = 1 << 32;
 
 /// Whether an f32 product of these sizes runs as three f16 products: `MatmulPrecision::High`

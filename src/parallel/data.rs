@@ -9,7 +9,8 @@
 //! backward pass, so the device copies the early buckets out while it computes the late
 //! gradients. The calling thread waits for the buckets once every replica has queued its
 //! whole backward pass (waiting earlier, on a device another thread is still submitting to,
-//! measured the same on two H200s, twice), then, on one thread per replica, uploads each
+//! gains nothing: docs/performance.md, data parallelism), then, on one thread per replica,
+//! uploads each
 //! replica's bucket to every other device straight from its mapped read-back memory. Each
 //! device then averages the replicas' buckets itself. Buckets of f16 (bf16) parameters travel
 //! as f16 (bf16), half the bytes of f32.
@@ -18,10 +19,10 @@
 //! scales by 1/n, so replicas on identical adapters compute bit-identical means and keep
 //! bit-identical parameters.
 //!
-//! Measured on two H200s (BENCHMARKS.md): the replicas alone scale 2.0x; with the exchange,
-//! the GPT step of `train_gpt` ran 1.78-1.82x one GPU at batch 256 a GPU (f16; 1.90x at 512),
-//! 1.65x at 128 and 1.42-1.44x at 64: the exchange costs about 10 ms a step. Every step drains the devices: the update needs every replica's gradients, and the
-//! host is the only path between the devices (wgpu has no peer-to-peer copies).
+//! The replicas alone scale with the devices; the exchange costs a roughly fixed time a
+//! step, so the speed-up grows with the batch a device (docs/performance.md, data
+//! parallelism). Every step drains the devices: the update needs every replica's gradients,
+//! and the host is the only path between the devices (wgpu has no peer-to-peer copies).
 
 use super::bucket::{Tracker, buckets, flatten, set_grads};
 use crate::device::{Device, Readback};
@@ -82,9 +83,10 @@ enum Msg {
 }
 
 impl<M: Module> DataParallel<M> {
-    /// Gradient bytes per bucket by default (counted in f32). On two H200s, the GPT step of
-    /// `train_gpt` (43 MB of f32 gradients) took 37.8-39.6 ms with 16 MiB buckets, 42.1-42.7
-    /// with 4 MiB and 47.4-49.5 with 1 MiB: each bucket costs a read-back and uploads.
+    /// Gradient bytes per bucket by default (counted in f32). Each bucket costs a read-back
+    /// and uploads, so fewer, larger buckets are faster: of 1, 4 and 16 MiB, 16 ran the GPT
+    /// step of `train_gpt` (43 MB of f32 gradients) fastest (docs/performance.md, data
+    /// parallelism).
     pub const DEFAULT_BUCKET_BYTES: u64 = 16 << 20;
 
     /// Builds a replica on each device with `build`, then copies the first replica's parameters
@@ -152,8 +154,9 @@ impl<M: Module> DataParallel<M> {
     /// become the mean over the replicas. With shards of equal size and a mean loss, this is
     /// the gradient of the whole batch. Step each replica's optimizer afterwards, on a thread
     /// per replica when the update waits on its device (a loss scaler's found-inf check): in
-    /// turn, each replica waits for the one before (two H200s: 1.40x one GPU instead of 1.90x,
-    /// BENCHMARKS.md), and [`Device::flush`] each device after queueing its update, so it
+    /// turn, each replica waits for the one before, which gives back much of the speed-up
+    /// (docs/performance.md, data parallelism), and [`Device::flush`] each device after
+    /// queueing its update, so it
     /// starts while the host queues the next forward pass.
     pub fn step<I: Sync>(
         &self,
@@ -340,8 +343,8 @@ impl<M: Module> DataParallel<M> {
         let l = loss(r, model, input)?;
         // The device starts on the forward pass while this thread queues the backward: every
         // step drains it (the update waits for the exchange), and the first batch of
-        // dispatches would otherwise go only with the first bucket's read-back (two H200s:
-        // with the flush after the update too, 34.7-35.8 ms a step against 37.1-39.0).
+        // dispatches would otherwise go only with the first bucket's read-back (with the flush
+        // after the update, this shortens the step: docs/performance.md, data parallelism).
         self.replicas[r].0.flush()?;
         let mut tracker = Tracker::new(params, buckets);
         let mut sent = vec![false; buckets.len()];
@@ -377,8 +380,8 @@ impl<M: Module> DataParallel<M> {
 
     /// Waits for bucket `b` from every replica and makes every replica's gradients the mean.
     /// Each replica's bytes are uploaded to every other device straight from the mapped
-    /// read-back memory (no host arithmetic: on two H200s widening and summing on the host
-    /// cost 18-39 ms a step, more than the step's computation); each device then sums the
+    /// read-back memory (no host arithmetic: widening and summing on the host cost more than
+    /// the step's computation); each device then sums the
     /// replicas' buckets in replica order, in f32, and scales by 1/n, so replicas on
     /// identical adapters compute identical means. Returns the bytes one replica sent.
     /// Adds the time spent waiting, summing and uploading to `times`.
