@@ -275,7 +275,7 @@ fn main(ids: Ids) {
 // for 32. The lanes of a row group are neighbours in one subgroup: they combine the row
 // maxima and sums by subgroup shuffles, and all keep the same running max and sum.
 //
-// What keeps it fast (each found in the driver's machine code on an H100, and measured):
+// What keeps it fast (each found in NVIDIA's driver's machine code, and measured):
 // - The workgroup arrays are indexed [outer][inner][lane] and the inner loops run over the
 //   outer index with the inner one unrolled: naga's bounds clamp falls once per 8 dimensions
 //   (4 keys) instead of on every read, and the reads take constant offsets.
@@ -284,8 +284,8 @@ fn main(ids: Ids) {
 //   a branch (`run4`).
 // - Each block loads its own K at its top (stored at once) and its V there too, stored after
 //   the scores, so V's loads fly while they multiply. Loading the next block's K and V into
-//   registers a whole block ahead (the first version) kept ~145 registers a thread and ran
-//   8x16x2048x64 in 8.2 ms; carrying only K across blocks, 9.3; this way 6.9.
+//   registers a whole block ahead holds ~145 registers a thread and runs slower, carrying
+//   only K across blocks slower still (docs/performance.md, attention).
 // - With SEP (40 KiB of workgroup memory) P has its own array, so the scores need no barrier
 //   before P is stored: three barriers a block. Without (32 KiB adapters, and at 128, where
 //   Q, K and V take the whole 48 KiB) P replaces K in KPt, and Pt is not declared.
@@ -862,8 +862,8 @@ fn main(ids: Ids) {
 // 2) / 16) and, with x = t % 16, queries 2 x, 2 x + 1 (S, dP': vec4s over the keys; per 4
 // dimensions six vec4s read for 32 multiply-adds) or columns 4 x .. 4 x + 3 (dK, dV: two
 // vec4s read per 16 multiply-adds). P goes from the first half to the second through
-// workgroup memory, which forms dS and the dropped weights z P. (The first version, 32 keys
-// and 16 queries a block with S and dP in the same thread, read a vec4 or a scalar every 2-3
+// workgroup memory, which forms dS and the dropped weights z P. (32 keys and 16 queries a
+// block with S and dP in the same thread would read a vec4 or a scalar every 2-3
 // multiply-adds.) Workgroup memory: 28.25 KiB with BC = 16, 40.25 KiB with 32.
 const KG: u32 = BC / 4u;
 var<workgroup> KVT: array<vec4<f32>, 2u * DMAX * KG>;
@@ -1016,8 +1016,8 @@ fn main(ids: Ids) {
 // 2 lane + 1 (vec4s over the rows: per 4 dimensions, twelve vec4s read for 64 multiply-adds),
 // turns them into dS, which replaces V in workgroup memory (a vec4 of 4 rows per key and row
 // group), then adds dS K to dQ's rows 4 rg .. 4 rg + 3, columns 4 lane .. 4 lane + 3 (two
-// vec4s read per 16 multiply-adds). (The first version, 16 rows with one query and 4 keys a
-// thread, read a vec4 or a scalar every 2-4 multiply-adds.) Workgroup memory: 32 KiB with
+// vec4s read per 16 multiply-adds). (16 rows with one query and 4 keys a thread would read a
+// vec4 or a scalar every 2-4 multiply-adds.) Workgroup memory: 32 KiB with
 // BR = 32, 48 KiB with 64.
 const RG: u32 = BR / 4u;
 var<workgroup> QTq: array<vec4<f32>, DMAX * RG>;

@@ -2,8 +2,9 @@
 // cooperative matrices (tensor cores): f16 Q, K, V, f32 accumulation. Same result, same saved
 // log-sum-exp; the backward kernels are described after the forward's. The `_reg` entries at
 // the end (fwd_reg, bwd_q_reg, bwd_kv_reg) do the same work with the scores in registers,
-// where the driver's cooperative-matrix layout is known (kernels/coop_layout.rs): 2-3x faster
-// on an H100. The entries described first serve every other adapter with tensor cores.
+// where the driver's cooperative-matrix layout is known (kernels/coop_layout.rs), several
+// times faster (docs/performance.md, attention). The entries described first serve every
+// other adapter with tensor cores.
 //
 // Requirements (checked by the host, which otherwise uses attention.wgsl): f16 storage with
 // SHADER_F16, 16x16x16 f16 -> f32 cooperative matrices, subgroups of 32, head dimension D equal
@@ -39,8 +40,8 @@
 // Alignment: every workgroup variable here is a multiple of 16 bytes long, so each starts on
 // a 16-byte boundary whatever order the driver lays them out in (it knows only the types'
 // own alignment: 2 bytes for Pf, 8 for KVs); the cooperative loads from KVs and Pf need
-// that. With a 4-byte flag among them the forward gave wrong results on every shape on an
-// H100, and right ones once the flag was padded to 16 bytes. tests/shaders.rs checks the
+// that. With a 4-byte flag among them the forward gave wrong results on every shape on
+// NVIDIA's driver, and right ones once the flag was padded to 16 bytes. tests/shaders.rs checks the
 // sizes of every tensor-core kernel's workgroup variables.
 //
 // Masks combine with `|` and `&`, not `||` and `&&`: the short-circuit forms are branches,
@@ -123,7 +124,8 @@ const BC: u32 = 64u;
 // runs, each); lane l visits its runs starting at run l (mod 8), so the 8 lanes of each
 // quarter-subgroup touch distinct banks: visiting them in order from 0 made every access a
 // many-way bank conflict (rows are 64 words apart), which cost more than all the products.
-// Measured on an H100 against one element at a time: the forward 12-16% faster, bwd_kv 19%.
+// Runs of 4 also beat one element at a time, in the forward and the backward
+// (docs/performance.md, attention).
 var<workgroup> Sf: array<array<f32, 4>, 1024u>;
 var<workgroup> Pf: array<array<f16, 4>, 1024u>;
 
@@ -170,7 +172,7 @@ fn causal_start(k0: u32, rows: u32) -> u32 {
 
 // Masks and dropout factors for a run of 4, with dropout on or off fixed when the pipeline is
 // built (DROP), as is the causal mask (CAUSAL): tested per element from the parameters, such
-// choices cost a quarter of a small tensor-core matmul's time on an H100 (see common.wgsl
+// choices cost a large share of a small tensor-core matmul's time (see common.wgsl
 // `matmul_fused`).
 
 // Which of four keys row `qi` does not see: past SKV, or causally masked.
@@ -193,10 +195,10 @@ fn hidden1(kj: u32, qi: u32) -> bool {
 // Whether the block of queries q0 .. q0 + nq - 1 and keys k0 .. k0 + nk - 1 holds an element
 // the masks hide: a query past SQ, a key past SKV, or one the causal mask hides from the
 // block's first query (which sees the fewest). fwd_reg tests elements only in such blocks,
-// as all but the edge and the diagonal are wholly visible: 2-6% off the forward on an H100.
+// as all but the edge and the diagonal are wholly visible, which shortens the forward.
 // The backward kernels test every element: holding a tile's values untested while the test
-// ran made them slower at head dimension 128 (fwd + bwd causal 2x16x4096x128: 4.62 ms
-// against 3.57 with bwd_kv_reg so, 3.69 against 3.59 with bwd_q_reg), for at most 1% at 64.
+// runs makes them slower at head dimension 128 and gains next to nothing at 64
+// (docs/performance.md, attention).
 fn edge_block(q0: u32, nq: u32, k0: u32, nk: u32) -> bool {
   return (q0 + nq > p.sq) | (k0 + nk > p.skv) | ((CAUSAL != 0u) & (k0 + nk + p.sq > q0 + p.skv + 1u));
 }
@@ -252,12 +254,11 @@ var<workgroup> Dq: array<f32, 64u>;
 // again for dS K), staged once for the four subgroups as vec4s of halves (row pitch
 // KP = DMAX + 8 halves, so the 8 rows a fragment load reads at once start in different
 // banks; fragment loads count offsets and pitches in vec4s). Loaded as fragments straight
-// from memory, every subgroup fetched the same K and V again, and those loads took 52-60% of
-// the forward's time on an H100 (timed against a variant that read them from workgroup
-// memory). Staged as arrays of 4 halves (stored one half at a time), the backward kernels
-// took 16% longer on an H100 (the GPT step's bwd_kv 2.46 against 2.12 ms); the forward was
-// the same either way. (matmul_tc.wgsl's `main` keeps arrays of 4 halves: its fragment
-// loads through vec4 pointers ran at a third of the speed.)
+// from memory, every subgroup would fetch the same K and V again, and those loads take about
+// half the forward's time (timed against a variant that reads them from workgroup memory).
+// Staged as arrays of 4 halves (stored one half at a time), the backward kernels run slower;
+// the forward is the same either way (docs/performance.md, attention). (matmul_tc.wgsl's
+// `main` keeps arrays of 4 halves: its fragment loads through vec4 pointers run far slower.)
 const KP: u32 = DMAX + 8u;
 var<workgroup> KVs: array<vec4<f16>, 16u * KP>;
 
@@ -285,9 +286,9 @@ var<workgroup> Vb: array<vec4<f16>, 16u * KP>;
 // ND, run i = lid + j WG above) is row `row` + j RJ of the block, at the same column for
 // every j (WG is a multiple of a row's DMAX / 4 runs). A block's load then takes one clamp and
 // one multiply-add, its store a fixed offset. Worked out per run from its index (`kv_run`),
-// the addressing was 40% of fwd_reg's instructions in the loop at 128 (the driver's machine
-// code on an H100); hoisted, the forward took 2-4% less time and fwd + bwd causal
-// 2x16x4096x128 3.47-3.52 ms against 3.57-3.59.
+// the addressing was 40% of fwd_reg's instructions in the loop at 128 (NVIDIA's driver's
+// machine code); hoisted, the forward and backward run faster (docs/performance.md,
+// attention).
 const RJ: u32 = WG / (DMAX / 4u);
 struct Runs {
   // The invocation's first row in a block, its first run's place in Kb and Vb, and the vec4
@@ -524,8 +525,8 @@ fn main(ids: Ids) {
 
   // Out: the output tiles through the subgroup's score region, four at a time (a 16 x 64
   // strip, row-major), divided by the row sums; each lane stores runs of 4 outputs of a row.
-  // One tile at a time, its outputs stored one by one, the forward took 0.16 ms against 0.14
-  // at 64 x 6 x 256 x 64 on an H100 (the backward's epilogues likewise).
+  // One tile at a time, its outputs stored one by one, the forward runs slower (the
+  // backward's epilogues likewise).
   //! unroll dd in 0..ND
   coopStoreT(ot$dd, &Sf[(sg * 1024u + ($dd % 4u) * 16u) / 4u][0], 64u);
   if ($dd % 4u == 3u) {
@@ -952,9 +953,9 @@ fn main(ids: Ids) {
 // in workgroup memory once (Kb, Vb; KP pitch as `fwd`), with HOLD = 1 (DMAX = 64) the next
 // block's runs loaded into registers while the current one multiplies. At 128 the
 // accumulators leave registers for half a block's runs only: HOLD = 2 loads the block's V
-// while its scores multiply and the next block's K while its P V does (without, each block
-// loaded both before its products: on an H100, 2x16x4096x128 non-causal 1.62 ms against
-// 1.53-1.56, causal unchanged at 0.87-0.88). Two barriers a block. Workgroup memory: 18,432
+// while its scores multiply and the next block's K while its P V does, which speeds the
+// non-causal forward and leaves the causal one as it was, against loading both before each
+// block's products (docs/performance.md, attention). Two barriers a block. Workgroup memory: 18,432
 // bytes at DMAX = 64, 34,816 at 128.
 //
 // Outputs: each lane stores its own elements of O / l (rows past SQ are not stored), and the
@@ -1278,9 +1279,9 @@ fn main(ids: Ids) {
 // registers across the loop and, at head dimension 64, loads the next block's runs while a
 // block multiplies (`ahead`); with HOLD = 0 the tiles are loaded again for each pair of query
 // tiles (from memory, where they stay cached). Without `ahead` each block loads and stores
-// its runs in one step: at 128 the runs held ahead took 64 more registers than the kernel
-// had (fwd + bwd causal 2x16x4096x128 on an H200: this kernel 1.452-1.455 ms without them,
-// 1.555-1.560 with; V reloaded per pair instead of held, 1.714).
+// its runs in one step: at 128 the runs held ahead take 64 more registers than the kernel
+// has, and run slower; V reloaded per pair instead of held, slower still
+// (docs/performance.md, attention).
 // Workgroup memory: 18,944 bytes at DMAX = 64, 35,328 at 128.
 // Loops (per invocation): one per block of 64 queries, everything inside unrolled.
 var<workgroup> Qr: array<vec4<f16>, 16u * KP>;
@@ -1290,8 +1291,8 @@ var<workgroup> Dr: array<f32, 64u>;
 
 // Run i of the 64 staged rows of Q (or dO, `of_g`) from row q0 (clamped to the last row:
 // those are masked). Addressed per run, not through `Runs`: at head dimension 128 this kernel
-// holds 253 registers, and with `Runs` the driver spilled 26 of them (fwd + bwd causal
-// 2x16x4096x128 on an H100: 3.74-3.79 ms against 3.47-3.52).
+// holds 253 registers, and with `Runs` the driver spills 26 of them, which costs more than
+// the addressing saves.
 fn qg_run(of_g: bool, base: u32, q0: u32, i: u32) -> vec4<f16> {
   let r = min(q0 + i / (DMAX / 4u), p.sq - 1u);
   if (of_g) { return dout[(base + r * GS) / 4u + i % (DMAX / 4u)]; }

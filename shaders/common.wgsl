@@ -100,8 +100,8 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
 //! fn tile_k
 // Element (key, dd) of attention's K, zero past the keys or the head dimension
 // (attention.wgsl's register-tile kernels). These tile loads sit under no branch of their
-// own, like fwd_tile's: outside, they read index 0 and a select zeroes the value. (On an
-// H100 that moved the f32 backward by under 1%; on lavapipe by 3%.)
+// own, like fwd_tile's: outside, they read index 0 and a select zeroes the value. (Which of
+// the two moves the backward's time little either way.)
 fn tile_k(kb: u32, key: u32, dd: u32) -> f32 {
   let ok = key < p.skv && dd < p.d;
   return select(0.0, ld_k(select(0u, kb + key * p.k_ss + dd, ok)), ok);
@@ -352,9 +352,9 @@ fn matmul_epilogue(v: f32, m: u32, n: u32, bb: u32) -> f32 {
 
 //! fn matmul_fused
 // matmul_apply with its choices fixed when the pipeline is built: the launch constant FUSE is
-// bias (1) + 2 x activation (ACT_*), and 0 for a raw split-K partial. On an H100 the same
-// choices read from the parameters for every element cost a quarter of a GPT-sized product
-// (16384 x 1152 x 384) even where nothing was applied.
+// bias (1) + 2 x activation (ACT_*), and 0 for a raw split-K partial. The same choices read
+// from the parameters for every element cost a large share of a short product's time (a
+// GPT-sized 16384 x 1152 x 384), even where nothing is applied.
 fn matmul_fused(v: f32, m: u32, n: u32, bb: u32) -> f32 {
   return matmul_apply(v, m, n, bb, (FUSE & 1u) != 0u, FUSE >> 1u);
 }

@@ -12,9 +12,8 @@
 //   words    y[i] = x[i] on raw 32-bit words: a same-dtype copy of any tensor, bit for bit.
 //   transpose  the strided copy of a batched 2-D transpose (a matrix made dense from its
 //            transposed view; NCHW to NHWC and back): through a 32 x 32 tile in workgroup
-//            memory, so reads run along x's contiguous axis and writes along y's. One thread
-//            per element read the x side 2-64 bytes a cache line (40 us for the 12.8 MB f16
-//            image of the bench's convolution on an H100).
+//            memory, so reads run along x's contiguous axis and writes along y's (one thread
+//            per element would read the x side 2-64 bytes a cache line).
 //
 // Bindings: reads `x`, writes `y` (signature lines).
 // Params: n, rank, xoff, yoff, then dims, x strides and y strides as two vec4<u32> each

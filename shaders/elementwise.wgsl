@@ -110,12 +110,11 @@ fn main(ids: Ids) {
 }
 
 // The same three four elements a thread (p.n counts vectors): 8-byte f16 and 16-byte f32
-// loads and stores, where one element a thread left these kernels at a third to a half of the
-// memory bandwidth on an H100. The host takes them when the element count is a multiple of 4.
+// loads and stores, where one element a thread leaves these kernels well below the memory
+// bandwidth. The host takes them when the element count is a multiple of 4.
 // The unary ones take their op as the constant OP, one pipeline per op: the driver then drops
-// the switch over every op, which had kept GELU's forward and backward over the GPT's
-// [16384, 1536] f16 activations 10-15% below the memory bandwidth on an H100 (41 and 62 us
-// against 37 and 53).
+// the switch over every op, which would keep GELU's forward and backward short of the
+// memory bandwidth on large activations (docs/performance.md, elementwise).
 //! entry unary4(x: data vec4, y: data mut vec4)
 //! check OP=0,1
 @compute @workgroup_size(WG)

@@ -152,8 +152,8 @@ fn main(ids: Ids) {
 // Each step loads its blocks at its top, not a step ahead into registers: the 16 registers
 // a prefetch holds across the inner loop kept the driver at its 128-register cap, where it
 // spent moves shuffling accumulators (read in the machine code); without them it uses about
-// 108, and on an H100 4096^3 ran 3.95-3.97 ms against 4.36-4.37 with the prefetch (the
-// other workgroup on each core, presumably, multiplies while one waits for its loads).
+// 108 and runs faster (the other workgroup on each core, presumably, multiplies while one
+// waits for its loads; docs/performance.md, matmul).
 // The epilogue choice is the constant FUSE (common.wgsl `matmul_fused`).
 // Products with M <= 64 (such as a convolution's output channels) take tiles of RM = 64 rows,
 // in one of two shapes (the host's choice, kernels/matmul.rs `out_tile`): RN = 256 keeps the
@@ -172,13 +172,12 @@ fn main(ids: Ids) {
 // GATHER = 2 gathers from a channels-last image instead (`conv_cl4`): 16-byte runs of 4
 // channels, one load and one bounds test where the planar image takes four of each.
 // `prefers spirv`: on Vulkan wgrad compiles it itself and asks for its loops to stay rolled
-// (kernels/spirv.rs): on an H100 4096^3 went from 25.4 to 27.8 TFLOP/s and the GPT's f32
-// products 10-12% faster; the f32 attention kernels, tried the same way, did not gain.
+// (kernels/spirv.rs), which makes it faster; the f32 attention kernels, tried the same way,
+// do not gain.
 // The slices are indexed [k][column], not flat: the bounds clamp (naga's, on every index)
 // then falls on k once a step of the inner loop instead of on each of its four reads, and
-// NVIDIA's driver pads the rows (528-byte stride). On an H100: 4096^3 29.6 -> 30.3
-// TFLOP/s, 8192^3 29.7 -> 31.0, the fused x W^T + bias + ReLU 26.9 -> 29.3, the f32 GPT
-// step 57.96 -> 56.25 ms.
+// NVIDIA's driver pads the rows (528-byte stride); both make the products faster
+// (docs/performance.md, matmul).
 const RBK: u32 = 16u;
 // Threads along N and along M, the distance between a thread's two groups of 4 rows, and
 // whether the second group is multiplied (not with RM = 64, RN = 128).
@@ -309,9 +308,8 @@ fn reg_stage(s: Slot, r: array<vec4<f32>, 4>) {
 // contiguous extent, pitch and offset is a multiple of 4, and a split of K ends at a multiple
 // of RBK, so a run lies wholly inside or outside the matrix: one test of its last element
 // decides. No load sits under a branch of its own: a run outside reads index 0 and the
-// select zeroes it. (The loads had a branch each, with an element-by-element fallback that
-// never ran; without them, and still prefetching, 4096^3 went from 4.54 to 4.32 ms on an
-// H100.)
+// select zeroes it. (A branch per load, even with a fallback that never runs, makes the
+// product slower.)
 fn reg_blocks(is_a: bool, tile_fast: bool, live: bool, base: u32, t: u32, k: u32, kend: u32) -> array<vec4<f32>, 4> {
   let ext = select(p.n, p.m, is_a);
   let st = select(p.sbn, p.sam, is_a);

@@ -1,8 +1,8 @@
 // matmul_tc.wgsl: C[b] = act(op(A)[b] x op(B)[b] + bias) on cooperative matrices (tensor
 // cores), f16 operands, f32 accumulation, for training's products (x W^T forward; g W and
 // g^T x backward) where matmul_wide.wgsl cannot run: adapters that do not take wgrad's own
-// SPIR-V, and operands whose runs are multiples of 4 but not of 8 (on an H100 `wide` ran
-// 1.5-2.4x these two on the GPT's products, 2.1-2.9x at 4096^3). Same parameters,
+// SPIR-V, and operands whose runs are multiples of 4 but not of 8 (`wide` runs well ahead of
+// these two: docs/performance.md, matmul). Same parameters,
 // batching, split-K and epilogue as matmul.wgsl (MatmulParams). A workgroup of 4 subgroups
 // (WG = 128, subgroup size 32) computes a 128 x 128 tile of C; each subgroup owns a 64 x 64
 // block: 4 x 4 accumulators of 16 x 16 f32, so one fragment of A serves 4 products and one
@@ -16,18 +16,18 @@
 //           runs the same code. Double-buffered: each invocation loads the next tile's runs
 //           into registers before the multiplies and stores them after, and one barrier per
 //           step separates the two uses of each buffer. Runs are stored as arrays of 4 halves
-//           (one store each): stored as single halves, the workgroup stores limited the whole
-//           product to 58 TFLOP/s on an H200; with the stores skipped (a wrong result, for the
-//           measurement) the rest ran at 280, so the stores are the bottleneck. naga offers no
-//           wider store into memory a cooperative load can read (no size-changing bitcast, no
-//           pointer to a vector's component, a load's matrix type follows its pointer's).
-//           Runs of 8 halves (half the stores) measured the same, 90 against 88 TFLOP/s.
+//           (one store each): stored as single halves, the workgroup stores bound the whole
+//           product (with the stores skipped, a wrong result for the measurement, the rest
+//           ran several times faster). naga offers no wider store into memory a cooperative
+//           load can read (no size-changing bitcast, no pointer to a vector's component, a
+//           load's matrix type follows its pointer's). Runs of 8 halves (half the stores)
+//           measure the same as runs of 4.
 //   direct  No workgroup memory: each subgroup loads its fragments straight from the buffers
 //           and the caches serve the reuse (M, N, K multiples of 16, pitches and offsets of
 //           16-byte rows; the pitches SAG / SBG are pipeline constants, which naga's
 //           cooperative loads need). Tiles past the edge are
-//           clamped back inside and recompute the last tile. On an H200 it beat `main` by 10-15%
-//           where B is n-fast (g W, g^T x) and lost by 15% where B is k-fast (x W^T).
+//           clamped back inside and recompute the last tile. It beats `main` where B is n-fast
+//           (g W, g^T x) and loses where B is k-fast (x W^T) (docs/performance.md, matmul).
 //
 // Bounds. In `main` a run is wholly inside or outside the matrix, and runs outside
 // load as zero (they add nothing); stores past M or N are skipped.
@@ -39,11 +39,11 @@
 // time: one read of workgroup memory and one store of 4 (C is bound as vec4; where N or C's
 // offset is not a multiple of 4, the run's outputs inside C are stored one by one, as
 // components of the vectors). Stored one output per lane and step, the epilogue's stores
-// took 17-30% of `main`'s time on the GPT's forward products (16384 x 1152 x 384 ...) on an
-// H100. Which of these apply is the launch constant FUSE (common.wgsl `matmul_fused`): read
-// from the parameters per element, the same choices cost 10-25% of the GPT's products on an
-// H100; `main` flushing one accumulator at a time (32 barriers instead of 16) took 10-30%
-// longer on the GPT's forward products. All subgroups flush the same number of strips, so
+// take a large share of `main`'s time on short products (the GPT's forward products,
+// K = 384). Which of these apply is the launch constant FUSE (common.wgsl `matmul_fused`):
+// read from the parameters per element, the same choices cost a large share too; `main`
+// flushing one accumulator at a time (32 barriers instead of 16) is slower on the same
+// products (docs/performance.md, matmul). All subgroups flush the same number of strips, so
 // the workgroup barriers around each are reached uniformly.
 //
 // Loops (per invocation): 1 per 32 of K (16 for `direct`), plus the epilogue's: a strip
@@ -250,8 +250,8 @@ fn main(ids: Ids) {
 //! check WG=128 SAG=256 SBG=64 TA=1 TB=1 FUSE=0,5
 // Fragments straight from the buffers (see the header).
 //
-// Epilogue one accumulator at a time: strips of four (8 barriers instead of 32) measured 4%
-// slower here on an H100, where `main` gained 10-30% from strips of two.
+// Epilogue one accumulator at a time: strips of four (8 barriers instead of 32) gain nothing
+// here, where `main` gains from strips of two.
 var<workgroup> Cst: array<array<f32, 4>, 256>;
 
 fn gload_a(base: u32, m: u32, k: u32) -> coop_mat16x16<f16, A> {

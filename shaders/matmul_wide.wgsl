@@ -19,26 +19,25 @@
 //
 // Steps. K goes in steps of KW = 64 through one buffer per operand: each invocation loads its
 // 8 runs of A and 8 of B for the next step into registers before the current step's products
-// and stores them after (two barriers a step). Double-buffered steps of 32 (one barrier a
-// step, 48 KiB) ran 20% slower on an H100, and so did a prototype of 256 x 128 tiles in
-// double-buffered steps of 16 with the loads two or three steps ahead (195-230 TFLOP/s
-// against 290-300; BENCHMARKS.md, thirty-fifth session). Loaded a third of a step earlier
-// (before the last 16 of K's products, with no register copies waiting on them in the
-// driver's code), the runs gained nothing (thirty-sixth session).
+// and stores them after (two barriers a step). That beats double-buffered steps of 32 (one
+// barrier a step, 48 KiB), and, for 256 x 128 tiles, double-buffered steps of 16 with the
+// loads two or three steps ahead. Loaded a third of a step earlier (before the last 16 of
+// K's products, with no register copies waiting on them in the driver's code), the runs
+// gain nothing (docs/performance.md, matmul).
 //
 // Traffic. A 128 x 128 tile reads 1/64 byte a flop from the buffers; 256 x 128 and 128 x 256
 // tiles read 3/4 of that, but in 48 KiB of workgroup memory only in K steps of 32 or 48 (A and
 // B of K 64 would take 54 KiB with their padding). Steps of 48 (42 KiB) run where no operand
 // is k-fast (A^T B) and for A B, whose k-fast A's 6 runs a row are loaded 4 + 2 (see `runs`);
-// x W^T, both operands k-fast, steps by 32 (by 48 it ran 6-7% slower). The loop is not bound
+// x W^T, both operands k-fast, steps by 32 (by 48 it runs slower). The loop is not bound
 // by the rate L2 serves its loads: with the same 36 KiB in flight a core, plain loads draw
-// 6.8 TB/s from an H100's L2 (examples/load_rate.rs), about twice what these tiles draw. Yet
-// left out (timing probes), the loads took 18-28% of the loop's time; loads that hit L1 cost
-// about 10% less, but loads issued earlier did not (see Steps), so the cost is not their
-// latency. A k-fast operand costs more: A B ran 8-9% slower than A^T B at every K from 1024
-// to 8192 (so not for A's row pitch), and 128 x 256 tiles, loading half as many rows of A,
-// serve it better (matmul.rs `flat_pays`). The layouts, orders and staging tried against it
-// are in BENCHMARKS.md (thirty-fifth and thirty-sixth sessions).
+// about twice what these tiles draw from L2 (examples/load_rate.rs). Yet left out (timing
+// probes), the loads take a fifth to a quarter of the loop's time; loads that hit L1 cost
+// only a little less, and loads issued earlier no less (see Steps), so the cost is not their
+// latency. A k-fast operand costs more: A B runs slower than A^T B at every K (so not for
+// A's row pitch), and 128 x 256 tiles, loading half as many rows of A, serve it better
+// (matmul.rs `flat_pays`). The layouts, orders and staging tried against it are in
+// docs/performance.md (matmul).
 //
 // Addressing is worked out once per invocation: its runs of an operand lie a fixed number of
 // rows apart, so run i of a step is at g0 + i gi + step gk in the buffer and s0 + i SIA
@@ -48,8 +47,8 @@
 // and bounds arithmetic outnumbered the products 4 to 1 in the driver's machine code of the
 // loop.
 //
-// Ceilings measured on an H100 (BENCHMARKS.md, 2026-11-24): the products alone, with their
-// fragments loaded once, ran at 513 TFLOP/s, and with their fragment loads at 391-419.
+// Ceilings: the fragment loads from workgroup memory alone take about a fifth of the rate
+// the products reach with their fragments loaded once (docs/performance.md, matmul).
 //
 // Pitches count runs of 8: k-fast rows KW + 8 halves, m- or n-fast rows BM (BN) + 8, so the 8
 // rows of 16 bytes a fragment load reads at once fall in distinct banks.
@@ -57,11 +56,10 @@
 // Epilogue: from registers (REGS = 1, see `write_frag`) where the host knows the driver's
 // fragment layout and tiles have 128 rows or more; elsewhere see `write_half`: the tiles'
 // memory stages the outputs once the loop is done.
-// Timed with parts left out (H100, A^T B 16384 x 1152 x 384 at 256 x 128, 92 us whole): the
-// loop without the epilogue 60 us, one K step without it 19, one K step with it 53. The
-// epilogue was a third of the GPT's K = 384 products, and not for its stores to memory
-// (without them, 86 us): 256 x 128 tiles wrote two 64 x 32 halves a subgroup with half the
-// subgroups idle each round. They now write four 64 x 16 quarters, all at once (see main).
+// The staged epilogue can take a third of a K = 384 product's time, and its stores to
+// memory little of that: what costs is rounds with subgroups idle. So eight-subgroup tiles
+// write four 64 x 16 quarters, all subgroups at once (see main), not two 64 x 32 halves a
+// subgroup with half the subgroups idle each round (docs/performance.md, matmul).
 //
 // Bounds: runs are wholly inside or outside the matrix (contiguous extents, pitches and
 // offsets multiples of 8, checked by the host); runs outside load as zero and add nothing;
@@ -104,12 +102,11 @@ alias Params = MatmulParams;
 // (x W^T), or 48 (42 KiB) where it is not (A B; A^T B, a weight gradient's layout): see
 // "Traffic"; RN = 192
 // 128 x 192 ones (`Config::CoopWideMid`), subgroups of 64 x 48, in K steps of 64 (46 KiB).
-// Why eight subgroups of 64 x 48 and not six of 64 x 64 (the first version): a core's four
-// schedulers each have their own tensor cores, and a workgroup's subgroups are dealt to them
-// in turn, so six put two on two schedulers and one on the others; each step then took as
-// long as two subgroups' products, three quarters of the core's rate at best. Measured on an
-// H100 (BENCHMARKS.md, 2026-11-26): six ran 4096^3 35% slower than 256 x 128 tiles; eight
-// ran the GPT's products with 16384 x 384 outputs 12-20% faster than six.
+// Why eight subgroups of 64 x 48 and not six of 64 x 64: a core's four schedulers each have
+// their own tensor cores, and a workgroup's subgroups are dealt to them in turn, so six put
+// two on two schedulers and one on the others; each step then takes as long as two
+// subgroups' products, three quarters of the core's rate at best (docs/performance.md,
+// matmul).
 const E8: u32 = WG / 256u;
 const R256: u32 = RM / 256u;
 const BM: u32 = 128u + 128u * R256;
@@ -119,9 +116,9 @@ const SGN: u32 = WG / 32u / (BM / 64u);
 const SW: u32 = select(BN / SGN, 32u, RM == 64u);
 const FJ: u32 = SW / 16u;
 const KW: u32 = select(64u - E8 * (16u + 16u * TB), 64u, BN == 192u);
-// Steps of 48 or 64 multiply their last 16 of K after the first barrier (see the loop); on
-// an H100 (BENCHMARKS.md, 2026-11-26) A^T B 8192^3 ran 4-6% faster so, 4096^3 6-8%, while
-// steps of 32 (256 x 128 tiles with a k-fast B) ran 5-8% slower.
+// Steps of 48 or 64 multiply their last 16 of K after the first barrier (see the loop),
+// which shortens them; steps of 32 (256 x 128 tiles with a k-fast B) are too short to gain
+// and run slower so (docs/performance.md, matmul).
 const LATE: bool = KW > 32u;
 // Pitches in runs of 8: k-fast rows, A's m-fast K rows, B's n-fast K rows.
 const PK8: u32 = KW / 8u + 1u;
@@ -204,9 +201,8 @@ fn runs(kfast: bool, rows: u32, count: u32, n1: u32, lid: u32, base: u32, r0: u3
   if (kfast) {
     // Rows of 4 runs (KW = 32, pitch 5 runs): a subgroup's 8 rows are dealt so that each
     // quarter of it (the 8 lanes whose 16-byte stores go to memory together) holds rows r
-    // and r + 4, whose runs fall in distinct banks; rows r and r + 1 (lanes in order) share
-    // one, and every store took two passes. On an H100 (BENCHMARKS.md, 2026-11-26) A B and
-    // x W^T on 256 x 128 tiles ran 3-7% faster so.
+    // and r + 4, whose runs fall in distinct banks; rows r and r + 1 (lanes in order) would
+    // share one, and every store take two passes (docs/performance.md, matmul).
     let per = KW / 8u;
     let split = n1 < 8u;
     let r4 = (lid / 32u) * 8u + (lid % 32u) / 8u + 4u * ((lid / 4u) % 2u);
@@ -368,13 +364,13 @@ const Q16: u32 = 320u;
 // Writes the 64 x 32 outputs subgroup `sg` staged, whose top-left is (gm0, gn0): bias,
 // activation (FUSE, as common.wgsl `matmul_fused`) and C's dtype, 4 outputs a lane and
 // store, stored as one vec4 where N and C's offset allow. Strips of two accumulators through
-// an 8 KiB buffer (matmul_tc.wgsl `write_strip`) took 16 barriers a workgroup; this takes 3,
-// and ran the GPT's K = 384 products 13-18% faster on an H100.
+// an 8 KiB buffer (matmul_tc.wgsl `write_strip`) take 16 barriers a workgroup; this takes 3,
+// which tells on short products such as the GPT's K = 384 ones (docs/performance.md, matmul).
 //
 // The bias comes from Bs, which every workgroup fills before its loop: loaded here from
-// memory, every lane of the workgroup waited for it at once, and a bias made the GPT's K = 384
-// products 9-21% slower than without one (with Bs, 4-9%: 16384x1152x384 on an H200,
-// 0.127-0.133 ms -> 0.116-0.117, A B alone 0.107). (tm0, tn0) is (gm0, gn0) in the tile.
+// memory, every lane of the workgroup would wait for it at once, which about doubles what a
+// bias costs a short product (docs/performance.md, matmul). (tm0, tn0) is (gm0, gn0) in the
+// tile.
 fn write_half(sg: u32, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, tn0: u32) {
   write_part(sg * HALF, PO, true, lane, c_base, gm0, gn0, tm0, tn0);
 }
@@ -426,13 +422,11 @@ fn write_part(at0: u32, pitch: u32, wide: bool, lane: u32, c_base: u32, gm0: u32
 // stores a row's 16 outputs, whole sectors, with no workgroup memory and no barrier; the
 // staged epilogue (`write_part`) takes 2 barriers a round of stores, FJ rounds with eight
 // subgroups.
-// Measured on an H100 (BENCHMARKS.md, 2026-11-26): the 256 x 128 products 5-14% faster
-// (16384 x 1152 x 384 0.088-0.091 ms -> 0.084-0.085, its fused linear layer 0.101-0.103 ->
-// 0.088-0.089, 4096^3 0.550-0.554 -> 0.514-0.524), 128 x 128 ones within noise. A first
-// version, each of its 32 unrolled stores with its own one-by-one fallback (N not a multiple
-// of 4) and its own bias reads, made the GPT's products 12-19 us a launch slower in the
-// training step, though not in the bench, which repeats one product; which of the two did it
-// was not isolated.
+// Against the staged epilogue this speeds the 256 x 128 products, fused ones most, and
+// leaves 128 x 128 ones as they are (docs/performance.md, matmul). The stores carry no
+// one-by-one fallback (N not a multiple of 4) and no bias reads of their own: 32 unrolled
+// stores each with both made the GPT's products slower in the training step, though not in
+// the bench, which repeats one product.
 fn write_frag(m: coop_mat16x16<f32, C>, lane: u32, c_base: u32, gm0: u32, gn0: u32, tm0: u32, b4: vec4<f32>) {
   let odd = (lane & 1u) == 1u;
   let lo = vec4<f32>(coop_get0u(m), coop_get1u(m), coop_get4u(m), coop_get5u(m));
@@ -471,9 +465,9 @@ fn write4(x0: vec4<f32>, c_base: u32, gm: u32, gn: u32, tm: u32, b4: vec4<f32>) 
 // that share rows add theirs in the tiles' memory after it and write them to `bias` from
 // p.sum_off (split: f32 partials at s m + row of a buffer of their own, which the `splitk`
 // pass that sums C's partials also sums, matmul.wgsl RS). Cheaper than a column sum's two
-// passes over dY (13 us each in the GPT). (Merged, first into C's buffer, then as now, the
-// step ran 8% slower until readback.rs handed recorded work over before waiting: with
-// fewer than 256 launches a step's work sat unsubmitted while its update waited.)
+// passes over dY. (Merging them leaves a step fewer launches, and with fewer than 256 a
+// step's work would sit unsubmitted while its update waits, but for readback.rs handing
+// recorded work over before waiting.)
 fn halves(x: vec4<f32>, hi: bool) -> vec4<f32> {
   let u = unpack2x16float(bitcast<u32>(select(x.x, x.z, hi)));
   let v = unpack2x16float(bitcast<u32>(select(x.y, x.w, hi)));
@@ -700,10 +694,9 @@ fn main(ids: Ids) {
   if (WG > 128u) {
     // Eight subgroups' 64 x 32 halves do not fit the tiles' memory at once; their 64 x 16
     // quarters do (Q16 runs a subgroup): FJ rounds with every subgroup writing, where
-    // halves took four with half of them idle. On an H100 the GPT's K = 384 forward products
-    // ran 6-10% faster (16384 x 1536 x 384: 0.114-0.119 ms -> 0.102-0.106), their fused
-    // linear layers 9%. Reading a lane's 16 rows first and storing after (the loop written
-    // out) made them 5-35% slower instead.
+    // halves take four with half of them idle, which tells on the GPT's K = 384 forward
+    // products and their fused linear layers (docs/performance.md, matmul). Reading a lane's
+    // 16 rows first and storing after (the loop written out) makes them slower instead.
     //! unroll j in 0..4
     if ($j < FJ) {
       //! unroll i in 0..4

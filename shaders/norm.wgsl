@@ -107,9 +107,8 @@ fn main(ids: Ids) {
 // fwd_rows where the row's length is a multiple of 4 and at most 4 NV subgroup widths: each
 // lane holds its NV runs of 4 (runs lane, lane + subgroup size, ...) in registers, read once
 // as 8- or 16-byte loads issued together, where fwd_rows reads the row three times element
-// by element, each pass a loop that waits for its own loads (the GPT's 384-wide rows: 26 us a
-// call for 16384 rows on an H200). The same corrected two-pass arithmetic, summed in another
-// order. Runs past the row load nothing and add zeros.
+// by element, each pass a loop that waits for its own loads. The same corrected two-pass
+// arithmetic, summed in another order. Runs past the row load nothing and add zeros.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = subgroup_row(ids);
@@ -161,8 +160,8 @@ fn main(ids: Ids) {
 // bwd_x_rows with the row in registers, as fwd_vec (x, dy and gamma read once), over RPS rows
 // a subgroup, which also keeps its rows' sums of dy xhat and dy (the parameter gradients'
 // terms, as bwd_params4) in registers: x and dy are read once for dx, dgamma and dbeta, where
-// bwd_params4 read them again in a launch of its own (13 launches and 0.15 ms of an H200's GPT
-// step). The workgroup's
+// bwd_params4 reads them again in a launch of its own (a launch per normalisation in a
+// training step). The workgroup's
 // 4 subgroups (the host's ROWS_PER_WG, each WG / 4 lanes) add their sums in turn in workgroup
 // memory; the last writes chunk w (the workgroup's 4 RPS rows) as part[w, c] (dgamma's) and
 // part[nchunks + w, c] (dbeta's) for bwd_params_sum. Rows past the last add nothing; every

@@ -6,8 +6,9 @@
 // Update entries are one thread per parameter element; threads past n return (each touches
 // only its own element). `sgd` and `adam` take one tensor (1-D with flat_id); `sgd4` and
 // `adam4` take up to four, laid out as sumsq lays them out (`group_slot`; has_master is a bit
-// per tensor): the GPT's 76 AdamW dispatches of 7 us each, mostly
-// small tensors, cost the step their launches rather than their bytes. All optimizer state is f32 on the device. The gradient
+// per tensor): one dispatch a tensor (76 AdamW dispatches in the GPT, mostly small tensors)
+// costs the step its launches rather than its bytes. All optimizer state is f32 on the
+// device. The gradient
 // is multiplied by `gmul` and by the step's control word ctl[CTL_MUL] first, which folds
 // loss-scale removal (1/scale) and global-norm clipping into the same pass; when
 // ctl[CTL_STEPPED] is 0 (the gradients held inf or NaN) the update leaves everything as it

@@ -89,8 +89,8 @@ fn main(ids: Ids) {
 // row (row = workgroup x num_subgroups + subgroup id), each lane holding its NV runs of 4
 // (runs lane, lane + subgroup size, ...) in registers, read once with their loads issued
 // together; the maximum and the sum by subgroupMax and subgroupAdd, where `fwd` takes a
-// workgroup and two block reductions per row (the GPT-sized 16384 x 384: 0.35x of PyTorch's
-// rate on an H200). The same results up to the order of the sum.
+// workgroup and two block reductions per row, slow on short rows such as the GPT's 384. The
+// same results up to the order of the sum.
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
   let r = subgroup_row(ids);
