@@ -178,8 +178,8 @@ fn gemm_row(
 ///
 /// The untimed runs are for the GPU's clocks, which fall while the host works without it and
 /// rise again only under load. Compiling the attention backward's kernels with the driver's
-/// shader cache empty kept an H100 idle long enough that its next row, timed at once, ran
-/// every kernel 1.4-2.5x slow (in 3 of 10 processes; its clock read 765-1215 MHz against 1980).
+/// shader cache empty can keep a GPU idle long enough that its next row, timed at once, runs
+/// every kernel well below speed, its clock not yet back up.
 fn time(dev: &Device, b: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     // Milliseconds of `k` calls, synchronised.
     let mut run = |k: usize| -> Result<f64> {

@@ -6,11 +6,12 @@
 //!
 //!     cargo run --release --example load_rate -- [--region-mib 32] [--cores 132] [--ms 200]
 //!
-//! It launches `--cores` workgroups of 256 invocations (132 for an H100 SXM's cores; that the
-//! GPU deals one to each core is assumed, not checked), then two and four times as many.
+//! It launches `--cores` workgroups of 256 invocations (the default, 132, for a GPU of 132
+//! cores; that the GPU deals one to each core is assumed, not checked), then two and four
+//! times as many.
 //! Each loops: every invocation issues NL independent 16-byte loads (NL x 4 KiB a workgroup,
 //! contiguous across its invocations) from a region of `--region-mib` (a power of two; 32
-//! MiB stays in an H100's L2, 128 does not), and only then folds them into a sum. Bytes in
+//! MiB stays in a 50 MiB L2, 128 does not), and only then folds them into a sum. Bytes in
 //! flight a core = workgroups a core x 256 x NL x 16. One workgroup's sum is checked against
 //! the CPU's, so the loads cannot be optimised away.
 use clap::Parser;

@@ -496,7 +496,7 @@ fn poison_fills_new_tensors_with_nan() {
 
 /// Devices opened, used and dropped from several threads at once, with read-backs (blocking
 /// and async) in flight: creation and teardown are serialised, and every read-back completes
-/// (the memory binary once hung here on an H200 with 8 test threads).
+/// (the memory binary once hung here with 8 test threads).
 #[test]
 fn devices_opened_used_and_dropped_from_many_threads() {
     let threads: Vec<_> = (0..6)

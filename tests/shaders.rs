@@ -152,7 +152,7 @@ fn every_entry_point_validates() {
 /// Every workgroup variable of a tensor-core kernel is a multiple of 16 bytes long, so that
 /// each starts on a 16-byte boundary in whatever order a driver packs them: cooperative loads
 /// from workgroup memory need aligned rows (a lone 4-byte flag before the staged tiles gave
-/// wrong results on an H100; see attention_coop.wgsl, "Alignment").
+/// wrong results on NVIDIA's driver; see attention_coop.wgsl, "Alignment").
 fn workgroup_sizes_aligned(module: &naga::Module, what: &str) {
     let mut layouter = naga::proc::Layouter::default();
     layouter
