@@ -3,7 +3,7 @@
 //! Why: a training step repeats the same launches on the same memory (the pool hands the
 //! same blocks back each step), and creating a bind group per dispatch costs the host
 //! microseconds each, milliseconds of a GPT step's hundreds of dispatches
-//! (docs/performance.md, host overhead). The
+//! (docs/performance.md, the host path). The
 //! kernel's parameters are bound with a dynamic offset into the stream's parameter buffer, so
 //! a bind group depends only on the pipeline's layout, the parameter block's size and the
 //! storage ranges, and the next step finds it here.

@@ -73,8 +73,8 @@ pub enum MatmulPrecision {
     /// with f32 accumulation (hi x hi + hi x lo + lo x hi) stand for the f32 one. The parts
     /// keep about 22 of an operand's 24 significant bits; the tensor cores' accumulation,
     /// which truncates, adds an error that grows with K (about 2.7e-5 of the output at
-    /// K = 4096 where the f32 kernel has 1.7e-6: docs/performance.md, precision). Elsewhere,
-    /// and for products
+    /// K = 4096 where the f32 kernel has 1.7e-6: docs/performance.md,
+    /// `MatmulPrecision::High`). Elsewhere, and for products
     /// under 2^32 multiply-adds (where the extra passes cost more than they save), this is
     /// `Highest`. Convolutions keep their f32 products.
     High,

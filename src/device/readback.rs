@@ -102,7 +102,7 @@ impl<T: bytemuck::Pod> Readback<T> {
         // A training step that waits at its update for the last step's decision
         // (`GradScaler::step_deferred`) otherwise left the device idle for its update's
         // recording and encoding whenever the step's forward and backward fit in one batch,
-        // a measurable part of the step (docs/performance.md, host overhead). Also where the
+        // a measurable part of the step (docs/performance.md, the host path). Also where the
         // data is already here: the host stops here to use it, and the work is handed over
         // at the same point whatever the device's timing.
         self.dev.flush()?;

@@ -1,8 +1,8 @@
 //! The submit thread: encodes and submits the stream's batches off the recording thread.
 //!
 //! Why: wgpu validates and encodes a command buffer at `finish`, and the driver records it at
-//! submit, about a third of the host's time in a training step (docs/performance.md, host
-//! overhead); on the thread that runs the model it would all add to the step. The stream
+//! submit, about a third of the host's time in a training step (docs/performance.md, the
+//! host path); on the thread that runs the model it would all add to the step. The stream
 //! hands each finished batch here and goes on recording the next one while this thread
 //! encodes, so the two overlap.
 //!

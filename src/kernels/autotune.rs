@@ -3,7 +3,7 @@
 //! f32 shape class kept `reg`; f16 products run `wide`, which nothing measured came near),
 //! and a first run pays up to the budget compiling the pipelines of the variants that lose
 //! (a fraction of a second; next to nothing once every shape is in the file:
-//! docs/performance.md, autotuning). `WGRAD_AUTOTUNE=on` turns it on.
+//! docs/performance.md, the host path). `WGRAD_AUTOTUNE=on` turns it on.
 //!
 //! Policy, when on:
 //! - Where the size rules leave two kernels that both take a product's operands (the

@@ -11,7 +11,7 @@ use smallvec::smallvec;
 /// Rows one `bwd_params` invocation sums (its loop bound). 64 rather than 256: the GPT's
 /// 16384 x 384 gradients then give the GPU 98,304 threads instead of 24,576, enough to hide
 /// load latency, which saves far more than the longer chunk sums that follow cost
-/// (docs/performance.md, normalisation).
+/// (docs/performance.md, layer norm).
 const RCHUNK: usize = 64;
 
 /// Rows each subgroup of `bwd_x_params_vec` takes (its loop bound): chunks of 32 rows, as

@@ -52,7 +52,7 @@ impl Key {
 /// Names compare by address first: a launch site passes the same `&'static str`s every time,
 /// so a lookup that hits compares no bytes. Comparing them byte by byte called `memcmp` 13
 /// times a lookup, a large share of a training step's recording time on the host
-/// (docs/performance.md, host overhead). Equal text at another address still compares
+/// (docs/performance.md, the host path). Equal text at another address still compares
 /// equal.
 fn same_name(a: &'static str, b: &'static str) -> bool {
     std::ptr::eq(a, b) || a == b

@@ -17,7 +17,7 @@
 //! span's entry in the free set name their slot in it, so a free reaches its neighbours
 //! through the links without a search. An ordered map of spans costs B-tree walks, a
 //! large share of the host's time in a training step, and hash maps their upkeep
-//! (docs/performance.md, host overhead).
+//! (docs/performance.md, the host path).
 
 use crate::hash::FastMap;
 use std::collections::BTreeSet;

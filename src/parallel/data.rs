@@ -9,7 +9,7 @@
 //! backward pass, so the device copies the early buckets out while it computes the late
 //! gradients. The calling thread waits for the buckets once every replica has queued its
 //! whole backward pass (waiting earlier, on a device another thread is still submitting to,
-//! gains nothing: docs/performance.md, data parallelism), then, on one thread per replica,
+//! gains nothing: docs/performance.md, multi-GPU), then, on one thread per replica,
 //! uploads each
 //! replica's bucket to every other device straight from its mapped read-back memory. Each
 //! device then averages the replicas' buckets itself. Buckets of f16 (bf16) parameters travel
@@ -20,9 +20,9 @@
 //! bit-identical parameters.
 //!
 //! The replicas alone scale with the devices; the exchange costs a roughly fixed time a
-//! step, so the speed-up grows with the batch a device (docs/performance.md, data
-//! parallelism). Every step drains the devices: the update needs every replica's gradients,
-//! and the host is the only path between the devices (wgpu has no peer-to-peer copies).
+//! step, so the speed-up grows with the batch a device (docs/performance.md, multi-GPU).
+//! Every step drains the devices: the update needs every replica's gradients, and the host
+//! is the only path between the devices (wgpu has no peer-to-peer copies).
 
 use super::bucket::{Tracker, buckets, flatten, set_grads};
 use crate::device::{Device, Readback};
@@ -85,8 +85,7 @@ enum Msg {
 impl<M: Module> DataParallel<M> {
     /// Gradient bytes per bucket by default (counted in f32). Each bucket costs a read-back
     /// and uploads, so fewer, larger buckets are faster: of 1, 4 and 16 MiB, 16 ran the GPT
-    /// step of `train_gpt` (43 MB of f32 gradients) fastest (docs/performance.md, data
-    /// parallelism).
+    /// step of `train_gpt` (43 MB of f32 gradients) fastest (docs/performance.md, multi-GPU).
     pub const DEFAULT_BUCKET_BYTES: u64 = 16 << 20;
 
     /// Builds a replica on each device with `build`, then copies the first replica's parameters
@@ -155,7 +154,7 @@ impl<M: Module> DataParallel<M> {
     /// the gradient of the whole batch. Step each replica's optimizer afterwards, on a thread
     /// per replica when the update waits on its device (a loss scaler's found-inf check): in
     /// turn, each replica waits for the one before, which gives back much of the speed-up
-    /// (docs/performance.md, data parallelism), and [`Device::flush`] each device after
+    /// (docs/performance.md, multi-GPU), and [`Device::flush`] each device after
     /// queueing its update, so it
     /// starts while the host queues the next forward pass.
     pub fn step<I: Sync>(
@@ -344,7 +343,7 @@ impl<M: Module> DataParallel<M> {
         // The device starts on the forward pass while this thread queues the backward: every
         // step drains it (the update waits for the exchange), and the first batch of
         // dispatches would otherwise go only with the first bucket's read-back (with the flush
-        // after the update, this shortens the step: docs/performance.md, data parallelism).
+        // after the update, this shortens the step: docs/performance.md, multi-GPU).
         self.replicas[r].0.flush()?;
         let mut tracker = Tracker::new(params, buckets);
         let mut sent = vec![false; buckets.len()];
