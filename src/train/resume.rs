@@ -7,13 +7,19 @@
 //!   weights of f16 parameters);
 //! * header metadata: the format version, the training step, the optimizer's step count, the
 //!   loss scaler, the device's random-number state (dropout masks), the caller's data
-//!   position and notes, and a checksum of every tensor's name, shape, dtype and bytes.
+//!   position and notes, and `checksum`: the xxh3-64 hash of every byte of the file except
+//!   the 16 hex digits of that value itself (header, metadata and tensor data alike).
 //!
 //! Saving writes `<path>.tmp`, flushes it to disk and renames it over `path`, so a crash while
-//! saving leaves the previous checkpoint whole. Loading checks the whole file (it parses, it
-//! is a wgrad checkpoint of this format, the checksum matches, every tensor the model and the
-//! optimizer hold is present with the same shape and dtype) before it writes anything, and an
-//! error names the file and what is wrong.
+//! saving leaves the previous checkpoint whole. Loading checks the whole file (it is a wgrad
+//! checkpoint of this format, the checksum matches, it parses, every number in its metadata
+//! reads, every tensor the model and the optimizer hold is present with the same shape and
+//! dtype) before it writes anything, so a refused file changes nothing: not the parameters,
+//! the optimizer's state, the loss scaler nor the device's random state. An error names the
+//! file and what is wrong.
+//!
+//! Files of the earlier format `wgrad-train-1`, whose checksum covered only the tensors, are
+//! refused with a message that says so: their header could have been edited unnoticed.
 
 use crate::error::{Error, Result};
 use crate::nn::safetensors::{open, parse, serialize, write_named};
@@ -24,7 +30,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::Path;
 
-const FORMAT: &str = "wgrad-train-1";
+const FORMAT: &str = "wgrad-train-2";
+
+/// The metadata key of the checksum, and the text that stands for its value while the file's
+/// hash is taken: 16 hex digits, so writing the real value moves no other byte.
+const CHECKSUM_KEY: &str = "checksum";
+const CHECKSUM_DIGITS: usize = 16;
 
 /// Where a run stands, besides its tensors.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -84,15 +95,13 @@ pub fn save_checkpoint(
     for (k, v) in &progress.notes {
         meta.insert(format!("note.{k}"), v.clone());
     }
-    // The checksum is over the tensors as the file holds them: serialize once (reading the
-    // tensors back from the device once), checksum the parsed result, and write it again
-    // from host memory with the checksum in the header.
-    let plain = serialize(path, &tensors, None)?;
-    let parsed = parse(path, &plain)?;
-    meta.insert("checksum".into(), format!("{:016x}", checksum(&parsed)));
-    let views = parsed.tensors();
-    let bytes = safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), Some(meta))
-        .map_err(|e| bad(path, e.to_string()))?;
+    // The file is serialized once with zeros for the checksum's digits; the hash of every
+    // other byte then takes their place.
+    meta.insert(CHECKSUM_KEY.into(), "0".repeat(CHECKSUM_DIGITS));
+    let mut bytes = serialize(path, &tensors, Some(meta))?;
+    let at = checksum_field(path, &bytes)?;
+    let digits = format!("{:016x}", file_hash(&bytes, at));
+    bytes[at..at + CHECKSUM_DIGITS].copy_from_slice(digits.as_bytes());
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -192,10 +201,19 @@ fn bad(path: &Path, detail: impl Into<String>) -> Error {
 fn checked<'a>(path: &Path, bytes: &'a [u8]) -> Result<(SafeTensors<'a>, HashMap<String, String>)> {
     let (_, header) = SafeTensors::read_metadata(bytes)
         .map_err(|e| bad(path, format!("not a readable safetensors file: {e}")))?;
-    let st = parse(path, bytes)?;
     let meta = header.metadata().clone().unwrap_or_default();
     match meta.get("format").map(String::as_str) {
         Some(FORMAT) => {}
+        Some("wgrad-train-1") => {
+            return Err(bad(
+                path,
+                format!(
+                    "checkpoint format \"wgrad-train-1\" cannot be verified (its checksum does \
+                     not cover the header); this wgrad reads {FORMAT:?}: resume with the wgrad \
+                     that wrote it and save again"
+                ),
+            ));
+        }
         Some(other) => {
             return Err(bad(
                 path,
@@ -210,18 +228,58 @@ fn checked<'a>(path: &Path, bytes: &'a [u8]) -> Result<(SafeTensors<'a>, HashMap
         }
     }
     let want = meta
-        .get("checksum")
+        .get(CHECKSUM_KEY)
         .ok_or_else(|| bad(path, "metadata checksum is missing"))?;
-    let got = format!("{:016x}", checksum(&st));
-    if *want != got {
+    let at = checksum_field(path, bytes)?;
+    let got = format!("{:016x}", file_hash(bytes, at));
+    if *want != got || bytes[at..at + CHECKSUM_DIGITS] != *got.as_bytes() {
         return Err(bad(
             path,
             format!(
-                "checksum mismatch (header {want}, tensors {got}): the file was changed after it was written"
+                "checksum mismatch (header {want}, file {got}): the file was changed after it was written"
             ),
         ));
     }
+    let st = parse(path, bytes)?;
     Ok((st, meta))
+}
+
+/// Where the checksum's digits start: the one `"checksum":"` of the JSON header, followed by
+/// 16 digits and a closing quote. A key or value of the header cannot hold that text
+/// unescaped, so there is exactly one in a file this module wrote.
+fn checksum_field(path: &Path, bytes: &[u8]) -> Result<usize> {
+    let header_len = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| bad(path, "shorter than a safetensors header"))?;
+    let end = usize::try_from(header_len)
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| bad(path, format!("header length {header_len} runs past the file")))?;
+    let needle = format!("\"{CHECKSUM_KEY}\":\"");
+    let header = &bytes[8..end];
+    let mut found = header
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle.as_bytes())
+        .map(|(i, _)| 8 + i + needle.len());
+    let (Some(at), None) = (found.next(), found.next()) else {
+        return Err(bad(path, "metadata checksum is not in the header exactly once"));
+    };
+    if bytes.get(at + CHECKSUM_DIGITS) != Some(&b'"') {
+        return Err(bad(path, "metadata checksum is not 16 hex digits"));
+    }
+    Ok(at)
+}
+
+/// xxh3-64 of every byte of the file but the checksum's digits.
+fn file_hash(bytes: &[u8], at: usize) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&bytes[..at]);
+    h.update(&bytes[at + CHECKSUM_DIGITS..]);
+    h.digest()
 }
 
 fn parse_scaler(path: &Path, text: &str) -> Result<GradScaler> {
@@ -239,32 +297,4 @@ fn parse_scaler(path: &Path, text: &str) -> Result<GradScaler> {
     s.backoff = f[2].parse().map_err(|_| err())?;
     s.growth_interval = f[3].parse().map_err(|_| err())?;
     Ok(s)
-}
-
-/// FNV-1a over every tensor's name, dtype, shape and bytes, in name order, 8 bytes at a time.
-fn checksum(st: &SafeTensors<'_>) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(PRIME);
-        }
-        for &b in chunks.remainder() {
-            h = (h ^ b as u64).wrapping_mul(PRIME);
-        }
-        h = (h ^ bytes.len() as u64).wrapping_mul(PRIME);
-    };
-    let mut names = st.names();
-    names.sort();
-    for name in names {
-        eat(name.as_bytes());
-        if let Ok(v) = st.tensor(name) {
-            eat(format!("{:?}{:?}", v.dtype(), v.shape()).as_bytes());
-            eat(v.data());
-        }
-    }
-    h
 }
