@@ -134,6 +134,22 @@ impl Error {
     }
 
     /// True for [`Error::OutOfMemory`]; batch-size search uses it.
+    ///
+    /// ```
+    /// use wgrad::{DType, Error};
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// dev.set_memory_limit(Some(16 << 20)); // a 16 MiB budget
+    /// let kept = dev.zeros(&[1024], DType::F32)?; // 4 KiB: fits
+    /// let err = dev.zeros(&[16 << 20], DType::F32).unwrap_err(); // 64 MiB: does not
+    /// assert!(err.is_oom());
+    /// if let Error::OutOfMemory { requested, limit, .. } = err {
+    ///     assert_eq!((requested, limit), (64 << 20, 16 << 20));
+    /// }
+    /// assert_eq!(kept.to_vec::<f32>()?, vec![0.0; 1024]); // nothing live was lost
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_oom(&self) -> bool {
         matches!(self, Error::OutOfMemory { .. })
     }

@@ -23,6 +23,25 @@ impl Tensor {
     /// Computes gradients of this (scalar) tensor with respect to every variable it depends on
     /// and adds them to their `grad()`. The graph is consumed: intermediate results are freed
     /// as soon as the backward pass no longer needs them.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0], &[3])?.variable();
+    /// let w = dev.tensor(&[0.5f32, -1.0, 2.0], &[3])?.variable();
+    /// let loss = x.mul(&w)?.sum_all()?; // sum of x * w
+    /// loss.backward()?;
+    /// assert_eq!(x.grad().expect("x is a variable").to_vec::<f32>()?, [0.5, -1.0, 2.0]);
+    /// assert_eq!(w.grad().expect("w is a variable").to_vec::<f32>()?, [1.0, 2.0, 3.0]);
+    ///
+    /// // Gradients add up over backward passes until cleared.
+    /// x.mul(&w)?.sum_all()?.backward()?;
+    /// assert_eq!(w.grad().unwrap().to_vec::<f32>()?, [2.0, 4.0, 6.0]);
+    /// w.zero_grad();
+    /// assert!(w.grad().is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn backward(&self) -> Result<()> {
         backward(self, None, &mut |_| Ok(()))
     }

@@ -54,6 +54,32 @@ pub struct Batch {
 }
 
 /// Batches of a dataset on a device.
+///
+/// ```
+/// use wgrad::data::{Batch, DataLoader, InMemory, LoaderOptions};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// // Six samples of two features each, with a class label apiece.
+/// let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
+/// let ds = InMemory::new(x, vec![0, 1, 0, 1, 0, 1], &[2])?;
+/// let opts = LoaderOptions { batch_size: 4, seed: 1, ..Default::default() };
+/// let loader = DataLoader::new(&dev, ds, opts)?;
+/// assert_eq!(loader.batches_per_epoch(), 2); // 4 + 2
+///
+/// let batches = loader.epoch(0).collect::<wgrad::Result<Vec<Batch>>>()?;
+/// assert_eq!(batches[0].x.shape(), [4, 2]); // on the device
+/// assert_eq!(batches[1].y.shape(), [2]);
+/// // Shuffled, and every sample once; a sample's features stay with its label.
+/// let mut seen: Vec<usize> = batches.iter().flat_map(|b| b.indices.clone()).collect();
+/// let first = &batches[0];
+/// assert_eq!(first.x.to_vec::<f32>()?[0], 2.0 * first.indices[0] as f32);
+/// assert_eq!(first.y.to_vec::<u32>()?[0], first.indices[0] as u32 % 2);
+/// seen.sort();
+/// assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+/// assert_eq!(loader.order(0), loader.order(0)); // an epoch's order is reproducible
+/// # Ok(())
+/// # }
+/// ```
 pub struct DataLoader<D: Dataset> {
     ds: Arc<D>,
     dev: Device,

@@ -8,6 +8,19 @@ use std::sync::Arc;
 /// A text encoded as character ids (the sorted set of its characters is the vocabulary).
 /// Sample `i` is a window of `seq` ids starting at a position drawn from (seed, i); its labels
 /// are the same window shifted by one character.
+///
+/// ```
+/// use wgrad::data::{CharText, Dataset};
+/// # fn main() -> wgrad::Result<()> {
+/// let text = CharText::from_text("to be or not to be, that is the question", 8, 0)?;
+/// assert_eq!(text.vocab_size(), 14); // the distinct characters, space and comma included
+/// assert_eq!(text.decode(&text.encode("not to be")), "not to be");
+/// let (mut x, mut y) = (vec![0u32; 8], vec![0u32; 8]);
+/// text.get(3, &mut x, &mut y)?;
+/// assert_eq!(x[1..], y[..7]); // the targets are the inputs moved on by one character
+/// # Ok(())
+/// # }
+/// ```
 pub struct CharText {
     ids: Arc<Vec<u32>>,
     vocab: Vec<char>,

@@ -20,6 +20,12 @@
 //! (`DeviceOptions::release_threshold`, default unlimited) the pool keeps at most N bytes of
 //! empty pages, returning the largest to the driver as soon as more are empty; a training
 //! loop then pays device allocations each step for whatever it needs past N.
+//!
+//! The pool is reached through its device: [`MemoryStats`] from
+//! [`Device::memory_stats`](crate::Device::memory_stats), a printable [`MemoryReport`] from
+//! [`Device::memory_report`](crate::Device::memory_report), the event trace ([`Event`],
+//! `Device::set_memory_trace`) and its picture ([`timeline_svg`]). [`arena`] is the
+//! allocator itself, without any GPU, so its rules can be tested on their own.
 
 pub mod arena;
 pub(crate) mod staging;

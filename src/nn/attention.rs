@@ -99,6 +99,26 @@ impl Module for MultiHeadAttention {
 }
 
 /// Pre-norm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))` with a 4x GELU MLP.
+///
+/// ```
+/// use wgrad::nn::{Module, TransformerBlock};
+/// use wgrad::{DType, Tensor};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// // Width 16, 2 heads, causal, no dropout.
+/// let block = TransformerBlock::new(&dev, 16, 2, true, 0.0, DType::F32)?;
+/// let x = dev.randn(&[2, 5, 16], DType::F32)?; // [batch, seq, dim]
+/// let y = block.forward(&x)?;
+/// assert_eq!(y.shape(), [2, 5, 16]);
+///
+/// // Causal: changing the last position leaves the first one's output alone.
+/// let x2 = Tensor::cat(&[&x.narrow(1, 0, 4)?, &dev.randn(&[2, 1, 16], DType::F32)?], 1)?;
+/// let first = |t: &Tensor| t.narrow(1, 0, 1)?.to_vec::<f32>();
+/// let (a, b) = (first(&y)?, first(&block.forward(&x2)?)?);
+/// assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-5));
+/// # Ok(())
+/// # }
+/// ```
 pub struct TransformerBlock {
     /// First norm.
     pub ln1: LayerNorm,

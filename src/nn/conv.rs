@@ -9,6 +9,30 @@ use crate::ops::Conv2dOpts;
 use crate::tensor::Tensor;
 
 /// NCHW convolution with an OIHW weight (PyTorch's layout).
+///
+/// ```
+/// use wgrad::nn::{Conv2d, Module};
+/// use wgrad::ops::Conv2dOpts;
+/// use wgrad::{DType, Tensor};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// // 1 channel in, 1 out, 3 x 3: a box filter of ones with bias 0.5.
+/// let conv = Conv2d::new(&dev, 1, 1, 3, Conv2dOpts::default(), DType::F32)?;
+/// conv.weight.copy_from_slice(&[1.0f32; 9])?;
+/// conv.bias.as_ref().unwrap().copy_from_slice(&[0.5f32])?;
+/// let x = Tensor::ones(&dev, &[1, 1, 4, 4], DType::F32)?;
+/// let y = conv.forward(&x)?;
+/// assert_eq!(y.shape(), [1, 1, 2, 2]);
+/// assert_eq!(y.to_vec::<f32>()?, [9.5; 4]);
+///
+/// // Padding 1 and stride 2 on 3 -> 8 channels.
+/// let opts = Conv2dOpts { padding: (1, 1), stride: (2, 2), ..Default::default() };
+/// let conv = Conv2d::new(&dev, 3, 8, 3, opts, DType::F32)?;
+/// let y = conv.forward(&dev.randn(&[2, 3, 16, 16], DType::F32)?)?;
+/// assert_eq!(y.shape(), [2, 8, 8, 8]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Conv2d {
     /// [out, in / groups, kh, kw].
     pub weight: Tensor,

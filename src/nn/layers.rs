@@ -116,6 +116,25 @@ impl Module for Flatten {
 }
 
 /// A table of `vocab` vectors of `dim` looked up by u32 indices.
+///
+/// ```
+/// use wgrad::nn::{Embedding, Module};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let emb = Embedding::new(&dev, 10, 4, wgrad::DType::F32)?;
+/// let ids = dev.tensor(&[2u32, 7, 2], &[3])?;
+/// let v = emb.forward(&ids)?;
+/// assert_eq!(v.shape(), [3, 4]);
+/// let (rows, table) = (v.to_vec::<f32>()?, emb.weight.to_vec::<f32>()?);
+/// assert_eq!(rows[..4], table[8..12]); // row 0 is the table's row 2
+/// assert_eq!(rows[..4], rows[8..]); // and so is row 2
+///
+/// // A batch of sequences: [batch, seq] ids give [batch, seq, dim].
+/// let batch = dev.tensor(&[1u32, 2, 3, 4, 5, 6], &[2, 3])?;
+/// assert_eq!(emb.forward(&batch)?.shape(), [2, 3, 4]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Embedding {
     /// [vocab, dim], initialised N(0, 1) as in PyTorch.
     pub weight: Tensor,

@@ -9,6 +9,24 @@ use crate::tensor::Tensor;
 
 /// `y = x W^T + b` over the last axis, with W [out, in] (PyTorch's layout, so weights load
 /// from PyTorch files unchanged).
+///
+/// ```
+/// use wgrad::nn::{Linear, Module};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let w = dev.tensor(&[1.0f32, 0.0, 0.0, 0.0, 1.0, 1.0], &[2, 3])?; // [out, in]
+/// let b = dev.tensor(&[0.5f32, -1.0], &[2])?;
+/// let fc = Linear::from_tensors(w, Some(b))?;
+/// let y = fc.forward(&dev.tensor(&[1.0f32, 2.0, 3.0], &[1, 3])?)?;
+/// assert_eq!(y.to_vec::<f32>()?, [1.5, 4.0]);
+///
+/// // Any leading dimensions: [batch, seq, in] gives [batch, seq, out].
+/// let fc = Linear::new(&dev, 3, 8, true, wgrad::DType::F32)?;
+/// assert_eq!(fc.forward(&dev.randn(&[2, 5, 3], wgrad::DType::F32)?)?.shape(), [2, 5, 8]);
+/// assert_eq!(fc.params().len(), 2); // "weight" and "bias", both variables
+/// # Ok(())
+/// # }
+/// ```
 pub struct Linear {
     /// [out, in].
     pub weight: Tensor,

@@ -10,6 +10,25 @@ use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// LayerNorm over the last axis with learned scale and shift.
+///
+/// ```
+/// use wgrad::nn::{LayerNorm, Module};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let ln = LayerNorm::new(&dev, 4, wgrad::DType::F32)?;
+/// let x = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0, 10.0, 10.0, 10.0, 50.0], &[2, 4])?;
+/// let y = ln.forward(&x)?; // each row to mean 0, variance 1 (then * 1 + 0)
+/// for m in y.mean(-1, false)?.to_vec::<f32>()? {
+///     assert!(m.abs() < 1e-5);
+/// }
+/// for v in y.var(-1, 0, false)?.to_vec::<f32>()? {
+///     assert!((v - 1.0).abs() < 1e-3);
+/// }
+/// let names: Vec<String> = ln.params().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["weight", "bias"]); // PyTorch's names
+/// # Ok(())
+/// # }
+/// ```
 pub struct LayerNorm {
     /// Scale, initialised to 1.
     pub gamma: Tensor,

@@ -64,6 +64,34 @@ pub(crate) fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
 }
 
 /// Writes named tensors to a safetensors file.
+///
+/// ```
+/// use wgrad::nn::{self, Linear, Module};
+/// use wgrad::DType;
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let path = std::env::temp_dir().join(format!("wgrad-doc-{}.safetensors", std::process::id()));
+/// let a = Linear::new(&dev, 3, 2, true, DType::F32)?;
+/// nn::save(&path, &a.state_dict())?;
+///
+/// // Into a model of the same shape, by name:
+/// let b = Linear::new(&dev, 3, 2, true, DType::F32)?;
+/// nn::load_into(&b, &path)?;
+/// assert_eq!(b.weight.to_vec::<f32>()?, a.weight.to_vec::<f32>()?);
+///
+/// // Or every tensor of the file, with its name:
+/// let named = nn::load(&dev, &path)?;
+/// let mut names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+/// names.sort();
+/// assert_eq!(names, ["bias", "weight"]);
+///
+/// // A model of another shape is refused, and keeps its weights.
+/// let c = Linear::new(&dev, 4, 2, true, DType::F32)?;
+/// assert!(nn::load_into(&c, &path).is_err());
+/// std::fs::remove_file(&path)?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
     let path = path.as_ref();
     let bytes = serialize(path, tensors, None)?;

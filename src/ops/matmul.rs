@@ -667,6 +667,21 @@ impl Backward for MatmulBack {
 
 impl Tensor {
     /// Matrix product over the last two dimensions, broadcasting the leading ones.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let a = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    /// let b = dev.tensor(&[5.0f32, 6.0, 7.0, 8.0], &[2, 2])?;
+    /// assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, [19.0, 22.0, 43.0, 50.0]);
+    /// // A batch of three [4, 2] matrices times one [2, 2]: b is broadcast.
+    /// let batch = dev.randn(&[3, 4, 2], wgrad::DType::F32)?;
+    /// assert_eq!(batch.matmul(&b)?.shape(), [3, 4, 2]);
+    /// // Transposed operands are views; the product reads their strides.
+    /// assert_eq!(a.transpose(0, 1)?.matmul(&b)?.to_vec::<f32>()?, [26.0, 30.0, 38.0, 44.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.matmul_with(other, MatmulOpts::default())
     }

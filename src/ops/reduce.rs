@@ -106,6 +106,21 @@ impl Tensor {
 
     /// Sum along `axis` (negative counts from the end).
     /// An empty axis sums to 0.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// assert_eq!(x.sum(0, false)?.to_vec::<f32>()?, [5.0, 7.0, 9.0]);
+    /// let rows = x.sum(-1, true)?; // keepdim: [2, 1], ready to broadcast against x
+    /// assert_eq!(rows.shape(), [2, 1]);
+    /// assert_eq!(x.sub(&rows)?.to_vec::<f32>()?, [-5.0, -4.0, -3.0, -11.0, -10.0, -9.0]);
+    /// assert_eq!(x.max(1, false)?.to_vec::<f32>()?, [3.0, 6.0]);
+    /// assert_eq!(x.argmax(0, false)?.to_vec::<u32>()?, [1, 1, 1]);
+    /// assert_eq!(x.sum_all()?.to_scalar()?, 21.0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn sum(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.reduce_axis(axis, keepdim, ReduceOp::Sum, 1.0, "sum")
     }

@@ -55,6 +55,18 @@ impl Tensor {
     }
 
     /// Softmax along the last axis (numerically stable; rows of any length).
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let logits = dev.tensor(&[1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0], &[2, 3])?;
+    /// let p = logits.softmax()?.to_vec::<f32>()?;
+    /// assert!((p[..3].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    /// assert!(p[0] < p[1] && p[1] < p[2]);
+    /// assert!(p[3..].iter().all(|&v| (v - 1.0 / 3.0).abs() < 1e-6)); // no overflow
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn softmax(&self) -> Result<Tensor> {
         self.softmax_impl(false)
     }

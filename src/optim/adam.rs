@@ -6,6 +6,30 @@ use crate::kernels::optim::Rule;
 use crate::tensor::Tensor;
 
 /// Adam (L2 weight decay added to the gradient) or AdamW (decoupled weight decay).
+///
+/// A training step on a model: gradients cleared, the loss's backward pass, the update.
+///
+/// ```
+/// use wgrad::nn::{Linear, Module};
+/// use wgrad::optim::{Adam, Optimizer};
+/// use wgrad::DType;
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let model = Linear::new(&dev, 4, 3, true, DType::F32)?;
+/// let mut opt = Adam::adamw(model.params(), 1e-2, 0.01)?;
+/// let x = dev.randn(&[8, 4], DType::F32)?;
+/// let labels = dev.tensor(&[0u32, 1, 2, 0, 1, 2, 0, 1], &[8])?;
+/// let first = model.forward(&x)?.cross_entropy(&labels)?.to_scalar()?;
+/// for _ in 0..20 {
+///     opt.zero_grad();
+///     model.forward(&x)?.cross_entropy(&labels)?.backward()?;
+///     opt.step()?;
+/// }
+/// assert_eq!(opt.steps(), 20);
+/// assert!(model.forward(&x)?.cross_entropy(&labels)?.to_scalar()? < first);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Adam {
     slots: Slots,
     lr: f32,
@@ -19,6 +43,23 @@ pub struct Adam {
 
 impl Adam {
     /// Adam with the usual betas (0.9, 0.999) and eps 1e-8.
+    ///
+    /// Adam's first step moves every parameter by about `lr` against the sign of its
+    /// gradient, whatever the gradient's size:
+    ///
+    /// ```
+    /// use wgrad::optim::{Adam, Optimizer};
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let w = dev.tensor(&[1.0f32, -2.0], &[2])?.variable();
+    /// let mut opt = Adam::new(vec![("w".into(), w.clone())], 0.1)?;
+    /// w.square()?.sum_all()?.backward()?; // gradient [2, -4]
+    /// opt.step()?;
+    /// let v = w.to_vec::<f32>()?;
+    /// assert!((v[0] - 0.9).abs() < 1e-5 && (v[1] + 1.9).abs() < 1e-5);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(params: Vec<(String, Tensor)>, lr: f32) -> Result<Adam> {
         Adam::with(params, lr, (0.9, 0.999), 1e-8, 0.0, false)
     }

@@ -1,6 +1,14 @@
-//! Optimizers with fused update kernels (one dispatch per parameter, state on the device),
-//! learning-rate schedules, gradient-norm utilities, and guarded steps (clipping, overflow
-//! checks, loss scaling) decided on the device.
+//! Optimizers with fused update kernels (up to four parameters a dispatch, state on the
+//! device), learning-rate schedules, gradient-norm utilities, and guarded steps (clipping,
+//! overflow checks, loss scaling) decided on the device.
+//!
+//! An optimizer ([`Sgd`], [`Adam`], which is also AdamW) is built from a module's named
+//! parameters and updates them in place; a step is `zero_grad`, `backward` on the loss, then
+//! [`Optimizer::step`]. f16 and bf16 parameters get f32 master weights in the optimizer.
+//! [`GradScaler`] wraps the step for mixed precision (loss scaling, skipping overflowed
+//! steps) and clipping ([`guarded_step`] is the same without a scaler), and [`LrSchedule`]
+//! gives the learning rate of each step ([`Optimizer::set_lr`]). [`Optimizer::state`] names
+//! the state that training checkpoints save.
 
 /// The `Optimizer` methods every optimizer shares, for a type with `slots` and `lr` fields;
 /// `$state` names its per-parameter state tensors, in slot order.

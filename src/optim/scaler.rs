@@ -208,6 +208,33 @@ pub fn guarded_step(
 /// its report arrives with the next step ([`GradScaler::last_report`]). With `growth` and
 /// `backoff` 1 and scale 1 ([`GradScaler::unscaled`]) it is a guarded step without scaling
 /// that queues without waiting.
+///
+/// ```
+/// use wgrad::optim::{GradScaler, Optimizer, Sgd};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let w = dev.tensor(&[1.0f32, -2.0], &[2])?.variable();
+/// let mut opt = Sgd::new(vec![("w".into(), w.clone())], 0.1, 0.0, 0.0, false)?;
+/// let mut scaler = GradScaler::with_scale(1024.0);
+///
+/// let loss = w.square()?.sum_all()?;
+/// scaler.scale_loss(&loss)?.backward()?; // gradients 1024 times too large
+/// let report = scaler.step(&mut opt, None)?; // divided back out, checked, applied
+/// assert!(report.stepped);
+/// assert!((report.grad_norm - 20f32.sqrt()).abs() < 1e-3); // |[2, -4]|, unscaled
+///
+/// // Gradients that overflow: the step is skipped and the scale backs off.
+/// opt.zero_grad();
+/// let huge = w.mul_scalar(1e30)?.square()?.sum_all()?;
+/// scaler.scale_loss(&huge)?.backward()?;
+/// let report = scaler.step(&mut opt, None)?;
+/// assert!(!report.stepped);
+/// assert_eq!(scaler.scale(), 512.0);
+/// let v = w.to_vec::<f32>()?; // as after the first step
+/// assert!((v[0] - 0.8).abs() < 1e-6 && (v[1] + 1.6).abs() < 1e-6);
+/// # Ok(())
+/// # }
+/// ```
 pub struct GradScaler {
     /// Multiplier after `growth_interval` clean steps.
     pub growth: f32,

@@ -2,6 +2,17 @@
 
 /// Linear warm-up from 0 to `base` over `warmup` steps, then cosine decay to `min` at `total`.
 /// With `total == 0` the rate stays at `base` after warm-up.
+///
+/// ```
+/// use wgrad::optim::LrSchedule;
+/// let s = LrSchedule { base: 1e-3, min: 1e-4, warmup: 10, total: 110 };
+/// let close = |a: f32, b: f32| (a - b).abs() < 1e-8;
+/// assert!(close(s.at(4), 5e-4)); // half-way through the warm-up
+/// assert!(close(s.at(10), 1e-3)); // the peak
+/// assert!(close(s.at(60), 5.5e-4)); // half-way down the cosine
+/// assert!(close(s.at(500), 1e-4)); // the floor, from `total` on
+/// // In a training loop: opt.set_lr(s.at(step)) before each step.
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct LrSchedule {
     /// Peak learning rate.

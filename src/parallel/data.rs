@@ -63,6 +63,33 @@ pub struct StepReport {
 }
 
 /// One replica per device; see the module documentation.
+///
+/// Two devices on one adapter behave as two GPUs would (slower), so this runs anywhere:
+///
+/// ```
+/// use wgrad::nn::{Linear, Module};
+/// use wgrad::parallel::DataParallel;
+/// use wgrad::{DType, Device};
+/// # fn main() -> wgrad::Result<()> {
+/// let devices = vec![Device::new()?, Device::new()?];
+/// let dp = DataParallel::new(devices, |dev| Linear::new(dev, 2, 1, false, DType::F32))?;
+/// let weights = |r: usize| dp.replicas()[r].1.weight.to_vec::<f32>();
+/// assert_eq!(weights(0)?, weights(1)?); // every replica starts from replica 0's weights
+///
+/// // One shard of the batch per replica; each replica's loss is the sum of its outputs.
+/// let shards = [[1.0f32, 0.0], [0.0, 1.0]];
+/// let report = dp.step(&shards, |_, model, x| {
+///     let x = model.weight.device().tensor(x, &[1, 2])?;
+///     model.forward(&x)?.sum_all()
+/// })?;
+/// assert_eq!(report.losses.len(), 2);
+/// // Each replica's own gradient was its shard; both now hold the mean.
+/// for (_, model) in dp.replicas() {
+///     assert_eq!(model.weight.grad().unwrap().to_vec::<f32>()?, [0.5, 0.5]);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct DataParallel<M: Module> {
     replicas: Vec<(Device, M)>,
     /// Parameters of each replica, in one order.

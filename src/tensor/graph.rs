@@ -61,6 +61,20 @@ thread_local! {
 }
 
 /// Runs `f` without recording the graph (evaluation, optimizer updates).
+///
+/// Recording is per thread, and back to what it was once `f` returns.
+///
+/// ```
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let w = dev.tensor(&[1.0f32, 2.0], &[2])?.variable();
+/// let y = wgrad::no_grad(|| w.mul_scalar(3.0))?;
+/// assert!(!y.requires_grad()); // nothing recorded, nothing kept for a backward pass
+/// assert_eq!(y.to_vec::<f32>()?, [3.0, 6.0]);
+/// assert!(wgrad::autograd::is_grad_enabled()); // on again outside
+/// # Ok(())
+/// # }
+/// ```
 pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
     let prev = GRAD_ENABLED.with(|g| g.replace(false));
     let out = f();

@@ -1,5 +1,13 @@
 //! Fitting training into a memory budget (the largest batch that fits, a batch size that
 //! follows the memory left) and resumable training checkpoints ([`resume`]).
+//!
+//! [`find_batch_size`] searches, before training, for the largest batch whose step fits the
+//! device's budget, by running trial steps and catching [`Error::OutOfMemory`];
+//! [`DynamicBatch`] adjusts the batch size during training from the peak memory of each
+//! step. [`save_checkpoint`] writes the parameters, the optimizer's state, the loss scaler,
+//! the device's random state and the caller's [`Progress`] to one safetensors file;
+//! [`load_checkpoint`] restores all of it so the run continues as if it had not stopped, and
+//! [`load_weights`] takes only the parameters (for inference).
 
 pub mod resume;
 
@@ -13,6 +21,19 @@ use crate::error::{Error, Result};
 /// success and the first failure. The cache is emptied before each trial, so every trial
 /// starts from the same memory state. A trial should run one full step (forward, backward,
 /// optimizer) and drop what it allocated; errors other than out-of-memory are returned.
+///
+/// ```
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// dev.set_memory_limit(Some(64 << 20)); // a 64 MiB budget
+/// // A stand-in for a training step whose batch of b samples takes b MiB.
+/// let best = wgrad::train::find_batch_size(&dev, 1000, |b| {
+///     dev.zeros(&[b, 1 << 18], wgrad::DType::F32).map(drop)
+/// })?;
+/// assert!((32..=64).contains(&best));
+/// # Ok(())
+/// # }
+/// ```
 pub fn find_batch_size(
     dev: &Device,
     max: usize,

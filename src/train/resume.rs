@@ -50,6 +50,34 @@ pub struct Progress {
 
 /// Writes a training checkpoint of `model`'s parameters, `opt`'s state, the loss scaler (if
 /// any) and `progress` to `path`, atomically (see the module docs).
+///
+/// ```
+/// use wgrad::nn::{Linear, Module};
+/// use wgrad::optim::{Adam, Optimizer};
+/// use wgrad::train::{Progress, load_checkpoint, save_checkpoint};
+/// use wgrad::DType;
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let name = format!("wgrad-doc-ckpt-{}.safetensors", std::process::id());
+/// let path = std::env::temp_dir().join(name);
+/// let model = Linear::new(&dev, 2, 1, true, DType::F32)?;
+/// let mut opt = Adam::new(model.params(), 1e-2)?;
+/// model.forward(&dev.randn(&[4, 2], DType::F32)?)?.sum_all()?.backward()?;
+/// opt.step()?;
+/// let progress = Progress { step: 1, data_position: 4, ..Default::default() };
+/// save_checkpoint(&path, &model.params(), &opt, None, &progress)?;
+///
+/// // Later, in a new process: build the same model and optimizer, then restore.
+/// let model2 = Linear::new(&dev, 2, 1, true, DType::F32)?;
+/// let mut opt2 = Adam::new(model2.params(), 1e-2)?;
+/// let resumed = load_checkpoint(&path, &model2.params(), &mut opt2, None)?;
+/// assert_eq!(resumed, progress);
+/// assert_eq!(opt2.steps(), 1); // Adam's bias correction continues from here
+/// assert_eq!(model2.weight.to_vec::<f32>()?, model.weight.to_vec::<f32>()?);
+/// std::fs::remove_file(&path)?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn save_checkpoint(
     path: impl AsRef<Path>,
     model: &[(String, Tensor)],
