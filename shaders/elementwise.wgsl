@@ -16,6 +16,8 @@
 //   binary       z[i] = f(x[i], y[i])                    same shapes, contiguous
 //   binary_bcast z[i] = f(x[ix(i)], y[iy(i)])            any input layouts: strides (0 = repeat)
 //                                                         and offsets (views, broadcasting)
+//   compare_u32  z[i] = x[ix(i)] OP y[iy(i)] ? 1.0 : 0.0 over u32 operands (exact for every
+//                u32; a conversion to f32 would merge values past 2^24), z in f32
 //   select       z[i] = c[ic(i)] != 0 ? x[ix(i)] : y[iy(i)]
 //   unary4, unary_bwd4, binary4   as above, four elements a thread
 //
@@ -156,6 +158,27 @@ fn main(ids: Ids) {
   if (i >= p.n) { return; }
   let o = bcast_offsets(i);
   st_z(i, binary_op(p.op, ld_x(o.x), ld_y(o.y)));
+}
+
+//! entry compare_u32(x: u32, y: u32, z: f32 mut)
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let i = flat_id(ids);
+  if (i >= p.n) { return; }
+  let o = bcast_offsets(i);
+  let x = ld_x(o.x);
+  let y = ld_y(o.y);
+  var holds = false;
+  switch p.op {
+    case BIN_EQ: { holds = x == y; }
+    case BIN_NE: { holds = x != y; }
+    case BIN_LT: { holds = x < y; }
+    case BIN_LE: { holds = x <= y; }
+    case BIN_GT: { holds = x > y; }
+    case BIN_GE: { holds = x >= y; }
+    default: {}
+  }
+  st_z(i, select(0.0, 1.0, holds));
 }
 
 //! entry select(c: any, x: data, y: data, z: data mut)

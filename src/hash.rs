@@ -2,8 +2,8 @@
 //!
 //! Why: every kernel launch looks up its pipeline, its bind group and its memory in hash maps
 //! whose keys are wgrad's own (ids, handles, `&'static str` names), never an attacker's. The
-//! standard library's SipHash resists hash flooding, which these keys do not need, and a
-//! profile of the GPT step's host time found it at 8% (BENCHMARKS.md, sixteenth session).
+//! standard library's SipHash resists hash flooding, which these keys do not need, and costs
+//! a measurable share of a training step's host time (docs/performance.md, the host path).
 //! This is a multiply-rotate hash over 8-byte words, as rustc's own compiler-internal maps use.
 
 use std::collections::{HashMap, HashSet};

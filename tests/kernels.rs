@@ -2393,3 +2393,42 @@ fn embedding_scatter_add() {
         }
     }
 }
+
+/// u32 comparisons are exact for every value (ids past 2^24, which f32 would merge), with
+/// broadcasting and a strided operand, against the host's comparison; outputs are poisoned.
+#[test]
+fn u32_comparisons_are_exact() {
+    let dev = poisoned();
+    let mut rng = Rng::new(13);
+    // Neighbours past 2^24 and at the top of the range, then random ids.
+    let mut xs: Vec<u32> = vec![1 << 24, (1 << 24) + 1, u32::MAX, u32::MAX - 1, 0, 7];
+    xs.extend((0..5 * 7 - xs.len()).map(|_| rng.below(40) as u32));
+    let ys: Vec<u32> = vec![(1 << 24) + 1, 1 << 24, u32::MAX - 1, u32::MAX, 0, 3, 9];
+    let x = Tensor::from_slice(&dev, &xs, &[5, 7]).unwrap();
+    let y = Tensor::from_slice(&dev, &ys, &[7]).unwrap();
+    type Op = fn(&Tensor, &Tensor) -> wgrad::Result<Tensor>;
+    let ops: [(&str, Op, fn(u32, u32) -> bool); 6] = [
+        ("eq", Tensor::eq, |a, b| a == b),
+        ("ne", Tensor::ne, |a, b| a != b),
+        ("lt", Tensor::lt, |a, b| a < b),
+        ("le", Tensor::le, |a, b| a <= b),
+        ("gt", Tensor::gt, |a, b| a > b),
+        ("ge", Tensor::ge, |a, b| a >= b),
+    ];
+    for (name, op, host) in ops {
+        let got = op(&x, &y).unwrap();
+        assert_eq!(got.dtype(), DType::F32, "{name}");
+        let want: Vec<f32> = (0..35)
+            .map(|i| host(xs[i], ys[i % 7]) as u32 as f32)
+            .collect();
+        assert_eq!(got.to_vec::<f32>().unwrap(), want, "{name}");
+        // The transposed (strided) operand against its own values.
+        let xt = x.transpose(0, 1).unwrap();
+        let got = op(&xt, &xt.contiguous().unwrap()).unwrap();
+        let same = (0..35).map(|_| host(1, 1) as u32 as f32).collect::<Vec<_>>();
+        assert_eq!(got.to_vec::<f32>().unwrap(), same, "{name} strided");
+    }
+    // Arithmetic on u32 is refused with the op's name.
+    let e = x.add(&x).unwrap_err().to_string();
+    assert!(e.starts_with("add:"), "{e}");
+}

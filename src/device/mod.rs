@@ -3,6 +3,13 @@
 //! A [`Device`] is a cheap handle (`Arc`) and is `Send + Sync`: a data-loader thread can upload
 //! while the main thread records kernels; both go through the one ordered stream.
 //!
+//! Open one with [`Device::new`] (the best adapter, options from the `WGRAD_*` environment),
+//! [`Device::with_index`] or [`Device::with_options`] ([`DeviceOptions`]); [`Device::all`]
+//! lists the adapters. Besides making tensors, the device answers for its memory
+//! ([`Device::memory_stats`], [`Device::memory_report`], [`Device::set_memory_limit`]), its
+//! random seed ([`Device::manual_seed`]), its kernel profiler ([`Device::start_profiling`])
+//! and waiting for queued work ([`Device::sync`]).
+//!
 //! Files: `options` (how to open one, the environment), `adapter` (which adapter, and the
 //! lock around driver calls that create and destroy devices), `stream` (ordered, batched
 //! command recording), `readback` (results coming back). Pipelines are built by the kernels
@@ -264,6 +271,17 @@ static IDLE: Mutex<Vec<Idle>> = Mutex::new(Vec::new());
 
 impl Device {
     /// Opens the best adapter, with options from the environment (see [`DeviceOptions::from_env`]).
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// println!("{}", dev.info()); // adapter, backend, driver, features, limits
+    /// let t = dev.tensor(&[1.0f32, 2.0], &[2])?;
+    /// assert!(t.device().same(&dev));
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 2.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Result<Self> {
         Self::with_options(DeviceOptions::from_env()?)
     }
@@ -282,6 +300,18 @@ impl Device {
     }
 
     /// Opens a device with explicit options.
+    ///
+    /// ```
+    /// use wgrad::{Device, DeviceOptions, MemoryLimit};
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = Device::with_options(DeviceOptions {
+    ///     memory_limit: Some(MemoryLimit::Bytes(256 << 20)),
+    ///     ..DeviceOptions::from_env()?
+    /// })?;
+    /// assert_eq!(dev.memory_stats().limit, 256 << 20);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn with_options(opts: DeviceOptions) -> Result<Self> {
         let _g = lock(&DEVICE_LIFECYCLE);
         let (index, adapter, gl_instance) = adapter::choose(&opts.adapter)?;
@@ -629,6 +659,20 @@ impl Device {
 
     /// A report to print: allocated, active, reserved and their peaks, the cache hit rate,
     /// device allocations, staging.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let before = dev.memory_stats().allocated;
+    /// let t = dev.zeros(&[1024], wgrad::DType::F32)?; // 4 KiB
+    /// assert!(dev.memory_stats().allocated >= before + 4096);
+    /// drop(t); // its block goes back to the pool at once
+    /// assert_eq!(dev.memory_stats().allocated, before);
+    /// assert!(dev.memory_stats().reserved > 0); // the page stays cached for reuse
+    /// println!("{}", dev.memory_report());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn memory_report(&self) -> MemoryReport {
         MemoryReport {
             adapter: self.inner.info.name.clone(),
@@ -656,7 +700,33 @@ impl Device {
         self.inner.memory.reset_peak();
     }
 
-    /// Changes the memory budget. Live tensors stay; later allocations obey the new limit.
+    /// Changes the memory budget (`None`: no budget). Live tensors stay; later allocations
+    /// obey the new limit.
+    ///
+    /// What it counts: the bytes the arena has *reserved* from the driver (its pages, whether
+    /// a live tensor or the cache holds them), not only live tensors, since that is what the
+    /// device must hold. An allocation that would take reserved bytes past the limit first
+    /// releases cached pages, then waits for the device (blocks freed by queued work), then
+    /// fails with [`Error::OutOfMemory`](crate::Error), which carries the numbers and loses
+    /// nothing already allocated.
+    ///
+    /// Separate from the budget, one tensor can be no larger than the adapter's largest
+    /// storage binding (`max_storage_buffer_binding_size`: 128 MiB on lavapipe, 2-4 GiB on
+    /// discrete GPUs); a larger one is [`Error::LimitExceeded`](crate::Error), not
+    /// `OutOfMemory`, whatever the budget.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// dev.set_memory_limit(Some(64 << 20));
+    /// let err = dev.zeros(&[128 << 20], wgrad::DType::F32).unwrap_err();
+    /// assert!(err.is_oom() || matches!(err, wgrad::Error::LimitExceeded { .. }));
+    /// let small = dev.zeros(&[1024], wgrad::DType::F32)?; // still fine
+    /// assert_eq!(small.numel(), 1024);
+    /// dev.set_memory_limit(None);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_memory_limit(&self, limit: Option<u64>) {
         self.inner.memory.set_limit(limit.unwrap_or(u64::MAX));
     }
@@ -727,6 +797,24 @@ impl Device {
 
     /// Starts timing every dispatch: with GPU timestamps where the adapter has them (see
     /// [`Profile`]), host round trips otherwise. Work recorded before is submitted first.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let a = dev.randn(&[64, 64], wgrad::DType::F32)?;
+    /// dev.start_profiling()?;
+    /// dev.begin_scope("layer");
+    /// let y = a.matmul(&a)?.relu()?;
+    /// dev.end_scope();
+    /// let profile = dev.stop_profiling()?;
+    /// assert!(profile.events.len() >= 2); // the product and the ReLU
+    /// assert!(profile.by_kernel().iter().any(|k| k.name.starts_with("Matmul")));
+    /// assert!(profile.by_scope().iter().any(|s| s.name == "layer"));
+    /// println!("{profile}");
+    /// # drop(y);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn start_profiling(&self) -> Result<()> {
         let ts = self.inner.caps.timestamps;
         lock(&self.inner.stream).start_profiling(ts)

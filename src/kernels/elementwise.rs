@@ -235,6 +235,25 @@ crate::codes! {
 }
 
 impl Binary {
+    /// The name of the `Tensor` method that applies it, for errors.
+    pub fn method(self) -> &'static str {
+        match self {
+            Binary::Add => "add",
+            Binary::Sub => "sub",
+            Binary::Mul => "mul",
+            Binary::Div => "div",
+            Binary::Max => "maximum",
+            Binary::Min => "minimum",
+            Binary::Pow => "pow",
+            Binary::Eq => "eq",
+            Binary::Ne => "ne",
+            Binary::Lt => "lt",
+            Binary::Le => "le",
+            Binary::Gt => "gt",
+            Binary::Ge => "ge",
+        }
+    }
+
     /// Comparisons give 0/1 and have no gradient.
     pub fn is_comparison(self) -> bool {
         matches!(
@@ -443,6 +462,38 @@ pub(crate) fn binary(
         ..Default::default()
     };
     run(dev, "binary_bcast", p, &args, &[])
+}
+
+/// A comparison of two u32 operands at any layout, exact for every value: `z` (f32, dense)
+/// is 1.0 where it holds, else 0.0.
+pub(crate) fn compare_u32(
+    dev: &Device,
+    op: Binary,
+    x: &Operand<'_>,
+    y: &Operand<'_>,
+    z: &Block,
+    out: &[usize],
+) -> Result<()> {
+    let n: usize = out.iter().product();
+    let n32 = u32_len("compare", n)?;
+    let (dims, st) = plan("compare", out, &[x, y])?;
+    let p = EwParams {
+        n: n32,
+        op: op as u32,
+        rank: dims.len() as u32,
+        off0: u32_len("compare offset", x.offset)?,
+        off1: u32_len("compare offset", y.offset)?,
+        dims: pack8(&dims),
+        s0: pack8(&st[0]),
+        s1: pack8(&st[1]),
+        ..Default::default()
+    };
+    let args = [
+        arg(x.block, DType::U32),
+        arg(y.block, DType::U32),
+        arg(z, DType::F32),
+    ];
+    run(dev, "compare_u32", p, &args, &[])
 }
 
 /// `z = c != 0 ? x : y` over the dense output `z`, the inputs at any layout.

@@ -4,6 +4,23 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// A layer or model.
+///
+/// A model is a module built from modules; its parameters are named by where they sit
+/// (`fc1.weight`), which is what weight files and checkpoints use.
+///
+/// ```
+/// use wgrad::nn::{BatchNorm2d, Module};
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let bn = BatchNorm2d::new(&dev, 3, wgrad::DType::F32)?;
+/// let names = |v: Vec<(String, wgrad::Tensor)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+/// assert_eq!(names(bn.params()), ["weight", "bias"]); // trained
+/// assert_eq!(names(bn.buffers()), ["running_mean", "running_var"]); // kept, not trained
+/// assert_eq!(names(bn.state_dict()).len(), 4); // both: what a weight file holds
+/// bn.train(false); // evaluation: the running statistics, not the batch's
+/// # Ok(())
+/// # }
+/// ```
 pub trait Module: Send + Sync {
     /// Applies the layer.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
@@ -27,6 +44,24 @@ pub trait Module: Send + Sync {
 }
 
 /// Layers applied in order. Parameter names are `<layer name>.<parameter name>`.
+///
+/// ```
+/// use wgrad::nn::{Activation, Linear, Module, Sequential};
+/// use wgrad::DType;
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let mlp = Sequential::new()
+///     .add("fc1", Linear::new(&dev, 4, 8, true, DType::F32)?)
+///     .add("act", Activation::Relu)
+///     .add("fc2", Linear::new(&dev, 8, 2, true, DType::F32)?);
+/// assert_eq!(mlp.len(), 3);
+/// let names: Vec<String> = mlp.params().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+/// let y = mlp.forward(&dev.randn(&[5, 4], DType::F32)?)?;
+/// assert_eq!(y.shape(), [5, 2]);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<(String, Box<dyn Module>)>,
@@ -97,8 +132,37 @@ impl Module for Sequential {
     }
 }
 
-/// Prefixes parameter names (for layers built from other layers).
-pub(crate) fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+/// A boxed module is a module, so wrappers such as
+/// [`Checkpointed`](crate::nn::Checkpointed) take layers chosen at run time.
+impl Module for Box<dyn Module> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn params(&self) -> Vec<(String, Tensor)> {
+        (**self).params()
+    }
+    fn train(&self, on: bool) {
+        (**self).train(on)
+    }
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).buffers()
+    }
+}
+
+/// Prefixes parameter names with `prefix.`: a module built from other modules names its
+/// parameters as `<field>.<name>` with it, as PyTorch's `state_dict` does.
+///
+/// ```
+/// # fn main() -> wgrad::Result<()> {
+/// use wgrad::nn::{Linear, Module, prefixed};
+/// let dev = wgrad::Device::new()?;
+/// let fc = Linear::new(&dev, 4, 2, true, wgrad::DType::F32)?;
+/// let names: Vec<String> = prefixed("fc1", fc.params()).into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, vec!["fc1.weight", "fc1.bias"]);
+/// # Ok(())
+/// # }
+/// ```
+pub fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
     params
         .into_iter()
         .map(|(n, t)| (format!("{prefix}.{n}"), t))

@@ -57,6 +57,7 @@ pub fn with_col_budget<R>(bytes: u64, f: impl FnOnce() -> R) -> R {
 /// Runs `f` with every convolution on this thread taking the column-matrix path (`im2col`,
 /// products, `col2im`) even where it could gather implicitly: for benchmarks and tests that
 /// compare the two.
+#[doc(hidden)]
 pub fn with_im2col<R>(f: impl FnOnce() -> R) -> R {
     let before = IM2COL.with(|c| c.replace(true));
     let r = f();

@@ -229,9 +229,22 @@ impl Tensor {
 
     /// Applies a binary op with broadcasting.
     pub(crate) fn binary(&self, op: Binary, other: &Tensor) -> Result<Tensor> {
-        let name = "binary op";
+        let name = op.method();
         let dtype = same_dtype(name, self, other)?;
         same_device(name, self, other)?;
+        if dtype == DType::U32 && op.is_comparison() {
+            let shape = broadcast_shape(name, self.shape(), other.shape())?;
+            let out = Tensor::uninit(self.device(), &shape, DType::F32)?;
+            ew::compare_u32(
+                self.device(),
+                op,
+                &operand(self, &shape)?,
+                &operand(other, &shape)?,
+                out.dense_block(name)?,
+                &shape,
+            )?;
+            return Ok(out);
+        }
         float_only(name, self)?;
         let shape = broadcast_shape(name, self.shape(), other.shape())?;
         let out = Tensor::uninit(self.device(), &shape, dtype)?;
@@ -283,7 +296,20 @@ impl Tensor {
     pub fn pow(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(Binary::Pow, other)
     }
-    /// 1.0 where equal, else 0.0 (not differentiable).
+    /// 1.0 where equal, else 0.0 (not differentiable). Comparisons take float tensors of one
+    /// dtype, giving that dtype, or two u32 tensors (class labels against an `argmax`),
+    /// compared exactly and giving f32.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let pred = dev.tensor(&[3u32, 1, 4, 1], &[4])?;
+    /// let labels = dev.tensor(&[3u32, 1, 5, 9], &[4])?;
+    /// let accuracy = pred.eq(&labels)?.mean_all()?.to_scalar()?;
+    /// assert_eq!(accuracy, 0.5);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn eq(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(Binary::Eq, other)
     }

@@ -23,6 +23,20 @@ fn cat_grads(axis: usize, xs: &[Tensor], g: Tensor) -> Result<Vec<Option<Tensor>
 impl Tensor {
     /// The same elements in row-major order with a new shape (same count): a view when the
     /// strides allow (always for a contiguous tensor), else a dense copy.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let r = x.reshape(&[3, 2])?;
+    /// assert!(r.same_storage(&x)); // a view: nothing copied
+    /// assert_eq!(r.to_vec::<f32>()?, x.to_vec::<f32>()?);
+    /// let t = x.transpose(0, 1)?.reshape(&[6])?; // strides that do not allow it: a copy
+    /// assert!(!t.same_storage(&x));
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_numel("reshape", self.shape(), shape)?;
         let (base, layout) = match self.layout().reshape(shape) {
@@ -99,6 +113,19 @@ impl Tensor {
     }
 
     /// Reorders dimensions (a view): output dimension `k` is input dimension `perm[k]`.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    /// let x = dev.tensor(&v, &[2, 3, 4])?;
+    /// let p = x.permute(&[2, 0, 1])?; // [4, 2, 3]: p[k][i][j] = x[i][j][k]
+    /// assert_eq!(p.shape(), [4, 2, 3]);
+    /// assert!(p.same_storage(&x) && !p.is_contiguous());
+    /// assert_eq!(p.to_vec::<f32>()?[..3], [0.0, 4.0, 8.0]); // x[0][0][0], x[0][1][0], x[0][2][0]
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let r = self.rank();
         let mut seen = vec![false; r];
@@ -121,6 +148,18 @@ impl Tensor {
     }
 
     /// Swaps two dimensions (negative counts from the end); a view.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let t = x.transpose(0, -1)?;
+    /// assert_eq!(t.shape(), [3, 2]);
+    /// assert_eq!(t.strides(), [1, 3]); // the same storage, read column by column
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
         let a = self.axis(a, "transpose")?;
         let b = self.axis(b, "transpose")?;
@@ -145,6 +184,19 @@ impl Tensor {
     }
 
     /// `len` elements of `axis` starting at `start`; a view.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// let cols = x.narrow(1, 1, 2)?; // columns 1 and 2
+    /// assert_eq!(cols.shape(), [2, 2]);
+    /// assert!(cols.same_storage(&x));
+    /// assert_eq!(cols.to_vec::<f32>()?, [2.0, 3.0, 5.0, 6.0]);
+    /// assert!(x.narrow(1, 2, 2).is_err()); // past the end of the axis
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
         let a = self.axis(axis, "narrow")?;
         if start.checked_add(len).is_none_or(|e| e > self.shape()[a]) {
@@ -182,17 +234,141 @@ impl Tensor {
         self.reshape(&s)
     }
 
-    /// Inserts a dimension of size 1 at `axis` (0..=rank); a view.
-    pub fn unsqueeze(&self, axis: usize) -> Result<Tensor> {
-        if axis > self.rank() {
+    /// Inserts a dimension of size 1 at `axis`; a view. `axis` counts from the front in
+    /// `0..=rank`, or from the back when negative (`-1` appends a last dimension).
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.zeros(&[2, 3], wgrad::DType::F32)?;
+    /// assert_eq!(x.unsqueeze(0)?.shape(), &[1, 2, 3]);
+    /// assert_eq!(x.unsqueeze(-1)?.shape(), &[2, 3, 1]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
+        let rank = self.rank() as isize;
+        let at = if axis < 0 { axis + rank + 1 } else { axis };
+        if !(0..=rank).contains(&at) {
             return Err(Error::invalid(
                 "unsqueeze",
-                format!("axis {axis} past rank {}", self.rank()),
+                format!("axis {axis} outside -{}..={rank}", rank + 1),
             ));
         }
         let mut s = self.shape().to_vec();
-        s.insert(axis, 1);
+        s.insert(at as usize, 1);
         self.reshape(&s)
+    }
+
+    /// Row `index` along the first axis, without that axis (`x.get(i)` of a `[n, d]` tensor
+    /// is its `[d]` row); a view.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
+    /// assert_eq!(x.get(1)?.to_vec::<f32>()?, vec![3.0, 4.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn get(&self, index: usize) -> Result<Tensor> {
+        let Some(&n) = self.shape().first() else {
+            return Err(Error::invalid("get", "a scalar has no rows"));
+        };
+        if index >= n {
+            return Err(Error::invalid(
+                "get",
+                format!("row {index} of {n} in {:?}", self.shape()),
+            ));
+        }
+        self.narrow(0, index, 1)?.squeeze(0)
+    }
+
+    /// Stacks tensors of one shape along a new axis `axis` (`0..=rank`, negative from the
+    /// back): n tensors of `[a, b]` stacked at 0 give `[n, a, b]`.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let a = dev.tensor(&[1.0f32, 2.0], &[2])?;
+    /// let b = dev.tensor(&[3.0f32, 4.0], &[2])?;
+    /// let s = wgrad::Tensor::stack(&[&a, &b], 1)?;
+    /// assert_eq!(s.shape(), &[2, 2]);
+    /// assert_eq!(s.to_vec::<f32>()?, vec![1.0, 3.0, 2.0, 4.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn stack(xs: &[&Tensor], axis: isize) -> Result<Tensor> {
+        let Some(first) = xs.first() else {
+            return Err(Error::invalid("stack", "no tensors"));
+        };
+        if let Some(t) = xs.iter().find(|t| t.shape() != first.shape()) {
+            return Err(Error::shape(
+                "stack",
+                format!("{:?} beside {:?}", t.shape(), first.shape()),
+            ));
+        }
+        let rank = first.rank() as isize;
+        let at = if axis < 0 { axis + rank + 1 } else { axis };
+        if !(0..=rank).contains(&at) {
+            return Err(Error::invalid(
+                "stack",
+                format!("axis {axis} outside -{}..={rank}", rank + 1),
+            ));
+        }
+        let parts = xs
+            .iter()
+            .map(|t| t.unsqueeze(at))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        Tensor::cat(&refs, at)
+    }
+
+    /// Splits along `axis` into pieces of `size` (the last one shorter when `size` does not
+    /// divide the axis); views.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[0.0f32, 1.0, 2.0, 3.0, 4.0], &[5])?;
+    /// let parts = x.split(2, 0)?;
+    /// let lens: Vec<usize> = parts.iter().map(|p| p.shape()[0]).collect();
+    /// assert_eq!(lens, vec![2, 2, 1]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn split(&self, size: usize, axis: isize) -> Result<Vec<Tensor>> {
+        let a = self.axis(axis, "split")?;
+        if size == 0 {
+            return Err(Error::invalid("split", "pieces of size 0"));
+        }
+        let n = self.shape()[a];
+        (0..n)
+            .step_by(size)
+            .map(|start| self.narrow(a as isize, start, size.min(n - start)))
+            .collect()
+    }
+
+    /// Splits along `axis` into `chunks` pieces of equal size (the last one shorter when they
+    /// do not divide the axis), as PyTorch's `chunk`; views.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let qkv = dev.zeros(&[4, 3 * 8], wgrad::DType::F32)?;
+    /// let parts = qkv.chunk(3, -1)?;
+    /// assert_eq!(parts.len(), 3);
+    /// assert_eq!(parts[2].shape(), &[4, 8]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn chunk(&self, chunks: usize, axis: isize) -> Result<Vec<Tensor>> {
+        let a = self.axis(axis, "chunk")?;
+        if chunks == 0 {
+            return Err(Error::invalid("chunk", "0 chunks"));
+        }
+        let n = self.shape()[a];
+        self.split(n.div_ceil(chunks).max(1), axis)
     }
 
     /// Writes `src` into this (dense) tensor at `start` along `axis` (the gradient of narrow;

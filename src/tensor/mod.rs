@@ -9,6 +9,11 @@
 //! Autograd state lives here too, as in candle: `requires_grad`, the node an op recorded
 //! (only when an input needs gradients; see [`graph`]) and, for leaves, the accumulated
 //! gradient. The differentiable ops are in `ops/`; the backward walk in `autograd/`.
+//!
+//! Tensors are made from host data ([`Tensor::from_slice`], [`Device::tensor`]) or on the
+//! device ([`Tensor::zeros`], [`Tensor::full`], [`Tensor::randn`], ...), and read back with
+//! [`Tensor::to_vec`], [`Tensor::to_f32_vec`], [`Tensor::to_scalar`] or, without blocking,
+//! [`Tensor::to_vec_async`]. A read-back is where the host waits for the queued work.
 
 pub mod graph;
 
@@ -23,7 +28,6 @@ use crate::kernels::fill::Dist;
 use crate::memory::Block;
 use graph::Node;
 use half::f16;
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -131,6 +135,20 @@ impl Tensor {
     }
 
     /// A tensor holding `data` (row-major) with `shape`; the dtype is `T`'s.
+    ///
+    /// ```
+    /// use wgrad::{DType, Device, Tensor};
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = Device::new()?;
+    /// let t = Tensor::from_slice(&dev, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// assert_eq!(t.shape(), [2, 3]);
+    /// assert_eq!(t.dtype(), DType::F32);
+    /// let ids = Tensor::from_slice(&dev, &[7u32, 8, 9], &[3])?;
+    /// assert_eq!(ids.dtype(), DType::U32);
+    /// assert!(Tensor::from_slice(&dev, &[1.0f32, 2.0], &[3]).is_err()); // 2 values, 3 places
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_slice<T: Element>(dev: &Device, data: &[T], shape: &[usize]) -> Result<Tensor> {
         let n = numel_of("from_slice", shape)?;
         if data.len() != n {
@@ -250,12 +268,35 @@ impl Tensor {
     // ----- reading -----
 
     /// The elements, row-major. `T` must match the dtype. Submits queued work and waits.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.0f32, 2.0, 3.0], &[3])?;
+    /// let y = x.mul(&x)?.add_scalar(1.0)?; // queued
+    /// assert_eq!(y.to_vec::<f32>()?, [2.0, 5.0, 10.0]); // submitted, waited for, copied
+    /// assert!(y.to_vec::<u32>().is_err()); // `T` is not the dtype
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_read::<T>()?;
         self.read_async::<T>()?.wait()
     }
 
     /// The elements as f32, whatever the dtype.
+    ///
+    /// ```
+    /// use wgrad::{DType, Tensor};
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let h = Tensor::from_f32(&dev, &[0.5, -2.0, 1.0e-3], &[3], DType::BF16)?;
+    /// let back = h.to_f32_vec()?;
+    /// assert_eq!(back[..2], [0.5, -2.0]); // exact in bf16
+    /// assert!((back[2] - 1.0e-3).abs() < 1.0e-5); // rounded to bf16's 8 bits
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         Ok(match self.dtype() {
             DType::F32 => self.to_vec::<f32>()?,
@@ -274,6 +315,16 @@ impl Tensor {
     }
 
     /// The single element of a one-element tensor, as f32.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let x = dev.tensor(&[1.5f32, 2.5], &[2])?;
+    /// assert_eq!(x.sum_all()?.to_scalar()?, 4.0);
+    /// assert!(x.to_scalar().is_err()); // two elements
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn to_scalar(&self) -> Result<f32> {
         if self.numel() != 1 {
             return Err(Error::shape(
@@ -449,6 +500,19 @@ impl Tensor {
     /// handle to this tensor (the one returned and the caller's) sees the gradient. A tensor
     /// computed by a recorded op is not a leaf: for it this returns a new leaf on the same
     /// storage, cut from the graph, and only that handle gets gradients.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let w = dev.tensor(&[1.0f32, 2.0], &[2])?.variable();
+    /// assert!(w.is_variable() && w.requires_grad());
+    /// let y = w.mul_scalar(3.0)?; // computed from a variable: recorded
+    /// assert!(y.requires_grad() && !y.is_variable());
+    /// y.sum_all()?.backward()?;
+    /// assert_eq!(w.grad().expect("a variable").to_vec::<f32>()?, [3.0, 3.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn variable(&self) -> Tensor {
         if lock(&self.0.node).is_some() {
             let t = self.detach();
@@ -508,26 +572,43 @@ impl Tensor {
     }
 }
 
-impl fmt::Debug for Tensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Tensor({:?}, {}{}{})",
-            self.shape(),
-            self.dtype(),
-            if self.is_contiguous() { "" } else { ", view" },
-            if self.requires_grad() { ", grad" } else { "" }
-        )
-    }
-}
-
 impl Device {
     /// Zeros of `shape` and `dtype`.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let z = dev.zeros(&[2, 3], wgrad::DType::F16)?;
+    /// assert_eq!((z.shape(), z.nbytes()), (&[2, 3][..], 12));
+    /// assert_eq!(z.to_f32_vec()?, [0.0; 6]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         Tensor::zeros(self, shape, dtype)
     }
 
+    /// Ones of `shape` and `dtype`.
+    pub fn ones(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::ones(self, shape, dtype)
+    }
+
     /// Standard normal numbers of `shape` and `dtype`, generated on the device.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// use wgrad::DType;
+    /// let dev = wgrad::Device::new()?;
+    /// dev.manual_seed(7);
+    /// let a = dev.randn(&[1000], DType::F32)?;
+    /// dev.manual_seed(7);
+    /// let b = dev.randn(&[1000], DType::F32)?;
+    /// assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?); // same seed, same numbers
+    /// assert!(a.mean_all()?.to_scalar()?.abs() < 0.2);
+    /// assert!((a.std(0, 1, false)?.to_scalar()? - 1.0).abs() < 0.2);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         Tensor::randn(self, shape, 0.0, 1.0, dtype)
     }
