@@ -2,14 +2,15 @@
 //!
 //! cargo run --release --example train_gpt -- --help
 //!
-//! The model: token and position embeddings, pre-norm blocks (causal fused attention, GELU
-//! MLP 4x; dropout on the embeddings, on the attention weights inside the fused kernel and on
-//! both residual branches, as nanoGPT), a final LayerNorm and a head that shares the token
-//! embedding's weights. AdamW (betas 0.9, 0.99), warm-up then cosine decay, gradient
-//! clipping at 1, decided on the device with the loss scaler's overflow check, so the host
-//! queues step after step without waiting (the progress line shows the previous step's
-//! loss, read back while the next one runs). The first 90% of the text trains, the last 10%
-//! validates.
+//! The model is in `examples/common/gpt.rs`: token and position embeddings, pre-norm blocks
+//! (causal fused attention, GELU MLP 4x; dropout on the embeddings, on the attention weights
+//! inside the fused kernel and on both residual branches, as nanoGPT), a final LayerNorm and
+//! a head that shares the token embedding's weights. This file reads the text, trains the
+//! model, benchmarks a step and samples. Training: AdamW (betas 0.9, 0.99), warm-up then
+//! cosine decay, gradient clipping at 1, decided on the device with the loss scaler's
+//! overflow check, so the host queues step after step without waiting (the progress line
+//! shows the previous step's loss, read back while the next one runs). The first 90% of the
+//! text trains, the last 10% validates.
 //!
 //! Defaults fit the adapter: nanoGPT's configuration (6 layers, 6 heads, width 384, context
 //! 256, batch 64, 5000 steps, f16 storage) on a GPU; a small one on a CPU adapter (lavapipe)
@@ -29,12 +30,17 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use wgrad::nn::{Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock};
+use wgrad::nn::Module;
 use wgrad::optim::{Adam, GradScaler, LrSchedule, Optimizer};
 use wgrad::parallel::DataParallel;
+use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
+use wgrad::{DType, Device, Error, Readback, Result, Tensor};
 
+#[path = "common/gpt.rs"]
+mod gpt;
 #[path = "common/mpi_group.rs"]
 mod mpi_group;
+use gpt::{Gpt, GptConfig};
 use mpi_group::MpiGroup;
 
 /// Set on the ranks other than 0 under mpirun: only rank 0 reports.
@@ -55,8 +61,6 @@ macro_rules! say_err {
         }
     };
 }
-use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
-use wgrad::{DType, Device, Error, Readback, Result, Tensor};
 
 /// A character-level GPT on tinyshakespeare, resumable. Options left out take the
 /// adapter's defaults: nanoGPT's shakespeare-char configuration on a GPU, a small model that
@@ -256,6 +260,20 @@ impl Cfg {
         }
     }
 
+    /// The model's configuration for a vocabulary of `vocab` characters.
+    fn model(&self, vocab: usize) -> GptConfig {
+        GptConfig {
+            vocab,
+            layers: self.layers,
+            heads: self.heads,
+            width: self.width,
+            context: self.context,
+            dropout: self.dropout,
+            dtype: self.dtype,
+            checkpoint: self.checkpoint,
+        }
+    }
+
     /// The parts that must match for a checkpoint to fit.
     fn model_key(&self) -> String {
         format!(
@@ -382,124 +400,6 @@ fn batch(
     ))
 }
 
-// ----- model -----
-
-struct Gpt {
-    tok: Embedding,
-    pos: Embedding,
-    /// Dropout on the summed embeddings.
-    drop: Dropout,
-    /// Blocks, each wrapped in `Checkpointed` with `--checkpoint`.
-    blocks: Vec<Box<dyn Module>>,
-    ln: LayerNorm,
-    context: usize,
-}
-
-/// N(0, std) weights, as nanoGPT initialises them.
-fn normal(dev: &Device, shape: &[usize], std: f32, dt: DType) -> Result<Tensor> {
-    Ok(Tensor::randn(dev, shape, 0.0, std, dt)?.variable())
-}
-
-fn reinit(dev: &Device, l: &mut Linear, std: f32) -> Result<()> {
-    l.weight = normal(dev, l.weight.shape(), std, l.weight.dtype())?;
-    if let Some(b) = &mut l.bias {
-        *b = Tensor::zeros(dev, b.shape(), b.dtype())?.variable();
-    }
-    Ok(())
-}
-
-impl Gpt {
-    fn new(dev: &Device, c: &Cfg, vocab: usize) -> Result<Gpt> {
-        let dt = c.dtype;
-        let mut blocks = Vec::with_capacity(c.layers);
-        // Residual projections get a smaller std so the residual stream does not grow with
-        // depth (GPT-2's scheme).
-        let proj = 0.02 / (2.0 * c.layers as f32).sqrt();
-        for _ in 0..c.layers {
-            let mut b = TransformerBlock::new(dev, c.width, c.heads, true, c.dropout, dt)?;
-            reinit(dev, &mut b.attn.qkv, 0.02)?;
-            reinit(dev, &mut b.attn.out, proj)?;
-            reinit(dev, &mut b.fc1, 0.02)?;
-            reinit(dev, &mut b.fc2, proj)?;
-            blocks.push(if c.checkpoint {
-                Box::new(Checkpointed::new(b)) as Box<dyn Module>
-            } else {
-                Box::new(b)
-            });
-        }
-        Ok(Gpt {
-            tok: Embedding {
-                weight: normal(dev, &[vocab, c.width], 0.02, dt)?,
-            },
-            pos: Embedding {
-                weight: normal(dev, &[c.context, c.width], 0.02, dt)?,
-            },
-            drop: Dropout::new(c.dropout),
-            blocks,
-            ln: LayerNorm::new(dev, c.width, dt)?,
-            context: c.context,
-        })
-    }
-
-    fn params(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![
-            ("tok".to_string(), self.tok.weight.clone()),
-            ("pos".to_string(), self.pos.weight.clone()),
-        ];
-        for (i, b) in self.blocks.iter().enumerate() {
-            v.extend(
-                b.params()
-                    .into_iter()
-                    .map(|(n, t)| (format!("block{i}.{n}"), t)),
-            );
-        }
-        v.extend(
-            self.ln
-                .params()
-                .into_iter()
-                .map(|(n, t)| (format!("ln.{n}"), t)),
-        );
-        v
-    }
-
-    fn train(&self, on: bool) {
-        self.drop.train(on);
-        self.blocks.iter().for_each(|b| b.train(on));
-    }
-
-    /// Logits [batch * seq, vocab] (f32) of token ids [batch, seq], seq <= context.
-    fn logits(&self, idx: &Tensor) -> Result<Tensor> {
-        let (b, s) = (idx.shape()[0], idx.shape()[1]);
-        let dev = idx.device();
-        let positions: Vec<u32> = (0..s as u32).collect();
-        let pos = self
-            .pos
-            .lookup(&Tensor::from_slice(dev, &positions, &[s])?)?;
-        let mut x = self.drop.forward(&self.tok.lookup(idx)?.add(&pos)?)?;
-        for blk in &self.blocks {
-            x = blk.forward(&x)?;
-        }
-        let x = self.ln.forward(&x)?;
-        // The head shares the token embedding's weights.
-        let logits = x
-            .reshape(&[b * s, x.shape()[2]])?
-            .linear(&self.tok.weight, None)?;
-        logits.to_dtype(DType::F32)
-    }
-}
-
-impl Module for Gpt {
-    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
-        self.logits(idx)
-    }
-    fn params(&self) -> Vec<(String, Tensor)> {
-        Gpt::params(self)
-    }
-    fn train(&self, on: bool) {
-        Gpt::train(self, on)
-    }
-}
-
 // ----- training -----
 
 /// One model per device (a plain model on one device), each with its AdamW and, for f16, its
@@ -547,7 +447,7 @@ fn train_step(
     let forward = |r: usize, g: &Gpt, x: &Tensor, y: &Tensor| -> Result<Tensor> {
         let dev = x.device();
         dev.begin_scope("forward");
-        let loss = g.logits(x)?.cross_entropy(y)?;
+        let loss = g.loss(x, y)?;
         dev.end_scope();
         if let Ok(mut u) = unscaled[r].lock() {
             *u = Some(loss.detach());
@@ -712,7 +612,7 @@ fn mean_loss(
     let mut sum = 0.0;
     for _ in 0..c.eval_batches {
         let (x, y) = batch(dev, t, range, c, &mut state)?;
-        sum += wgrad::no_grad(|| g.logits(&x)?.cross_entropy(&y))?.to_scalar()?;
+        sum += wgrad::no_grad(|| g.loss(&x, &y))?.to_scalar()?;
     }
     g.train(true);
     Ok(sum / c.eval_batches.max(1) as f32)
@@ -872,7 +772,8 @@ fn run() -> Result<()> {
         d.manual_seed(c.seed.wrapping_add(r as u64));
     }
     let bucket = args_bucket_mib << 20;
-    let mut dp = DataParallel::new(devices, |d| Gpt::new(d, &c, vocab))?;
+    let model = c.model(vocab);
+    let mut dp = DataParallel::new(devices, |d| Gpt::new(d, &model))?;
     dp.set_bucket_bytes(bucket);
     let n_params: usize = dp.replicas()[0]
         .1
@@ -981,8 +882,8 @@ fn run() -> Result<()> {
 
     if c.bench > 0 {
         // At least 3 steps and 250 ms of them: compiling the first steps' kernels leaves the
-        // GPU idle long enough for its clock to fall, and a few steps do not raise it again
-        // (BENCHMARKS.md, 2026-11-26: attention rows timed so ran 1.4-2.5x slow).
+        // GPU idle long enough for its clock to fall, and a few steps do not raise it again,
+        // so steps timed straight after compiling would run slow.
         let warm = Instant::now();
         let mut warmed = 0;
         while warmed < 3 || warm.elapsed() < Duration::from_millis(250) {
