@@ -3,6 +3,10 @@
 
     python3 benches/torch_compare.py wgrad.json [--out compare.json]
 
+--out writes the rows, each with PyTorch's time (torch_ms), rate and the ratio, as JSON beside
+the reference's name and GPU; `benches/record.py wgrad.json compare.json` turns them into a
+results file for BENCHMARKS.md.
+
 Same sizes, same dtypes, same GPU, same run. PyTorch is timed with CUDA events: 250 ms of
 untimed runs (as wgrad's bench, for the GPU's clocks), then the median of 5 loops sized to
 ~300 ms. fp32 matmuls run with TF32 off (true fp32, as wgrad computes). The last column,
@@ -124,9 +128,11 @@ def main():
             torch.backends.cuda.matmul.allow_tf32 = True
             t32 = bench(row)
             torch.backends.cuda.matmul.allow_tf32 = False
+            out[-1]["torch_tf32_ms"] = t32
             print(f"{'  PyTorch TF32':<28} {row['shape']:<26} {'':<5} {'':>10} {t32:>10.4f} {'':>12} {row['rate'] * row['ms'] / t32:>12.1f} {row['unit']:<8} {t32 / row['ms']:>11.3f}")
     if "--out" in sys.argv:
-        json.dump(out, open(sys.argv[sys.argv.index("--out") + 1], "w"), indent=1)
+        doc = {"reference": f"PyTorch {torch.__version__}", "device": torch.cuda.get_device_name(), "rows": out}
+        json.dump(doc, open(sys.argv[sys.argv.index("--out") + 1], "w"), indent=1)
 
 
 if __name__ == "__main__":
