@@ -114,12 +114,15 @@ struct Params {
   drop_scale: f32,
   seed_lo: u32,
   seed_hi: u32,
+  // Query heads per key/value head (grouped-query attention): query head h reads
+  // key/value head h / group.
+  group: u32,
 }
 
 // Where row 0 of head `bh` starts in each strided operand (common.wgsl `head_base`).
 fn base_q(bh: u32) -> u32 { return head_base(bh, p.q_off, p.q_sb, p.q_sh); }
-fn base_k(bh: u32) -> u32 { return head_base(bh, p.k_off, p.k_sb, p.k_sh); }
-fn base_v(bh: u32) -> u32 { return head_base(bh, p.v_off, p.v_sb, p.v_sh); }
+fn base_k(bh: u32) -> u32 { return kv_base(bh, p.k_off, p.k_sb, p.k_sh); }
+fn base_v(bh: u32) -> u32 { return kv_base(bh, p.v_off, p.v_sb, p.v_sh); }
 fn base_o(bh: u32) -> u32 { return head_base(bh, p.o_off, p.o_sb, p.o_sh); }
 fn base_g(bh: u32) -> u32 { return head_base(bh, p.g_off, p.g_sb, p.g_sh); }
 

@@ -113,6 +113,9 @@ struct Params {
   drop_scale: f32,
   seed_lo: u32,
   seed_hi: u32,
+  // Query heads per key/value head (grouped-query attention): query head h reads
+  // key/value head h / group.
+  group: u32,
 }
 
 const BR: u32 = 64u;
@@ -357,8 +360,8 @@ fn main(ids: Ids) {
   let lane = ids.lid % 32u;
   let r0 = q0 + sg * 16u;
   let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
-  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
-  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let kb = kv_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = kv_base(bh, p.v_off, p.v_sb, p.v_sh);
   let ob = head_base(bh, p.o_off, p.o_sb, p.o_sh);
   // Rows past SQ load the (bounds-checked) tile anyway; their results are never stored.
   let qr = min(r0, p.sq - 16u);
@@ -608,8 +611,8 @@ fn main(ids: Ids) {
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
   let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
-  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
-  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let kb = kv_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = kv_base(bh, p.v_off, p.v_sb, p.v_sh);
   let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
   let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
   let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);
@@ -798,8 +801,8 @@ fn main(ids: Ids) {
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
   let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
-  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
-  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let kb = kv_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = kv_base(bh, p.v_off, p.v_sb, p.v_sh);
   let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
   let dqb = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh);
   let qr = min(q0 + sg * 16u, p.sq - 16u);
@@ -972,8 +975,8 @@ fn main(ids: Ids) {
   let lane = ids.lid % 32u;
   let r0 = q0 + sg * 16u;
   let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
-  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
-  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let kb = kv_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = kv_base(bh, p.v_off, p.v_sb, p.v_sh);
   let ob = head_base(bh, p.o_off, p.o_sb, p.o_sh);
   // Rows past SQ load the (bounds-checked) tile anyway; their results are never stored.
   let qr = min(r0, p.sq - 16u);
@@ -1177,8 +1180,8 @@ fn main(ids: Ids) {
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
   let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
-  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
-  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let kb = kv_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = kv_base(bh, p.v_off, p.v_sb, p.v_sh);
   let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
   let dqb = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh);
   let qr = min(q0 + sg * 16u, p.sq - 16u);
@@ -1315,8 +1318,8 @@ fn main(ids: Ids) {
   let sg = ids.lid / 32u;
   let lane = ids.lid % 32u;
   let qb = head_base(bh, p.q_off, p.q_sb, p.q_sh);
-  let kb = head_base(bh, p.k_off, p.k_sb, p.k_sh);
-  let vb = head_base(bh, p.v_off, p.v_sb, p.v_sh);
+  let kb = kv_base(bh, p.k_off, p.k_sb, p.k_sh);
+  let vb = kv_base(bh, p.v_off, p.v_sb, p.v_sh);
   let gb = head_base(bh, p.g_off, p.g_sb, p.g_sh);
   let dkb = head_base(bh, p.dk_off, p.dk_sb, p.dk_sh);
   let dvb = head_base(bh, p.dv_off, p.dv_sb, p.dv_sh);

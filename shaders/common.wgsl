@@ -97,6 +97,15 @@ fn head_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
   return off + t.x * sb + t.y * sh;
 }
 
+//! fn kv_base
+// Where row 0 of the key or value head that attention head `bh` reads starts: with
+// grouped-query attention (`p.group` query heads a key/value head) head h reads head
+// h / group of K and V, which hold heads / group heads.
+fn kv_base(bh: u32, off: u32, sb: u32, sh: u32) -> u32 {
+  let t = udivmod(bh, p.heads);
+  return off + t.x * sb + (t.y / p.group) * sh;
+}
+
 //! fn tile_k
 // Element (key, dd) of attention's K, zero past the keys or the head dimension
 // (attention.wgsl's register-tile kernels). These tile loads sit under no branch of their

@@ -2432,3 +2432,78 @@ fn u32_comparisons_are_exact() {
     let e = x.add(&x).unwrap_err().to_string();
     assert!(e.starts_with("add:"), "{e}");
 }
+
+/// K and V of `kv` heads repeated to `heads` (head h of the result is head h / group), the
+/// slow composition grouped-query attention must match.
+fn repeat_heads(t: &Tensor, heads: usize) -> Tensor {
+    let kv = t.shape()[1];
+    let idx: Vec<u32> = (0..heads).map(|h| (h / (heads / kv)) as u32).collect();
+    let idx = Tensor::from_slice(t.device(), &idx, &[heads]).unwrap();
+    t.index_select(1, &idx).unwrap()
+}
+
+/// Grouped-query attention (k and v with fewer heads than q) against attention over K and V
+/// repeated to every query head, forward and backward, causal (with a cache's extra keys)
+/// and not, at head dimensions on the register-tile and tensor-core paths.
+#[test]
+fn grouped_query_attention_matches_repeated_heads() {
+    let dev = poisoned();
+    let mut rng = Rng::new(14);
+    for dt in DTYPES {
+        for &(heads, kv, sq, skv, d, causal) in &[
+            (6usize, 2usize, 5usize, 7usize, 16usize, true),
+            (4, 1, 9, 9, 64, true),
+            (9, 3, 1, 13, 64, true),
+            (4, 2, 17, 17, 32, false),
+        ] {
+            let b = 2;
+            let mk = |h: usize, s: usize, rng: &mut Rng| {
+                Tensor::from_f32(&dev, &rng.vec(b * h * s * d), &[b, h, s, d], dt)
+                    .unwrap()
+                    .variable()
+            };
+            let q = mk(heads, sq, &mut rng);
+            let k = mk(kv, skv, &mut rng);
+            let v = mk(kv, skv, &mut rng);
+            let g = Tensor::from_f32(&dev, &rng.vec(b * heads * sq * d), &[b, heads, sq, d], dt)
+                .unwrap();
+            let out = Tensor::attention(&q, &k, &v, causal, None).unwrap();
+            out.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+            let (kr, vr) = (
+                repeat_heads(&k.detach(), heads).variable(),
+                repeat_heads(&v.detach(), heads).variable(),
+            );
+            let q2 = q.detach().variable();
+            let want = Tensor::attention(&q2, &kr, &vr, causal, None).unwrap();
+            want.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+            let what = format!("{dt} heads {heads}/{kv} sq {sq} skv {skv} d {d} causal {causal}");
+            let (atol, rtol) = tol(dt);
+            let close = |a: &Tensor, b: &Tensor, name: &str| {
+                let (a, b) = (a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
+                assert_eq!(a.len(), b.len(), "{what} {name}");
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!(
+                        (x - y).abs() as f64 <= 2.0 * (atol + rtol * y.abs() as f64),
+                        "{what} {name}[{i}]: {x} vs {y}"
+                    );
+                }
+            };
+            close(&out, &want, "out");
+            close(&q.grad().unwrap(), &q2.grad().unwrap(), "dq");
+            // Each kv head's gradient sums its group's query heads.
+            let sum_groups = |t: Tensor| {
+                t.reshape(&[b, kv, heads / kv, skv, d])
+                    .unwrap()
+                    .sum(2, false)
+                    .unwrap()
+            };
+            close(&k.grad().unwrap(), &sum_groups(kr.grad().unwrap()), "dk");
+            close(&v.grad().unwrap(), &sum_groups(vr.grad().unwrap()), "dv");
+        }
+    }
+    // Heads that do not divide are refused, naming the shapes.
+    let q = dev.zeros(&[1, 4, 3, 8], DType::F32).unwrap();
+    let k = dev.zeros(&[1, 3, 3, 8], DType::F32).unwrap();
+    let e = Tensor::attention(&q, &k, &k, false, None).unwrap_err().to_string();
+    assert!(e.contains("[1, 4, 3, 8]") && e.contains("[1, 3, 3, 8]"), "{e}");
+}

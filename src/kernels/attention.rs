@@ -73,6 +73,9 @@ crate::params! {
         drop_scale: f32,
         seed_lo: u32,
         seed_hi: u32,
+        // Query heads per key/value head (grouped-query attention; 1 for plain multi-head):
+        // query head h reads key/value head h / group.
+        group: u32,
     }
 }
 
@@ -122,6 +125,8 @@ impl HeadLayout {
 pub(crate) struct Dims {
     pub bh: usize,
     pub heads: usize,
+    /// Query heads per key/value head: k and v have `heads / group` heads.
+    pub group: usize,
     pub sq: usize,
     pub skv: usize,
     pub d: usize,
@@ -195,6 +200,7 @@ impl Dims {
             },
             seed_lo: self.seed as u32,
             seed_hi: (self.seed >> 32) as u32,
+            group: self.group.max(1) as u32,
             // The gradients' layouts: set by `backward`, which knows where they go.
             ..Default::default()
         })

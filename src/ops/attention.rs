@@ -95,11 +95,21 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpts, seed: u64) -> Res
     let r = q.rank();
     let (sq, d) = (q.shape()[r - 2], q.shape()[r - 1]);
     let skv = k.shape()[r - 2];
-    if k.shape()[r - 1] != d || q.shape()[..r - 2] != k.shape()[..r - 2] {
+    // Grouped-query attention: k and v may have fewer heads than q, a divisor of them;
+    // query head h reads key/value head h / (q heads / kv heads).
+    let (qh, kh) = if r >= 3 {
+        (q.shape()[r - 3], k.shape()[r - 3])
+    } else {
+        (1, 1)
+    };
+    let lead = r.saturating_sub(3);
+    let grouped = kh > 0 && qh.is_multiple_of(kh);
+    if k.shape()[r - 1] != d || q.shape()[..lead] != k.shape()[..lead] || !grouped {
         return Err(Error::shape(
             op,
             format!(
-                "q {:?} and k {:?} differ outside the sequence axis",
+                "q {:?} and k {:?} differ outside the sequence axis (k may have fewer heads \
+                 than q only where they divide q's)",
                 q.shape(),
                 k.shape()
             ),
@@ -117,11 +127,12 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpts, seed: u64) -> Res
             format!("empty q {:?} or k {:?}", q.shape(), k.shape()),
         ));
     }
-    let heads = if r >= 3 { q.shape()[r - 3] } else { 1 };
+    let heads = qh;
     let dense = HeadLayout::dense(heads, sq, d);
     Ok(Dims {
         bh: q.numel() / (sq * d),
         heads,
+        group: qh / kh,
         sq,
         skv,
         d,
@@ -130,8 +141,8 @@ fn dims(q: &Tensor, k: &Tensor, v: &Tensor, o: &AttentionOpts, seed: u64) -> Res
         dropout: o.dropout,
         seed,
         q: dense,
-        k: HeadLayout::dense(heads, skv, d),
-        v: HeadLayout::dense(heads, skv, d),
+        k: HeadLayout::dense(kh, skv, d),
+        v: HeadLayout::dense(kh, skv, d),
         o: dense,
         g: dense,
     })
@@ -180,12 +191,22 @@ fn attention_backward(
     (a.q, a.k, a.v, a.o, a.g) = (lq, lk, lv, lo, lg);
     let dev = q.device();
     let delta = Tensor::uninit(dev, &[a.bh, a.sq], DType::F32)?;
+    // With grouped-query attention the kernels write each query head's share of dk and dv
+    // (shaped as q's heads), summed over each group below.
+    let per_head = |t: &Tensor| -> Vec<usize> {
+        let mut s = t.shape().to_vec();
+        let r = s.len();
+        if a.group > 1 {
+            s[r - 3] *= a.group;
+        }
+        s
+    };
     let [dq, dk, dv] = match into {
         Some(views) => views,
         None => [
             Tensor::uninit(dev, q.shape(), q.dtype())?,
-            Tensor::uninit(dev, k.shape(), q.dtype())?,
-            Tensor::uninit(dev, v.shape(), q.dtype())?,
+            Tensor::uninit(dev, &per_head(&k), q.dtype())?,
+            Tensor::uninit(dev, &per_head(&v), q.dtype())?,
         ],
     };
     let at = |t: &Tensor| -> Result<HeadLayout> {
@@ -219,6 +240,15 @@ fn attention_backward(
         },
         q.dtype(),
     )?;
+    if a.group > 1 {
+        let sum_groups = |t: Tensor, like: &Tensor| -> Result<Tensor> {
+            let r = like.rank();
+            let mut grouped = like.shape().to_vec();
+            grouped.insert(r - 2, a.group);
+            t.reshape(&grouped)?.sum(r as isize - 2, false)
+        };
+        return Ok((dq, sum_groups(dk, &k)?, sum_groups(dv, &v)?));
+    }
     Ok((dq, dk, dv))
 }
 
