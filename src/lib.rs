@@ -114,6 +114,7 @@ pub mod gguf;
 mod hash;
 pub mod kernels;
 pub mod layout;
+pub mod llm;
 pub mod memory;
 pub mod nn;
 pub mod ops;

@@ -371,6 +371,31 @@ impl Tensor {
         self.split(n.div_ceil(chunks).max(1), axis)
     }
 
+    /// Copies `src` (this view's shape and dtype, any layout) into the elements this view
+    /// covers, in place: a key/value cache's new positions. Not recorded for autograd.
+    pub(crate) fn assign(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() || src.dtype() != self.dtype() {
+            return Err(Error::shape(
+                "assign",
+                format!(
+                    "{:?} {} into {:?} {}",
+                    src.shape(),
+                    src.dtype(),
+                    self.shape(),
+                    self.dtype()
+                ),
+            ));
+        }
+        kc::strided_layout(
+            self.device(),
+            src.block(),
+            src.layout(),
+            self.block(),
+            self.layout(),
+            self.dtype(),
+        )
+    }
+
     /// Writes `src` into this (dense) tensor at `start` along `axis` (the gradient of narrow;
     /// also how `cat` fills its output). Not recorded.
     pub(crate) fn write_slice(&self, src: &Tensor, axis: usize, start: usize) -> Result<()> {

@@ -1,0 +1,211 @@
+//! The shape of a Llama-family model, read from a GGUF file's metadata or a Hugging Face
+//! `config.json`.
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use std::path::Path;
+
+/// Architectures this module runs: Llama and the models that share its layers (SmolLM2 is
+/// published as `llama`; Mistral's layers are Llama's).
+const SUPPORTED: &[&str] = &["llama", "mistral"];
+
+/// Sizes and constants of a Llama-family decoder: RMSNorm, rotary embeddings on half-split
+/// head dimensions, grouped-query attention, a SwiGLU MLP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// The architecture's name as the file gives it (`llama`).
+    pub architecture: String,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Decoder blocks.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (fewer than `heads` for grouped-query attention; a divisor of it).
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Width of the MLP's hidden layer.
+    pub intermediate: usize,
+    /// RMSNorm's epsilon.
+    pub rms_eps: f32,
+    /// Base of the rotary embedding's frequencies.
+    pub rope_theta: f32,
+    /// Longest context the model was trained for.
+    pub max_position: usize,
+    /// The output head is the token embedding's transpose.
+    pub tie_embeddings: bool,
+}
+
+fn bad(path: &str, detail: impl Into<String>) -> Error {
+    Error::format(path, detail)
+}
+
+impl LlamaConfig {
+    /// Checks that the sizes fit together (heads divide the width, kv heads divide heads).
+    pub fn validate(&self, path: &str) -> Result<()> {
+        if !SUPPORTED.contains(&self.architecture.as_str()) {
+            return Err(bad(
+                path,
+                format!(
+                    "architecture {:?} is not supported (wgrad runs {})",
+                    self.architecture,
+                    SUPPORTED.join(", ")
+                ),
+            ));
+        }
+        let positive = [
+            ("vocabulary", self.vocab),
+            ("hidden size", self.hidden),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("key/value heads", self.kv_heads),
+            ("head dimension", self.head_dim),
+            ("intermediate size", self.intermediate),
+            ("context length", self.max_position),
+        ];
+        if let Some((what, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(bad(path, format!("{what} is 0")));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(bad(
+                path,
+                format!(
+                    "{} key/value heads do not divide {} heads",
+                    self.kv_heads, self.heads
+                ),
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(bad(
+                path,
+                format!("head dimension {} is odd (rotary embeddings rotate pairs)", self.head_dim),
+            ));
+        }
+        Ok(())
+    }
+
+    /// From a GGUF file's metadata (`general.architecture`, then `<arch>.block_count` and the
+    /// rest). A key the model needs and the file lacks is an error naming it.
+    pub fn from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
+        let path = file.path().to_string();
+        let arch = file.get_str("general.architecture")?.to_string();
+        if !SUPPORTED.contains(&arch.as_str()) {
+            return Err(bad(
+                &path,
+                format!(
+                    "architecture {arch:?} is not supported (wgrad runs {})",
+                    SUPPORTED.join(", ")
+                ),
+            ));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let size = |k: &str| -> Result<usize> { Ok(file.get_u64(&key(k))? as usize) };
+        let hidden = size("embedding_length")?;
+        let heads = size("attention.head_count")?;
+        let kv_heads = match file.get(&key("attention.head_count_kv")) {
+            Some(_) => size("attention.head_count_kv")?,
+            None => heads,
+        };
+        let head_dim = match file.get(&key("attention.key_length")) {
+            Some(_) => size("attention.key_length")?,
+            None if heads > 0 => hidden / heads,
+            None => 0,
+        };
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| bad(&path, "tensor token_embd.weight is missing"))?;
+        let vocab = match file.get(&key("vocab_size")) {
+            Some(_) => size("vocab_size")?,
+            None => embd.shape().first().copied().unwrap_or(0),
+        };
+        let rope_theta = match file.get(&key("rope.freq_base")) {
+            Some(_) => file.get_f32(&key("rope.freq_base"))?,
+            None => 10_000.0,
+        };
+        let c = LlamaConfig {
+            architecture: arch.clone(),
+            vocab,
+            hidden,
+            layers: size("block_count")?,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: size("feed_forward_length")?,
+            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_theta,
+            max_position: size("context_length")?,
+            tie_embeddings: file.tensor("output.weight").is_none(),
+        };
+        c.validate(&path)?;
+        Ok(c)
+    }
+
+    /// From a Hugging Face `config.json` (`model_type`, `hidden_size`, ...).
+    pub fn from_hf_json(path: impl AsRef<Path>) -> Result<LlamaConfig> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| bad(&name, format!("not JSON: {e}")))?;
+        let arch = v
+            .get("model_type")
+            .and_then(|x| x.as_str())
+            .ok_or_else(|| bad(&name, "model_type is missing"))?
+            .to_string();
+        let size = |k: &str| -> Result<usize> {
+            v.get(k)
+                .and_then(|x| x.as_u64())
+                .map(|x| x as usize)
+                .ok_or_else(|| bad(&name, format!("{k} is missing or not a count")))
+        };
+        let float = |k: &str, default: f64| -> Result<f32> {
+            match v.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(default as f32),
+                Some(x) => x
+                    .as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| bad(&name, format!("{k} is not a number"))),
+            }
+        };
+        if v.get("rope_scaling").is_some_and(|r| !r.is_null()) {
+            return Err(bad(
+                &name,
+                "rope_scaling is set; scaled rotary embeddings are not supported",
+            ));
+        }
+        let hidden = size("hidden_size")?;
+        let heads = size("num_attention_heads")?;
+        let kv_heads = if v.get("num_key_value_heads").is_some() {
+            size("num_key_value_heads")?
+        } else {
+            heads
+        };
+        let head_dim = match v.get("head_dim") {
+            Some(x) if !x.is_null() => size("head_dim")?,
+            _ if heads > 0 => hidden / heads,
+            _ => 0,
+        };
+        let c = LlamaConfig {
+            architecture: arch,
+            vocab: size("vocab_size")?,
+            hidden,
+            layers: size("num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: size("intermediate_size")?,
+            rms_eps: float("rms_norm_eps", 1e-6)?,
+            rope_theta: float("rope_theta", 10_000.0)?,
+            max_position: size("max_position_embeddings")?,
+            tie_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false),
+        };
+        c.validate(&name)?;
+        Ok(c)
+    }
+}
