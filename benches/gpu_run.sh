@@ -14,9 +14,8 @@ if ! ldconfig -p | grep -q libvulkan.so.1 && [ -d "$root/.gl" ]; then
 fi
 icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -e "$icd" ]; then export VK_DRIVER_FILES=$icd; fi
-# Tests find data/ and tests/fixtures under the checkout they were built in.
-build=${WGRAD_BUILD_ROOT:-/work/main}
-[ -e "$build" ] || { mkdir -p "$(dirname "$build")" && ln -s "$root" "$build"; }
+# Tests and examples find data/ and tests/fixtures/ above the directory they run in (.gpu/)
+# when the checkout they were built in is not on this machine.
 cd "$root/.gpu"
 for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 chmod +x ./* 2>/dev/null

@@ -17,8 +17,9 @@
 
 #[path = "common/mnist_cnn.rs"]
 mod mnist_cnn;
+#[path = "common/repo.rs"]
+mod repo;
 
-use std::path::PathBuf;
 use std::time::Instant;
 use wgrad::data::{DataLoader, Dataset, InMemory, LoaderOptions, MmapDataset, write_records};
 use wgrad::nn::Module;
@@ -114,7 +115,7 @@ fn main() -> Result<()> {
     let (batch, steps, mut work) = (a.batch, a.steps, a.work.unwrap_or(usize::MAX));
     let dev = Device::new()?;
     eprintln!("{}\n", dev.info());
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let root = repo::repo_root().join("data/mnist");
     let mnist = wgrad::data::mnist::load(&root, "t10k")?;
 
     // A record file of the same images (u8 pixels), to read through a memory map.

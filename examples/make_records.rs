@@ -6,6 +6,8 @@
 //! ```
 //! Defaults: the test set shipped in data/mnist, written to mnist-t10k.rec.
 
+#[path = "common/repo.rs"]
+mod repo;
 use std::path::PathBuf;
 use wgrad::Result;
 use wgrad::data::{Dataset, MmapDataset, mnist, write_records};
@@ -29,7 +31,7 @@ fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
     let dir = a
         .data
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist"));
+        .unwrap_or_else(|| repo::repo_root().join("data/mnist"));
     let (prefix, out) = (a.prefix, a.out);
     let out = out.unwrap_or_else(|| PathBuf::from(format!("mnist-{prefix}.rec")));
     let find = |stem: &str| {

@@ -7,6 +7,8 @@
 
 #[path = "common/mnist_cnn.rs"]
 mod mnist_cnn;
+#[path = "common/repo.rs"]
+mod repo;
 
 use std::path::PathBuf;
 use wgrad::data::{DataLoader, LoaderOptions};
@@ -32,7 +34,7 @@ struct Args {
 fn main() -> Result<()> {
     let Args { steps, batch, out } = <Args as clap::Parser>::parse();
     let dev = Device::new()?;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let root = repo::repo_root().join("data/mnist");
     let train = wgrad::data::mnist::load(&root, "t10k")?.subset(0..8000)?;
     let net = mnist_cnn::cnn(&dev, DType::F32)?;
     let mut opt = Adam::new(net.params(), 1e-3)?;

@@ -11,6 +11,8 @@
 
 #[path = "common/mnist_cnn.rs"]
 mod mnist_cnn;
+#[path = "common/repo.rs"]
+mod repo;
 
 use std::time::Instant;
 use wgrad::data::{DataLoader, LoaderOptions};
@@ -38,11 +40,11 @@ fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
     let (steps, batch) = (a.steps, a.batch);
     let trace = a.trace.unwrap_or_else(|| {
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/profile_trace.json")
+        repo::repo_root().join("target/profile_trace.json")
     });
     let dev = Device::new()?;
     eprintln!("{}\n", dev.info());
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let root = repo::repo_root().join("data/mnist");
     let train = wgrad::data::mnist::load(&root, "t10k")?.subset(0..8000)?;
     let net = mnist_cnn::cnn(&dev, DType::F32)?;
     let mut opt = Adam::new(net.params(), 2e-3)?;

@@ -38,6 +38,8 @@ use wgrad::{DType, Device, Error, Readback, Result, Tensor};
 
 #[path = "common/gpt.rs"]
 mod gpt;
+#[path = "common/repo.rs"]
+mod repo;
 #[path = "common/mpi_group.rs"]
 mod mpi_group;
 use gpt::{Gpt, GptConfig};
@@ -209,7 +211,7 @@ struct Cfg {
 impl Cfg {
     /// nanoGPT's shakespeare-char configuration on a GPU; a small one on a CPU adapter.
     fn defaults(cpu: bool) -> Cfg {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let root = repo::repo_root();
         let base = Cfg {
             layers: 6,
             heads: 6,

@@ -17,6 +17,8 @@
 
 #[path = "common/mnist_cnn.rs"]
 mod mnist_cnn;
+#[path = "common/repo.rs"]
+mod repo;
 #[path = "common/mpi_group.rs"]
 mod mpi_group;
 
@@ -156,7 +158,7 @@ fn main() -> Result<()> {
 fn load_mnist(dir: Option<&Path>) -> Result<(InMemory<f32>, InMemory<f32>)> {
     Ok(match dir {
         None => {
-            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+            let root = repo::repo_root().join("data/mnist");
             let all = wgrad::data::mnist::load(&root, "t10k")?;
             (all.subset(0..8000)?, all.subset(8000..10_000)?)
         }

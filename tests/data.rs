@@ -173,7 +173,7 @@ fn mmap_records_read_back_exactly() {
 
 #[test]
 fn mnist_idx_files() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let root = common::repo_root().join("data/mnist");
     let ds = wgrad::data::mnist::load(&root, "t10k").unwrap();
     assert_eq!(ds.len(), 10_000);
     assert_eq!(ds.x_shape(), vec![1, 28, 28]);
@@ -224,7 +224,7 @@ fn char_text_windows() {
         assert_eq!(&xs[1..], &ys[..4], "labels are the next characters");
     }
     let shakespeare =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare/input.txt");
+        common::repo_root().join("data/tinyshakespeare/input.txt");
     let big = CharText::from_file(shakespeare, 64, 0).unwrap();
     assert_eq!(big.vocab_size(), 65);
     assert!(CharText::from_text("ab", 5, 0).is_err());
@@ -241,7 +241,7 @@ fn profiler_trace_of_mnist_training_is_valid_trace_event_json() {
     use wgrad::nn::Module;
     use wgrad::optim::{Adam, Optimizer};
     let dev = device();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let root = common::repo_root().join("data/mnist");
     let train = wgrad::data::mnist::load(&root, "t10k")
         .unwrap()
         .subset(0..64)

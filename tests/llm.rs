@@ -11,7 +11,7 @@ use wgrad::llm::{Llama, Sampling, sample};
 use wgrad::{DType, Device, Tensor};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    common::repo_root().join("tests/fixtures").join(name)
 }
 
 struct Prompt {

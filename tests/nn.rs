@@ -189,7 +189,7 @@ fn safetensors_round_trip_and_errors() {
 fn bf16_safetensors_from_python_load() {
     let dev = poisoned();
     let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bf16.safetensors");
+        common::repo_root().join("tests/fixtures/bf16.safetensors");
     let loaded: std::collections::HashMap<String, Tensor> =
         wgrad::nn::load(&dev, &path).unwrap().into_iter().collect();
     for name in ["weight", "bias"] {

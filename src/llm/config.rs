@@ -176,6 +176,35 @@ impl LlamaConfig {
                 "rope_scaling is set; scaled rotary embeddings are not supported",
             ));
         }
+        // What this model does not implement is refused rather than ignored.
+        if let Some(act) = v.get("hidden_act").and_then(|a| a.as_str())
+            && act != "silu"
+        {
+            return Err(bad(&name, format!("hidden_act {act:?} is not supported (silu)")));
+        }
+        for flag in ["attention_bias", "mlp_bias"] {
+            if v.get(flag).and_then(|b| b.as_bool()) == Some(true) {
+                return Err(bad(&name, format!("{flag} is true; biases are not supported")));
+            }
+        }
+        // transformers 5 writes the rotary settings under rope_parameters; earlier files
+        // have a top-level rope_theta.
+        let rope = v.get("rope_parameters").filter(|r| !r.is_null());
+        if let Some(kind) = rope.and_then(|r| r.get("rope_type")).and_then(|t| t.as_str())
+            && kind != "default"
+        {
+            return Err(bad(
+                &name,
+                format!("rope_type {kind:?} is not supported (only the default rotary embedding)"),
+            ));
+        }
+        let rope_theta = match rope.and_then(|r| r.get("rope_theta")) {
+            Some(t) => t
+                .as_f64()
+                .map(|t| t as f32)
+                .ok_or_else(|| bad(&name, "rope_parameters.rope_theta is not a number"))?,
+            None => float("rope_theta", 10_000.0)?,
+        };
         let hidden = size("hidden_size")?;
         let heads = size("num_attention_heads")?;
         let kv_heads = if v.get("num_key_value_heads").is_some() {
@@ -198,7 +227,7 @@ impl LlamaConfig {
             head_dim,
             intermediate: size("intermediate_size")?,
             rms_eps: float("rms_norm_eps", 1e-6)?,
-            rope_theta: float("rope_theta", 10_000.0)?,
+            rope_theta,
             max_position: size("max_position_embeddings")?,
             tie_embeddings: v
                 .get("tie_word_embeddings")

@@ -174,3 +174,23 @@ pub fn ran_kernels<R>(dev: &wgrad::Device, f: impl FnOnce() -> R) -> (R, Vec<Str
         .collect();
     (r, ran)
 }
+
+/// The repository's root, where `data/` and `tests/fixtures/` are: the directory this test
+/// was built in, or, for a binary carried to another machine (benches/gpu_run.sh runs them
+/// from `<checkout>/.gpu`), the nearest directory above the working directory that holds
+/// both.
+pub fn repo_root() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if built.join("tests/fixtures").is_dir() {
+        return built;
+    }
+    let mut dir = std::env::current_dir().unwrap_or_default();
+    loop {
+        if dir.join("tests/fixtures").is_dir() && dir.join("data").is_dir() {
+            return dir;
+        }
+        if !dir.pop() {
+            return built;
+        }
+    }
+}
