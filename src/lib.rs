@@ -105,6 +105,20 @@
 //! - `WGRAD_DUMP_WGSL=DIR`: every composed shader written to `DIR`.
 #![warn(missing_docs)]
 
+// The README's and the guide pages' Rust examples, run by `cargo test --doc` and compiled
+// nowhere else.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/training-loop.md")]
+struct TrainingLoopGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/custom-module.md")]
+struct CustomModuleGuideDoctests;
+
 pub mod autograd;
 pub mod data;
 pub mod device;
