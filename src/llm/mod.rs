@@ -5,14 +5,21 @@
 //! * [`Llama`]: the weights on the device and the forward pass over a [`KvCache`];
 //! * [`Sampling`] and [`sample`]: greedy, temperature, top-k and top-p sampling on the device,
 //!   so a decode step reads back only the chosen token ids.
+//! * [`Tokenizer`]: text to token ids and back, as transformers tokenizes for the same model
+//!   (cargo feature `tokenizers`), and [`TextStream`] for text generated one id at a time;
+//! * [`ChatTemplate`] and [`Message`]: a conversation rendered as the model's prompt text.
 
 mod cache;
+pub mod chat;
 mod config;
 mod model;
 mod sample;
+pub mod tokenizer;
 mod weights;
 
 pub use cache::KvCache;
+pub use chat::{ChatTemplate, Message};
 pub use config::LlamaConfig;
 pub use model::Llama;
 pub use sample::{Sampling, sample};
+pub use tokenizer::{TextStream, Tokenizer};
