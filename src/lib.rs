@@ -79,6 +79,9 @@
 //!   published ([`data::mnist`]); without it they must be inflated first.
 //! - `mpi`: `parallel::MpiGroup`, data parallelism across processes and hosts under
 //!   `mpirun`; it needs a system MPI and libclang.
+//! - `tokenizers`: [`llm::Tokenizer`], published models' tokenizers from GGUF metadata or a
+//!   `tokenizer.json`, through Hugging Face's tokenizers crate (pure Rust); without it the
+//!   tokenizer's constructors return an error.
 //! - `testing`: hidden hooks below the tensor level for wgrad's own tests and benchmarks.
 //!
 //! # Environment
