@@ -9,6 +9,12 @@
 //! there (it comes from PyPI). `smollm2_cut6_matches_transformers` checks the model cut to
 //! its first 6 blocks (scripts/cut_gguf.py; the file a GPU machine can carry); it needs that
 //! file in the cache, made by `python3 scripts/cut_gguf.py`.
+//!
+//! Both are ignored by a plain `cargo test`: on lavapipe a decode step of the whole model
+//! takes about 17 s (its matrix products with one row run at lavapipe's gather speed, about
+//! 70 ms a 1536 x 576 weight, 2.2 s the 49152-row head), so the three prompts take over 20
+//! minutes there. Run them with `cargo test --release --test smollm2 -- --ignored` (the
+//! whole model passes on lavapipe; the cut one on an H200 in about 2 s).
 
 mod common;
 
@@ -135,11 +141,13 @@ fn check(model_path: &Path, fixture: &str) {
 }
 
 #[test]
+#[ignore = "about 20 minutes on lavapipe; run with --ignored"]
 fn smollm2_matches_transformers() {
     check(&whole_model(), "smollm2_reference.json");
 }
 
 #[test]
+#[ignore = "needs the cut file (scripts/cut_gguf.py); run with --ignored"]
 fn smollm2_cut6_matches_transformers() {
     let path = model_dir().join("SmolLM2-135M-Instruct.cut6.Q4_1.gguf");
     assert!(

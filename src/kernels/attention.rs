@@ -760,6 +760,7 @@ mod tests {
             let a = Dims {
                 bh: 4,
                 heads: 2,
+                group: 1,
                 sq: 64,
                 skv: 64,
                 d,
