@@ -123,7 +123,13 @@ fn examples_answer_help_and_refuse_unknown_options() {
         .and_then(|deps| deps.parent())
         .expect("target/<profile>")
         .join("examples");
-    for name in [
+    // Examples with required features are built only when those features are on.
+    let featured: &[&str] = if cfg!(feature = "tokenizers") {
+        &["generate"]
+    } else {
+        &[]
+    };
+    for &name in [
         "bench",
         "load_rate",
         "loader_bench",
@@ -135,7 +141,10 @@ fn examples_answer_help_and_refuse_unknown_options() {
         "train_gpt",
         "train_mnist",
         "transfer_bench",
-    ] {
+    ]
+    .iter()
+    .chain(featured)
+    {
         let bin = dir.join(name);
         let out = std::process::Command::new(&bin)
             .arg("--help")
