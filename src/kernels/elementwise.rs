@@ -449,19 +449,32 @@ pub(crate) fn binary(
         };
         return run_vec(dev, ("binary", "binary4"), p, &args, &[]);
     }
-    let (dims, st) = plan("binary", out, &[x, y])?;
-    let p = EwParams {
-        n: n32,
+    let p = two_operand_params("binary", op, x, y, out)?;
+    run(dev, "binary_bcast", p, &args, &[])
+}
+
+/// The parameters of a two-operand kernel over the dense output `out`, the operands at any
+/// layout (strides, offsets, broadcasting).
+fn two_operand_params(
+    what: &'static str,
+    op: Binary,
+    x: &Operand<'_>,
+    y: &Operand<'_>,
+    out: &[usize],
+) -> Result<EwParams> {
+    let n: usize = out.iter().product();
+    let (dims, st) = plan(what, out, &[x, y])?;
+    Ok(EwParams {
+        n: u32_len(what, n)?,
         op: op as u32,
         rank: dims.len() as u32,
-        off0: u32_len("binary offset", x.offset)?,
-        off1: u32_len("binary offset", y.offset)?,
+        off0: u32_len(what, x.offset)?,
+        off1: u32_len(what, y.offset)?,
         dims: pack8(&dims),
         s0: pack8(&st[0]),
         s1: pack8(&st[1]),
         ..Default::default()
-    };
-    run(dev, "binary_bcast", p, &args, &[])
+    })
 }
 
 /// A comparison of two u32 operands at any layout, exact for every value: `z` (f32, dense)
@@ -474,20 +487,7 @@ pub(crate) fn compare_u32(
     z: &Block,
     out: &[usize],
 ) -> Result<()> {
-    let n: usize = out.iter().product();
-    let n32 = u32_len("compare", n)?;
-    let (dims, st) = plan("compare", out, &[x, y])?;
-    let p = EwParams {
-        n: n32,
-        op: op as u32,
-        rank: dims.len() as u32,
-        off0: u32_len("compare offset", x.offset)?,
-        off1: u32_len("compare offset", y.offset)?,
-        dims: pack8(&dims),
-        s0: pack8(&st[0]),
-        s1: pack8(&st[1]),
-        ..Default::default()
-    };
+    let p = two_operand_params("compare", op, x, y, out)?;
     let args = [
         arg(x.block, DType::U32),
         arg(y.block, DType::U32),

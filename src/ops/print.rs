@@ -63,25 +63,24 @@ fn nested(out: &mut String, values: &[f32], shape: &[usize], cut: &[bool], dtype
         return;
     };
     let inner: usize = rest.iter().product();
+    // Entries of the innermost axis share a line; outer entries start lines, indented.
+    let separate = |out: &mut String| {
+        if rest.is_empty() {
+            out.push(' ');
+        } else {
+            out.push('\n');
+            out.push_str(&" ".repeat(depth + 1));
+        }
+    };
     out.push('[');
     for i in 0..n {
         if i > 0 {
             out.push(',');
-            if rest.is_empty() {
-                out.push(' ');
-            } else {
-                out.push('\n');
-                out.push_str(&" ".repeat(depth + 1));
-            }
+            separate(out);
         }
         if cut[0] && i == EDGE {
             out.push_str("...,");
-            if rest.is_empty() {
-                out.push(' ');
-            } else {
-                out.push('\n');
-                out.push_str(&" ".repeat(depth + 1));
-            }
+            separate(out);
         }
         let part = &values[i * inner..(i + 1) * inner];
         nested(out, part, rest, &cut[1..], dtype, depth + 1);
