@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --features tokenizers --example generate -- \
 //!     [--model FILE.gguf|DIR] [--prompt TEXT] [--raw] [--max-tokens 64] [--temperature 0.7]
-//!     [--top-k K] [--top-p 0.9] [--seed 0] [--dtype f32|f16|bf16]
+//!     [--top-k K] [--top-p 0.9] [--seed 0] [--dtype f32|f16|bf16] [--profile]
 //! cargo run --release --features tokenizers --example generate -- --bench \
 //!     [--bench-prompt 512] [--bench-decode 128] [--bench-batch 8]
 //! ```
@@ -24,7 +24,9 @@
 //! goes to stderr: the prompt's tokens, the prefill rate (the prompt's tokens through the
 //! model and the first token sampled and read back), the decode rate (every later token,
 //! each read back before the next step starts), the host's time a decode step spends
-//! recording its work and encoding it for the device, and memory.
+//! recording its work and encoding it for the device, and memory. On a CPU adapter
+//! (lavapipe) submitting a batch runs it, so "encoding and submitting" includes the device's
+//! work there. `--profile` adds the device time of each kernel over the decode steps.
 //!
 //! `--bench` streams nothing. It repeats the encoded prompt to `--bench-prompt` tokens, then
 //! times a prefill and `--bench-decode` greedy decode steps at batch 1, and the same decode
@@ -366,13 +368,13 @@ fn generate(a: &Args, l: &Loaded, prompt: &[u32]) -> Result<()> {
     }
     let stats = dev.memory_stats();
     eprintln!(
-        "\nprompt {} tokens, prefill {:.1} tokens/s ({:.1} ms)",
+        "\nprompt {} tokens, prefill {:.2} tokens/s ({:.1} ms)",
         prompt.len(),
         rate(prompt.len(), prefill),
         prefill.as_secs_f64() * 1e3
     );
     eprintln!(
-        "generated {generated} tokens ({}), decode {:.1} tokens/s over {steps} steps",
+        "generated {generated} tokens ({}), decode {:.2} tokens/s over {steps} steps",
         if stopped_at_eos { "end of sequence" } else { "--max-tokens reached" },
         rate(steps, decode)
     );
