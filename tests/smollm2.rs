@@ -11,7 +11,7 @@
 //! file in the cache, made by `python3 scripts/cut_gguf.py`.
 //!
 //! Both are ignored by a plain `cargo test`: on lavapipe a decode step of the whole model
-//! takes about 17 s (its matrix products with one row run at lavapipe's gather speed, about
+//! takes 5-11 s (its matrix products with one row run at lavapipe's gather speed, about
 //! 70 ms a 1536 x 576 weight, 2.2 s the 49152-row head), so the three prompts take over 20
 //! minutes there. Run them with `cargo test --release --test smollm2 -- --ignored` (the
 //! whole model passes on lavapipe; the cut one on an H200 in about 2 s).
