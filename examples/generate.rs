@@ -130,7 +130,10 @@ fn main() {
 /// Values clap's types let through that cannot run.
 fn check_args(a: &Args) -> std::result::Result<(), String> {
     if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
-        return Err(format!("--temperature {} is not a finite number >= 0", a.temperature));
+        return Err(format!(
+            "--temperature {} is not a finite number >= 0",
+            a.temperature
+        ));
     }
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         return Err(format!("--top-p {} is not in (0, 1]", a.top_p));
@@ -170,7 +173,10 @@ fn model_path(a: &Args) -> std::result::Result<PathBuf, String> {
             if p.exists() {
                 Ok(p)
             } else {
-                Err(format!("no model given and none at {}: {fetch}", p.display()))
+                Err(format!(
+                    "no model given and none at {}: {fetch}",
+                    p.display()
+                ))
             }
         }
     }
@@ -220,9 +226,10 @@ fn load(a: &Args, path: &Path) -> Result<Loaded> {
     };
     dev.sync()?;
     let c = model.config();
-    let name = path
-        .file_name()
-        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     eprintln!(
         "{name}: {} layers, width {}, {} heads ({} kv), vocab {}, context {}; {dtype}, {} of \
          weights, loaded in {:.2} s",
@@ -295,7 +302,10 @@ fn generate(a: &Args, l: &Loaded, prompt: &[u32]) -> Result<()> {
     if prompt.len() >= context {
         return Err(invalid(
             "--prompt",
-            format!("{} tokens leave no room in the model's context of {context}", prompt.len()),
+            format!(
+                "{} tokens leave no room in the model's context of {context}",
+                prompt.len()
+            ),
         ));
     }
     // The last token sampled is never fed back, so the cache needs one position less.
@@ -375,7 +385,11 @@ fn generate(a: &Args, l: &Loaded, prompt: &[u32]) -> Result<()> {
     );
     eprintln!(
         "generated {generated} tokens ({}), decode {:.2} tokens/s over {steps} steps",
-        if stopped_at_eos { "end of sequence" } else { "--max-tokens reached" },
+        if stopped_at_eos {
+            "end of sequence"
+        } else {
+            "--max-tokens reached"
+        },
         rate(steps, decode)
     );
     if steps > 0 {
@@ -417,7 +431,12 @@ fn bench_phase(
     let (dev, model) = (&l.dev, &l.model);
     let mut cache = model.new_cache(batch, prompt.len() + warm + steps)?;
     let rows: Vec<usize> = (0..batch).collect();
-    let all: Vec<u32> = prompt.iter().copied().cycle().take(batch * prompt.len()).collect();
+    let all: Vec<u32> = prompt
+        .iter()
+        .copied()
+        .cycle()
+        .take(batch * prompt.len())
+        .collect();
     dev.sync()?;
     let start = Instant::now();
     let tokens = Tensor::from_slice(dev, &all, &[batch, prompt.len()])?;
@@ -455,15 +474,27 @@ fn bench(a: &Args, l: &Loaded, encoded: &[u32]) -> Result<()> {
     out.insert("dtype".into(), l.model.dtype().to_string().into());
     out.insert("prefill_tokens".into(), p.into());
     out.insert("decode_steps".into(), d.into());
-    out.insert("prefill_tokens_per_s".into(), round(rate(p, prefill)).into());
-    out.insert("decode_tokens_per_s_batch1".into(), round(rate(d, decode1)).into());
+    out.insert(
+        "prefill_tokens_per_s".into(),
+        round(rate(p, prefill)).into(),
+    );
+    out.insert(
+        "decode_tokens_per_s_batch1".into(),
+        round(rate(d, decode1)).into(),
+    );
     out.insert(
         format!("decode_tokens_per_s_batch{b}"),
         round(rate(b * d, decode_b)).into(),
     );
-    out.insert("weight_mib".into(), round(mib(l.model.weight_bytes())).into());
+    out.insert(
+        "weight_mib".into(),
+        round(mib(l.model.weight_bytes())).into(),
+    );
     out.insert("peak_mib".into(), round(mib(stats.peak_reserved)).into());
-    out.insert("peak_allocated_mib".into(), round(mib(stats.peak_allocated)).into());
+    out.insert(
+        "peak_allocated_mib".into(),
+        round(mib(stats.peak_allocated)).into(),
+    );
     println!("{}", serde_json::Value::Object(out));
     Ok(())
 }

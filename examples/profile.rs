@@ -39,9 +39,9 @@ struct Args {
 fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
     let (steps, batch) = (a.steps, a.batch);
-    let trace = a.trace.unwrap_or_else(|| {
-        repo::repo_root().join("target/profile_trace.json")
-    });
+    let trace = a
+        .trace
+        .unwrap_or_else(|| repo::repo_root().join("target/profile_trace.json"));
     let dev = Device::new()?;
     eprintln!("{}\n", dev.info());
     let root = repo::repo_root().join("data/mnist");

@@ -38,10 +38,10 @@ use wgrad::{DType, Device, Error, Readback, Result, Tensor};
 
 #[path = "common/gpt.rs"]
 mod gpt;
-#[path = "common/repo.rs"]
-mod repo;
 #[path = "common/mpi_group.rs"]
 mod mpi_group;
+#[path = "common/repo.rs"]
+mod repo;
 use gpt::{Gpt, GptConfig};
 use mpi_group::MpiGroup;
 

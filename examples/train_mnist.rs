@@ -17,10 +17,10 @@
 
 #[path = "common/mnist_cnn.rs"]
 mod mnist_cnn;
-#[path = "common/repo.rs"]
-mod repo;
 #[path = "common/mpi_group.rs"]
 mod mpi_group;
+#[path = "common/repo.rs"]
+mod repo;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use mpi_group::MpiGroup;

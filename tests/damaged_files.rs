@@ -163,19 +163,25 @@ fn refused_checkpoint(bytes: &[u8], name: &str) -> String {
     let t = &mut *guard;
     let before = run_state(t);
     let p = write(name, bytes);
-    let (res, largest) = largest_during(|| {
-        load_checkpoint(&p, &t.model.params(), &mut t.opt, Some(&mut t.scaler))
-    });
+    let (res, largest) =
+        largest_during(|| load_checkpoint(&p, &t.model.params(), &mut t.opt, Some(&mut t.scaler)));
     let e = res.expect_err("a damaged checkpoint must be refused");
     let msg = e.to_string();
     assert!(matches!(e, Error::Format { .. }), "{msg}");
-    assert!(msg.contains(&p.display().to_string()), "names the file: {msg}");
+    assert!(
+        msg.contains(&p.display().to_string()),
+        "names the file: {msg}"
+    );
     assert!(
         largest <= bytes.len() + SLACK,
         "{largest} bytes allocated for a {}-byte file",
         bytes.len()
     );
-    assert_eq!(run_state(t), before, "a refused load changed the run ({msg})");
+    assert_eq!(
+        run_state(t),
+        before,
+        "a refused load changed the run ({msg})"
+    );
     msg
 }
 

@@ -223,8 +223,7 @@ fn char_text_windows() {
         assert!(text.contains(&xs) && text.contains(&ys), "{xs:?} {ys:?}");
         assert_eq!(&xs[1..], &ys[..4], "labels are the next characters");
     }
-    let shakespeare =
-        common::repo_root().join("data/tinyshakespeare/input.txt");
+    let shakespeare = common::repo_root().join("data/tinyshakespeare/input.txt");
     let big = CharText::from_file(shakespeare, 64, 0).unwrap();
     assert_eq!(big.vocab_size(), 65);
     assert!(CharText::from_text("ab", 5, 0).is_err());

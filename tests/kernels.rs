@@ -2425,7 +2425,9 @@ fn u32_comparisons_are_exact() {
         // The transposed (strided) operand against its own values.
         let xt = x.transpose(0, 1).unwrap();
         let got = op(&xt, &xt.contiguous().unwrap()).unwrap();
-        let same = (0..35).map(|_| host(1, 1) as u32 as f32).collect::<Vec<_>>();
+        let same = (0..35)
+            .map(|_| host(1, 1) as u32 as f32)
+            .collect::<Vec<_>>();
         assert_eq!(got.to_vec::<f32>().unwrap(), same, "{name} strided");
     }
     // Arithmetic on u32 is refused with the op's name.
@@ -2504,6 +2506,11 @@ fn grouped_query_attention_matches_repeated_heads() {
     // Heads that do not divide are refused, naming the shapes.
     let q = dev.zeros(&[1, 4, 3, 8], DType::F32).unwrap();
     let k = dev.zeros(&[1, 3, 3, 8], DType::F32).unwrap();
-    let e = Tensor::attention(&q, &k, &k, false, None).unwrap_err().to_string();
-    assert!(e.contains("[1, 4, 3, 8]") && e.contains("[1, 3, 3, 8]"), "{e}");
+    let e = Tensor::attention(&q, &k, &k, false, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("[1, 4, 3, 8]") && e.contains("[1, 3, 3, 8]"),
+        "{e}"
+    );
 }

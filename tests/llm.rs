@@ -138,7 +138,13 @@ fn cached_decode_equals_full_forward() {
             .unwrap();
         for &id in &ids[split..] {
             let x = Tensor::from_slice(&dev, &[id], &[1, 1]).unwrap();
-            got.extend(model.forward(&x, &mut cache, &[0], false).unwrap().to_vec::<f32>().unwrap());
+            got.extend(
+                model
+                    .forward(&x, &mut cache, &[0], false)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
         }
         assert_eq!(cache.len(0), ids.len());
         let tol = if dt == DType::F32 { 1e-4 } else { 3e-2 };
@@ -216,7 +222,10 @@ fn sampling_keeps_to_top_k_and_top_p() {
         top_p: Some(0.7),
     };
     let ids = draw(nucleus, 2);
-    assert!(ids.iter().all(|&i| i == 7 || i == 3), "top_p 0.7 keeps two: {ids:?}");
+    assert!(
+        ids.iter().all(|&i| i == 7 || i == 3),
+        "top_p 0.7 keeps two: {ids:?}"
+    );
     let bad = Sampling {
         temperature: 1.0,
         top_k: None,
@@ -234,7 +243,10 @@ fn bad_input_is_refused_by_name() {
     let model = Llama::from_hf(&dev, fixture("tiny_llama"), DType::F32).unwrap();
     let mut cache = model.new_cache(1, 4).unwrap();
     let x = Tensor::from_slice(&dev, &[1u32, 2, 3, 4, 5], &[1, 5]).unwrap();
-    let e = model.forward(&x, &mut cache, &[0], true).unwrap_err().to_string();
+    let e = model
+        .forward(&x, &mut cache, &[0], true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains('5') && e.contains('4'), "{e}");
     assert_eq!(cache.len(0), 0, "a refused step leaves the cache as it was");
     let e = model.new_cache(1, 100_000).err().unwrap().to_string();
@@ -248,15 +260,25 @@ fn bad_input_is_refused_by_name() {
         config.replace("\"llama\"", "\"gpt_neox\""),
     )
     .unwrap();
-    std::fs::copy(fixture("tiny_llama/model.safetensors"), dir.join("model.safetensors")).unwrap();
-    let e = Llama::from_hf(&dev, &dir, DType::F32).err().unwrap().to_string();
+    std::fs::copy(
+        fixture("tiny_llama/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let e = Llama::from_hf(&dev, &dir, DType::F32)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("gpt_neox"), "{e}");
     // Ids past the vocabulary on a checked device: an error naming the index.
     let checked = common::device_with(|o| o.checked = true);
     let model = Llama::from_hf(&checked, fixture("tiny_llama"), DType::F32).unwrap();
     let mut cache = model.new_cache(1, 4).unwrap();
     let x = Tensor::from_slice(&checked, &[1u32, 9999], &[1, 2]).unwrap();
-    let e = model.forward(&x, &mut cache, &[0], true).unwrap_err().to_string();
+    let e = model
+        .forward(&x, &mut cache, &[0], true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("9999"), "{e}");
     // The model still runs.
     let x = Tensor::from_slice(&checked, &[1u32, 2], &[1, 2]).unwrap();

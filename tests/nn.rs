@@ -188,8 +188,7 @@ fn safetensors_round_trip_and_errors() {
 #[test]
 fn bf16_safetensors_from_python_load() {
     let dev = poisoned();
-    let path =
-        common::repo_root().join("tests/fixtures/bf16.safetensors");
+    let path = common::repo_root().join("tests/fixtures/bf16.safetensors");
     let loaded: std::collections::HashMap<String, Tensor> =
         wgrad::nn::load(&dev, &path).unwrap().into_iter().collect();
     for name in ["weight", "bias"] {

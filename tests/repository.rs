@@ -8,7 +8,14 @@ use std::path::{Path, PathBuf};
 fn forbidden() -> Vec<String> {
     let mut words = vec![["ses", "sion"].concat()];
     let teens = [
-        "eleven", "twelf", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+        "eleven",
+        "twelf",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
         "nineteen",
     ];
     words.extend(teens.iter().map(|w| format!("{w}th")));
@@ -53,7 +60,11 @@ fn no_file_narrates_development_rounds() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut all = Vec::new();
     files(root, &mut all);
-    assert!(all.len() > 50, "found only {} files under {root:?}", all.len());
+    assert!(
+        all.len() > 50,
+        "found only {} files under {root:?}",
+        all.len()
+    );
     let words = forbidden();
     let mut hits = Vec::new();
     for path in &all {

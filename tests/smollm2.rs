@@ -35,7 +35,9 @@ fn model_dir() -> PathBuf {
     }
     let cache = std::env::var("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+        });
     cache.join("wgrad/models")
 }
 
@@ -105,7 +107,10 @@ fn check(model_path: &Path, fixture: &str) {
     let model = Llama::from_gguf(&dev, model_path, DType::F32).unwrap();
     let all = cases(fixture);
     assert_eq!(all.len(), 3);
-    assert!(all.iter().any(|c| c.kind == "chat"), "one prompt goes through the chat template");
+    assert!(
+        all.iter().any(|c| c.kind == "chat"),
+        "one prompt goes through the chat template"
+    );
     for (n, c) in all.iter().enumerate() {
         let len = c.ids.len();
         let mut cache = model.new_cache(1, len + c.generated.len()).unwrap();
@@ -124,7 +129,10 @@ fn check(model_path: &Path, fixture: &str) {
                 worst = worst.max((row[id as usize] - w).abs());
             }
         }
-        assert!(worst <= 0.05, "prompt {n}: log-probabilities differ by {worst}");
+        assert!(
+            worst <= 0.05,
+            "prompt {n}: log-probabilities differ by {worst}"
+        );
         // Greedy decoding over the cache from the prompt's last logits.
         let mut next = logits.narrow(1, len - 1, 1).unwrap().squeeze(1).unwrap();
         let mut got = Vec::new();
@@ -136,7 +144,11 @@ fn check(model_path: &Path, fixture: &str) {
                 .unwrap();
         }
         assert_eq!(got, c.generated, "prompt {n}: greedy tokens");
-        eprintln!("prompt {n} ({}): {len} tokens, largest log-probability difference {worst:.5}, {} greedy tokens identical", c.kind, got.len());
+        eprintln!(
+            "prompt {n} ({}): {len} tokens, largest log-probability difference {worst:.5}, {} greedy tokens identical",
+            c.kind,
+            got.len()
+        );
     }
 }
 

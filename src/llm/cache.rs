@@ -79,7 +79,11 @@ impl KvCache {
 
     /// Bytes the cache holds on the device.
     pub fn nbytes(&self) -> u64 {
-        self.keys.iter().chain(&self.values).map(Tensor::nbytes).sum()
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(Tensor::nbytes)
+            .sum()
     }
 
     /// Checks that `rows` exist and can take `new` more positions each.

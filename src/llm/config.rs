@@ -81,7 +81,10 @@ impl LlamaConfig {
         if !self.head_dim.is_multiple_of(2) {
             return Err(bad(
                 path,
-                format!("head dimension {} is odd (rotary embeddings rotate pairs)", self.head_dim),
+                format!(
+                    "head dimension {} is odd (rotary embeddings rotate pairs)",
+                    self.head_dim
+                ),
             ));
         }
         Ok(())
@@ -148,8 +151,8 @@ impl LlamaConfig {
         let path = path.as_ref();
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path)?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| bad(&name, format!("not JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(&name, format!("not JSON: {e}")))?;
         let arch = v
             .get("model_type")
             .and_then(|x| x.as_str())
@@ -180,17 +183,25 @@ impl LlamaConfig {
         if let Some(act) = v.get("hidden_act").and_then(|a| a.as_str())
             && act != "silu"
         {
-            return Err(bad(&name, format!("hidden_act {act:?} is not supported (silu)")));
+            return Err(bad(
+                &name,
+                format!("hidden_act {act:?} is not supported (silu)"),
+            ));
         }
         for flag in ["attention_bias", "mlp_bias"] {
             if v.get(flag).and_then(|b| b.as_bool()) == Some(true) {
-                return Err(bad(&name, format!("{flag} is true; biases are not supported")));
+                return Err(bad(
+                    &name,
+                    format!("{flag} is true; biases are not supported"),
+                ));
             }
         }
         // transformers 5 writes the rotary settings under rope_parameters; earlier files
         // have a top-level rope_theta.
         let rope = v.get("rope_parameters").filter(|r| !r.is_null());
-        if let Some(kind) = rope.and_then(|r| r.get("rope_type")).and_then(|t| t.as_str())
+        if let Some(kind) = rope
+            .and_then(|r| r.get("rope_type"))
+            .and_then(|t| t.as_str())
             && kind != "default"
         {
             return Err(bad(

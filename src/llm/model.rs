@@ -261,7 +261,13 @@ impl Llama {
                     let one = |x: &Tensor| x.narrow(0, i, 1)?.squeeze(0);
                     cache.write(l, r, &one(&k)?, &one(&v)?)?;
                     let (kc, vc) = cache.prefix(l, r, cache.len(r) + t)?;
-                    outs.push(Tensor::attention(&q.narrow(0, i, 1)?, &kc, &vc, true, None)?);
+                    outs.push(Tensor::attention(
+                        &q.narrow(0, i, 1)?,
+                        &kc,
+                        &vc,
+                        true,
+                        None,
+                    )?);
                 }
                 let att = if n == 1 {
                     outs.remove(0)

@@ -60,7 +60,11 @@ pub fn sample(logits: &Tensor, s: &Sampling) -> Result<Tensor> {
     if logits.rank() != 2 || !logits.dtype().is_float() {
         return Err(Error::shape(
             op,
-            format!("logits {:?} {}: want float [rows, vocab]", logits.shape(), logits.dtype()),
+            format!(
+                "logits {:?} {}: want float [rows, vocab]",
+                logits.shape(),
+                logits.dtype()
+            ),
         ));
     }
     let (n, vocab) = (logits.shape()[0], logits.shape()[1]);
@@ -75,7 +79,9 @@ pub fn sample(logits: &Tensor, s: &Sampling) -> Result<Tensor> {
     if vocab > 1 << 24 {
         return Err(Error::invalid(
             op,
-            format!("a vocabulary of {vocab} is past 2^24, where token ids stop being exact in f32"),
+            format!(
+                "a vocabulary of {vocab} is past 2^24, where token ids stop being exact in f32"
+            ),
         ));
     }
     if s.top_k == Some(0) {

@@ -91,9 +91,9 @@ impl Weights {
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| Error::format(&name, "weight_map is missing"))?;
             for (tensor, file) in map {
-                let file = file
-                    .as_str()
-                    .ok_or_else(|| Error::format(&name, format!("{tensor}: shard is not a name")))?;
+                let file = file.as_str().ok_or_else(|| {
+                    Error::format(&name, format!("{tensor}: shard is not a name"))
+                })?;
                 if file.contains('/') || file.contains('\\') || file.starts_with('.') {
                     return Err(Error::format(
                         &name,
@@ -166,9 +166,9 @@ impl Weights {
             Weights::Gguf(f) => {
                 let g = gguf_name(name)
                     .ok_or_else(|| Error::format(&file, format!("no GGUF name for {name}")))?;
-                let info = f
-                    .tensor(&g)
-                    .ok_or_else(|| Error::format(&file, format!("tensor {g} ({name}) is missing")))?;
+                let info = f.tensor(&g).ok_or_else(|| {
+                    Error::format(&file, format!("tensor {g} ({name}) is missing"))
+                })?;
                 if info.shape() != shape {
                     return Err(wrong(&info.shape()));
                 }

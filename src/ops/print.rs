@@ -57,7 +57,14 @@ fn number(v: f32, dtype: DType) -> String {
 }
 
 /// Writes `values` (of `shape`, row-major) nested by axis, with `...` where an axis was cut.
-fn nested(out: &mut String, values: &[f32], shape: &[usize], cut: &[bool], dtype: DType, depth: usize) {
+fn nested(
+    out: &mut String,
+    values: &[f32],
+    shape: &[usize],
+    cut: &[bool],
+    dtype: DType,
+    depth: usize,
+) {
     let Some((&n, rest)) = shape.split_first() else {
         out.push_str(&number(values.first().copied().unwrap_or(f32::NAN), dtype));
         return;

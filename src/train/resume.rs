@@ -285,7 +285,12 @@ fn checksum_field(path: &Path, bytes: &[u8]) -> Result<usize> {
         .ok()
         .and_then(|n| n.checked_add(8))
         .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| bad(path, format!("header length {header_len} runs past the file")))?;
+        .ok_or_else(|| {
+            bad(
+                path,
+                format!("header length {header_len} runs past the file"),
+            )
+        })?;
     let needle = format!("\"{CHECKSUM_KEY}\":\"");
     let header = &bytes[8..end];
     let mut found = header
@@ -294,7 +299,10 @@ fn checksum_field(path: &Path, bytes: &[u8]) -> Result<usize> {
         .filter(|(_, w)| *w == needle.as_bytes())
         .map(|(i, _)| 8 + i + needle.len());
     let (Some(at), None) = (found.next(), found.next()) else {
-        return Err(bad(path, "metadata checksum is not in the header exactly once"));
+        return Err(bad(
+            path,
+            "metadata checksum is not in the header exactly once",
+        ));
     };
     if bytes.get(at + CHECKSUM_DIGITS) != Some(&b'"') {
         return Err(bad(path, "metadata checksum is not 16 hex digits"));
