@@ -2407,7 +2407,8 @@ fn u32_comparisons_are_exact() {
     let x = Tensor::from_slice(&dev, &xs, &[5, 7]).unwrap();
     let y = Tensor::from_slice(&dev, &ys, &[7]).unwrap();
     type Op = fn(&Tensor, &Tensor) -> wgrad::Result<Tensor>;
-    let ops: [(&str, Op, fn(u32, u32) -> bool); 6] = [
+    type Host = fn(u32, u32) -> bool;
+    let ops: [(&str, Op, Host); 6] = [
         ("eq", Tensor::eq, |a, b| a == b),
         ("ne", Tensor::ne, |a, b| a != b),
         ("lt", Tensor::lt, |a, b| a < b),
