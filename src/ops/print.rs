@@ -13,6 +13,9 @@
 //! let x = dev.tensor(&[1.0f32, 2.5, -3.0, 4.0], &[2, 2])?;
 //! assert_eq!(x.to_string(), "[[1, 2.5],\n [-3, 4]]\nTensor[2, 2] f32");
 //! assert_eq!(format!("{x:?}"), "Tensor([2, 2], f32, [1, 2.5, -3, 4])");
+//! // u32 values print exactly, also past 2^24.
+//! let ids = dev.tensor(&[16_777_217u32, 3], &[2])?;
+//! assert_eq!(format!("{ids:?}"), "Tensor([2], u32, [16777217, 3])");
 //! # Ok(())
 //! # }
 //! ```
@@ -48,25 +51,20 @@ fn edges(t: &Tensor) -> Result<(Tensor, Vec<bool>)> {
     })
 }
 
-fn number(v: f32, dtype: DType) -> String {
-    if dtype == DType::U32 {
-        format!("{}", v as u64)
+/// The values of `t` as text: u32 read as integers (exact past 2^24, where f32 is not),
+/// floats as the shortest text that reads back as the same value.
+fn texts(t: &Tensor) -> Result<Vec<String>> {
+    Ok(if t.dtype() == DType::U32 {
+        t.to_vec::<u32>()?.iter().map(u32::to_string).collect()
     } else {
-        format!("{v}")
-    }
+        t.to_f32_vec()?.iter().map(f32::to_string).collect()
+    })
 }
 
 /// Writes `values` (of `shape`, row-major) nested by axis, with `...` where an axis was cut.
-fn nested(
-    out: &mut String,
-    values: &[f32],
-    shape: &[usize],
-    cut: &[bool],
-    dtype: DType,
-    depth: usize,
-) {
+fn nested(out: &mut String, values: &[String], shape: &[usize], cut: &[bool], depth: usize) {
     let Some((&n, rest)) = shape.split_first() else {
-        out.push_str(&number(values.first().copied().unwrap_or(f32::NAN), dtype));
+        out.push_str(values.first().map_or("?", String::as_str));
         return;
     };
     let inner: usize = rest.iter().product();
@@ -90,7 +88,7 @@ fn nested(
             separate(out);
         }
         let part = &values[i * inner..(i + 1) * inner];
-        nested(out, part, rest, &cut[1..], dtype, depth + 1);
+        nested(out, part, rest, &cut[1..], depth + 1);
     }
     out.push(']');
 }
@@ -103,8 +101,8 @@ fn shape_text(shape: &[usize]) -> String {
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut text = String::new();
-        match edges(self).and_then(|(t, cut)| Ok((t.to_f32_vec()?, t.shape().to_vec(), cut))) {
-            Ok((values, shape, cut)) => nested(&mut text, &values, &shape, &cut, self.dtype(), 0),
+        match edges(self).and_then(|(t, cut)| Ok((texts(&t)?, t.shape().to_vec(), cut))) {
+            Ok((values, shape, cut)) => nested(&mut text, &values, &shape, &cut, 0),
             Err(e) => text = format!("<values not readable: {e}>"),
         }
         write!(
@@ -126,12 +124,12 @@ impl fmt::Debug for Tensor {
                 t.contiguous()?.reshape(&[t.numel()])?
             };
             let shown = flat.numel().min(DEBUG_VALUES);
-            let values = flat.narrow(0, 0, shown)?.to_f32_vec()?;
+            let values = texts(&flat.narrow(0, 0, shown)?)?;
             Ok::<_, crate::Error>((values, flat.numel() > shown || !self.is_contiguous()))
         });
         let values = match first {
             Ok((v, more)) => {
-                let mut parts: Vec<String> = v.iter().map(|&x| number(x, self.dtype())).collect();
+                let mut parts = v;
                 if more {
                     parts.push("...".into());
                 }
@@ -157,11 +155,11 @@ mod tests {
     #[test]
     fn nesting_and_cut_axes() {
         let mut s = String::new();
-        let v: Vec<f32> = (0..12).map(|i| i as f32).collect();
-        nested(&mut s, &v, &[2, 6], &[false, true], DType::F32, 0);
+        let v: Vec<String> = (0..12).map(|i| i.to_string()).collect();
+        nested(&mut s, &v, &[2, 6], &[false, true], 0);
         assert_eq!(s, "[[0, 1, 2, ..., 3, 4, 5],\n [6, 7, 8, ..., 9, 10, 11]]");
         let mut s = String::new();
-        nested(&mut s, &[7.0], &[], &[], DType::U32, 0);
+        nested(&mut s, &["7".to_string()], &[], &[], 0);
         assert_eq!(s, "7");
     }
 }
