@@ -232,31 +232,21 @@ impl Tensor {
         let name = op.method();
         let dtype = same_dtype(name, self, other)?;
         same_device(name, self, other)?;
-        if dtype == DType::U32 && op.is_comparison() {
-            let shape = broadcast_shape(name, self.shape(), other.shape())?;
-            let out = Tensor::uninit(self.device(), &shape, DType::F32)?;
-            ew::compare_u32(
-                self.device(),
-                op,
-                &operand(self, &shape)?,
-                &operand(other, &shape)?,
-                out.dense_block(name)?,
-                &shape,
-            )?;
+        // Comparisons of u32 operands (labels against an argmax) are exact and give f32.
+        let exact_u32 = dtype == DType::U32 && op.is_comparison();
+        if !exact_u32 {
+            float_only(name, self)?;
+        }
+        let shape = broadcast_shape(name, self.shape(), other.shape())?;
+        let out_dtype = if exact_u32 { DType::F32 } else { dtype };
+        let out = Tensor::uninit(self.device(), &shape, out_dtype)?;
+        let (x, y) = (operand(self, &shape)?, operand(other, &shape)?);
+        let z = out.dense_block(name)?;
+        if exact_u32 {
+            ew::compare_u32(self.device(), op, &x, &y, z, &shape)?;
             return Ok(out);
         }
-        float_only(name, self)?;
-        let shape = broadcast_shape(name, self.shape(), other.shape())?;
-        let out = Tensor::uninit(self.device(), &shape, dtype)?;
-        ew::binary(
-            self.device(),
-            op,
-            &operand(self, &shape)?,
-            &operand(other, &shape)?,
-            out.dense_block(name)?,
-            &shape,
-            dtype,
-        )?;
+        ew::binary(self.device(), op, &x, &y, z, &shape, dtype)?;
         let rec = if op.is_comparison() {
             None
         } else {
