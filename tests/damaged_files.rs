@@ -145,6 +145,15 @@ fn trained_once() -> &'static std::sync::Mutex<Trained> {
     T.get_or_init(|| std::sync::Mutex::new(trained()))
 }
 
+/// The trained run's checkpoint bytes, undamaged.
+fn good_checkpoint() -> Vec<u8> {
+    trained_once()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .checkpoint
+        .clone()
+}
+
 /// Everything a checkpoint load could change.
 fn run_state(t: &Trained) -> (Vec<Vec<f32>>, Vec<Vec<f32>>, u64, f32, u64) {
     (
@@ -200,11 +209,7 @@ fn a_checkpoint_loads_back_intact() {
 /// The header's metadata is covered: a one-digit edit of any number in it is refused.
 #[test]
 fn edited_metadata_is_refused() {
-    let good = trained_once()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .checkpoint
-        .clone();
+    let good = good_checkpoint();
     let header_len = u64::from_le_bytes(good[..8].try_into().expect("8 bytes")) as usize;
     let header = String::from_utf8(good[8..8 + header_len].to_vec()).expect("utf-8 header");
     for key in [
@@ -228,11 +233,7 @@ fn edited_metadata_is_refused() {
 /// is a real hash, in which such changes do not cancel.
 #[test]
 fn two_sign_flips_are_refused() {
-    let good = trained_once()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .checkpoint
-        .clone();
+    let good = good_checkpoint();
     let header_len = u64::from_le_bytes(good[..8].try_into().expect("8 bytes")) as usize;
     let st = safetensors::SafeTensors::deserialize(&good).expect("parses");
     let w = st.tensor("model.weight").expect("model.weight");
@@ -249,11 +250,7 @@ fn two_sign_flips_are_refused() {
 /// with a message that says why.
 #[test]
 fn an_old_format_checkpoint_is_refused_with_the_reason() {
-    let good = trained_once()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .checkpoint
-        .clone();
+    let good = good_checkpoint();
     let mut old = good.clone();
     let at = good
         .windows(13)
@@ -267,11 +264,7 @@ fn an_old_format_checkpoint_is_refused_with_the_reason() {
 /// A header that claims a huge size fails fast, naming what it claims.
 #[test]
 fn a_huge_header_length_fails_fast() {
-    let good = trained_once()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .checkpoint
-        .clone();
+    let good = good_checkpoint();
     let mut b = good.clone();
     b[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
     let msg = refused_checkpoint(&b, "huge-header.safetensors");
@@ -290,7 +283,7 @@ proptest! {
     #[test]
     fn damaged_checkpoints(truncate in any::<bool>(), cut in 0.0f64..1.0,
                            edits in prop::collection::vec((0.0f64..1.0, any::<u8>()), 1..4)) {
-        let good = trained_once().lock().unwrap_or_else(|e| e.into_inner()).checkpoint.clone();
+        let good = good_checkpoint();
         let bad = damage(&good, truncate, cut, &edits);
         refused_checkpoint(&bad, "prop-checkpoint.safetensors");
     }
