@@ -43,19 +43,24 @@ fn bad(path: &str, detail: impl Into<String>) -> Error {
     Error::format(path, detail)
 }
 
+/// An error naming `arch` unless this module runs it.
+fn supported(path: &str, arch: &str) -> Result<()> {
+    if SUPPORTED.contains(&arch) {
+        return Ok(());
+    }
+    Err(bad(
+        path,
+        format!(
+            "architecture {arch:?} is not supported (wgrad runs {})",
+            SUPPORTED.join(", ")
+        ),
+    ))
+}
+
 impl LlamaConfig {
     /// Checks that the sizes fit together (heads divide the width, kv heads divide heads).
     pub fn validate(&self, path: &str) -> Result<()> {
-        if !SUPPORTED.contains(&self.architecture.as_str()) {
-            return Err(bad(
-                path,
-                format!(
-                    "architecture {:?} is not supported (wgrad runs {})",
-                    self.architecture,
-                    SUPPORTED.join(", ")
-                ),
-            ));
-        }
+        supported(path, &self.architecture)?;
         let positive = [
             ("vocabulary", self.vocab),
             ("hidden size", self.hidden),
@@ -95,15 +100,8 @@ impl LlamaConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
         let path = file.path().to_string();
         let arch = file.get_str("general.architecture")?.to_string();
-        if !SUPPORTED.contains(&arch.as_str()) {
-            return Err(bad(
-                &path,
-                format!(
-                    "architecture {arch:?} is not supported (wgrad runs {})",
-                    SUPPORTED.join(", ")
-                ),
-            ));
-        }
+        // Named before any key is read: another architecture's keys differ.
+        supported(&path, &arch)?;
         let key = |k: &str| format!("{arch}.{k}");
         let size = |k: &str| -> Result<usize> { Ok(file.get_u64(&key(k))? as usize) };
         let hidden = size("embedding_length")?;
