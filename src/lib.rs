@@ -137,6 +137,7 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod parallel;
+pub mod quant;
 #[doc(hidden)]
 pub mod reference;
 pub mod tensor;

@@ -32,3 +32,10 @@ pub fn bench_alloc(dev: &Device, bytes: u64) -> Result<u64> {
     let b = dev.alloc(bytes)?;
     Ok(b.offset())
 }
+
+/// Makes every decode step's attention split the cache every `span` positions (a multiple of
+/// 64), as GPUs do, on any adapter; `None` restores the adapter's own choice. Process-wide:
+/// for tests of the split path on a CPU adapter.
+pub fn force_decode_span(span: Option<usize>) {
+    crate::kernels::decode::force_span(span);
+}

@@ -159,6 +159,40 @@ fn cached_decode_equals_full_forward() {
     }
 }
 
+/// Decode steps over a cache split every 64 positions (the GPUs' flash-decoding path, forced
+/// here on any adapter) give the logits of the whole sequence run at once.
+#[test]
+fn decode_over_a_split_cache_equals_full_forward() {
+    let dev = common::device();
+    let model = Llama::from_hf(&dev, fixture("tiny_llama"), DType::F32).unwrap();
+    let vocab = model.config().vocab as u32;
+    let ids: Vec<u32> = (0..128u32).map(|i| (i * 97 + 13) % vocab).collect();
+    let x = Tensor::from_slice(&dev, &ids, &[1, ids.len()]).unwrap();
+    let mut cache = model.new_cache(1, ids.len()).unwrap();
+    let full = model.forward(&x, &mut cache, &[0], false).unwrap().to_vec::<f32>().unwrap();
+    wgrad::testing::force_decode_span(Some(64));
+    let prompt = 100;
+    let mut cache = model.new_cache(1, ids.len()).unwrap();
+    let head = Tensor::from_slice(&dev, &ids[..prompt], &[1, prompt]).unwrap();
+    model.forward(&head, &mut cache, &[0], true).unwrap();
+    let mut got = Vec::new();
+    for &id in &ids[prompt..] {
+        let x = Tensor::from_slice(&dev, &[id], &[1, 1]).unwrap();
+        got.extend(model.forward(&x, &mut cache, &[0], true).unwrap().to_vec::<f32>().unwrap());
+    }
+    wgrad::testing::force_decode_span(None);
+    let want = &full[prompt * vocab as usize..];
+    assert_eq!(got.len(), want.len());
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+            "position {} token {}: {a} vs {b}",
+            prompt + i / vocab as usize,
+            i % vocab as usize
+        );
+    }
+}
+
 /// Prompts of different lengths prefill into their own rows and decode together, giving the
 /// tokens each gives alone.
 #[test]

@@ -39,6 +39,7 @@ pub mod attention;
 pub mod conv;
 pub mod coop_layout;
 pub(crate) mod copy;
+pub(crate) mod decode;
 pub mod elementwise;
 pub(crate) mod embedding;
 pub(crate) mod fill;
@@ -47,6 +48,7 @@ pub(crate) mod loss;
 pub mod matmul;
 pub(crate) mod norm;
 pub(crate) mod optim;
+pub(crate) mod quant;
 pub mod reduce;
 pub(crate) mod scan;
 pub(crate) mod softmax;
@@ -169,6 +171,12 @@ families! {
     Index => "index.wgsl", index::IndexParams, codes [], enables [];
     /// f32 operands split into f16 parts for products on tensor cores, and the scaling back.
     Split => "split.wgsl", split::SplitParams, codes [matmul::Act::CODES], enables [];
+    /// A decode step's attention: rotary embedding with the cache write, attention of one
+    /// token over the cache split along it (flash-decoding).
+    Decode => "decode.wgsl", decode::DecodeParams, codes [], enables [];
+    /// Products with a matrix kept in a quantized block format (Q4_0, Q4_1, Q8_0), its
+    /// decoding and row lookups.
+    Quant => "quant.wgsl", quant::QuantParams, codes [], enables [];
     /// Where a driver puts the elements of a cooperative matrix (one probe).
     CoopLayout => "coop_layout.wgsl", coop_layout::LayoutParams, codes [],
         enables ["wgpu_cooperative_matrix"];

@@ -14,31 +14,96 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::kernels::decode::{self as kd, Step};
+use crate::quant::{Fusion, QuantMatrix};
 use crate::tensor::Tensor;
 use std::path::Path;
 
-/// One decoder block's weights, under Hugging Face's names (`q_proj` ...).
+/// A [out, in] weight of a product: dense, or in its quantized block format.
+pub(crate) enum Matrix {
+    Dense(Tensor),
+    Quant(QuantMatrix),
+}
+
+impl Matrix {
+    /// `res + x W^T`.
+    fn apply_add(&self, x: &Tensor, res: &Tensor) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => res.add(&x.linear(w, None)?),
+            Matrix::Quant(q) => q.forward_add(x, res),
+        }
+    }
+
+    /// `rms_norm(x, gain, eps) W^T`, one kernel for a quantized matrix and a few rows.
+    fn apply_norm(&self, x: &Tensor, gain: &Tensor, eps: f32) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => x.rms_norm(gain, eps)?.linear(w, None),
+            Matrix::Quant(q) => q.forward_with(
+                x,
+                Fusion {
+                    norm: Some((gain, eps)),
+                    ..Fusion::default()
+                },
+            ),
+        }
+    }
+
+    /// SwiGLU of the normalised x through the [gate; up] rows: `silu(n G^T) * (n U^T)` with
+    /// `n = rms_norm(x, gain, eps)`.
+    fn apply_swiglu(&self, x: &Tensor, gain: &Tensor, eps: f32) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => {
+                let y = x.rms_norm(gain, eps)?.linear(w, None)?;
+                let half = w.shape()[0] / 2;
+                y.narrow(-1, 0, half)?.silu()?.mul(&y.narrow(-1, half, half)?)
+            }
+            Matrix::Quant(q) => q.forward_with(
+                x,
+                Fusion {
+                    norm: Some((gain, eps)),
+                    glu: true,
+                    ..Fusion::default()
+                },
+            ),
+        }
+    }
+
+    /// Rows `ids` (an embedding lookup), in `dtype`.
+    fn rows(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => w.embedding(ids),
+            Matrix::Quant(q) => q.embedding(ids, dtype),
+        }
+    }
+
+    fn nbytes(&self) -> u64 {
+        match self {
+            Matrix::Dense(w) => w.nbytes(),
+            Matrix::Quant(q) => q.nbytes(),
+        }
+    }
+}
+
+/// One decoder block's weights. The query, key and value projections are one matrix (their
+/// rows stacked in that order), and so are the gate and up projections: one product each.
 struct Block {
     attn_norm: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
+    qkv: Matrix,
+    o: Matrix,
     mlp_norm: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
+    gate_up: Matrix,
+    down: Matrix,
 }
 
 /// A Llama-family model on a device, ready to run.
 pub struct Llama {
     config: LlamaConfig,
     dtype: DType,
-    embed: Tensor,
+    embed: Matrix,
     blocks: Vec<Block>,
     norm: Tensor,
     /// `None` when tied to the embedding.
-    head: Option<Tensor>,
+    head: Option<Matrix>,
     /// cos and sin of every position's rotation angles, [max_position, head_dim / 2], f32.
     cos: Tensor,
     sin: Tensor,
@@ -76,11 +141,25 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 impl Llama {
-    /// Loads a model from a GGUF file, its weights decoded to `dtype` (f32, f16 or bf16).
+    /// Loads a model from a GGUF file, activations in `dtype` (f32, f16 or bf16). Matrices
+    /// in Q4_0, Q4_1 or Q8_0 stay in their block format on the device
+    /// ([`QuantMatrix`]); the others, and the norms, are decoded to `dtype`.
     pub fn from_gguf(dev: &Device, path: impl AsRef<Path>, dtype: DType) -> Result<Llama> {
         let file = GgufFile::open(path)?;
         let config = LlamaConfig::from_gguf(&file)?;
-        Llama::load(dev, config, &Weights::gguf(file), dtype)
+        Llama::load(dev, config, &Weights::gguf(file, true), dtype)
+    }
+
+    /// [`from_gguf`](Llama::from_gguf) with every weight decoded to `dtype`: more memory,
+    /// the dense products' speed for long prompts.
+    pub fn from_gguf_decoded(
+        dev: &Device,
+        path: impl AsRef<Path>,
+        dtype: DType,
+    ) -> Result<Llama> {
+        let file = GgufFile::open(path)?;
+        let config = LlamaConfig::from_gguf(&file)?;
+        Llama::load(dev, config, &Weights::gguf(file, false), dtype)
     }
 
     /// Loads a Hugging Face checkpoint directory (`config.json` and `model.safetensors` or
@@ -101,27 +180,33 @@ impl Llama {
         let c = &config;
         let (h, q_out, kv_out) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let get = |name: &str, shape: &[usize]| w.load(dev, name, shape, dtype, c);
+        let mat = |name: &str, shape: &[usize]| w.load_matrix(dev, &[(name, shape[0])], shape[1], dtype, c);
         let blocks = (0..c.layers)
             .map(|i| {
                 let p = |s: &str| format!("model.layers.{i}.{s}.weight");
+                let (q, k, v) = (p("self_attn.q_proj"), p("self_attn.k_proj"), p("self_attn.v_proj"));
+                let (gate, up) = (p("mlp.gate_proj"), p("mlp.up_proj"));
                 Ok(Block {
                     attn_norm: get(&p("input_layernorm"), &[h])?,
-                    q: get(&p("self_attn.q_proj"), &[q_out, h])?,
-                    k: get(&p("self_attn.k_proj"), &[kv_out, h])?,
-                    v: get(&p("self_attn.v_proj"), &[kv_out, h])?,
-                    o: get(&p("self_attn.o_proj"), &[h, q_out])?,
+                    qkv: w.load_matrix(dev, &[(&q, q_out), (&k, kv_out), (&v, kv_out)], h, dtype, c)?,
+                    o: mat(&p("self_attn.o_proj"), &[h, q_out])?,
                     mlp_norm: get(&p("post_attention_layernorm"), &[h])?,
-                    gate: get(&p("mlp.gate_proj"), &[c.intermediate, h])?,
-                    up: get(&p("mlp.up_proj"), &[c.intermediate, h])?,
-                    down: get(&p("mlp.down_proj"), &[h, c.intermediate])?,
+                    gate_up: w.load_matrix(
+                        dev,
+                        &[(&gate, c.intermediate), (&up, c.intermediate)],
+                        h,
+                        dtype,
+                        c,
+                    )?,
+                    down: mat(&p("mlp.down_proj"), &[h, c.intermediate])?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let embed = get("model.embed_tokens.weight", &[c.vocab, h])?;
+        let embed = mat("model.embed_tokens.weight", &[c.vocab, h])?;
         let head = if c.tie_embeddings && !w.has("lm_head.weight") {
             None
         } else {
-            Some(get("lm_head.weight", &[c.vocab, h])?)
+            Some(mat("lm_head.weight", &[c.vocab, h])?)
         };
         let norm = get("model.norm.weight", &[h])?;
         let (cos, sin) = rope_tables(dev, c)?;
@@ -149,26 +234,17 @@ impl Llama {
 
     /// The device the weights are on.
     pub fn device(&self) -> &Device {
-        self.embed.device()
+        self.norm.device()
     }
 
     /// Bytes of the weights on the device.
     pub fn weight_bytes(&self) -> u64 {
         let mut n = self.embed.nbytes() + self.norm.nbytes();
-        n += self.head.as_ref().map_or(0, Tensor::nbytes);
+        n += self.head.as_ref().map_or(0, Matrix::nbytes);
         for b in &self.blocks {
-            for t in [
-                &b.attn_norm,
-                &b.q,
-                &b.k,
-                &b.v,
-                &b.o,
-                &b.mlp_norm,
-                &b.gate,
-                &b.up,
-                &b.down,
-            ] {
-                n += t.nbytes();
+            n += b.attn_norm.nbytes() + b.mlp_norm.nbytes();
+            for m in [&b.qkv, &b.o, &b.gate_up, &b.down] {
+                n += m.nbytes();
             }
         }
         n
@@ -196,6 +272,66 @@ impl Llama {
             c.head_dim,
             self.dtype,
         )
+    }
+
+    /// One decode step: one new token in each of `rows`, the logits [n, vocab] (f32). Six
+    /// launches a block: the norm fused into the q/k/v product, the rotary embedding with the
+    /// cache write, attention over the cache, the output product with the residual, the norm
+    /// fused into the gate/up product with SwiGLU, the down product with the residual.
+    fn step(&self, tokens: &Tensor, cache: &mut KvCache, rows: &[usize]) -> Result<Tensor> {
+        let op = "Llama decode step";
+        let (c, dev, dtype) = (&self.config, self.device(), self.dtype);
+        let n = rows.len();
+        // Each row's position (its length before the step), then its cache row.
+        let mut ps: Vec<u32> = rows.iter().map(|&r| cache.len(r) as u32).collect();
+        ps.extend(rows.iter().map(|&r| r as u32));
+        let max_len = rows.iter().map(|&r| cache.len(r) + 1).max().unwrap_or(1);
+        let ps = Tensor::from_slice(dev, &ps, &[2 * n])?;
+        let st = Step {
+            n,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            cap: cache.capacity(),
+        };
+        let width = c.heads * c.head_dim;
+        let mut x = self.embed.rows(tokens, dtype)?;
+        for (l, b) in self.blocks.iter().enumerate() {
+            let qkv = b.qkv.apply_norm(&x, &b.attn_norm, c.rms_eps)?.contiguous()?;
+            let q = Tensor::uninit(dev, &[n, width], dtype)?;
+            let (keys, values) = (&cache.keys[l], &cache.values[l]);
+            kd::rope_write(
+                dev,
+                st,
+                qkv.dense_block(op)?,
+                self.cos.dense_block(op)?,
+                self.sin.dense_block(op)?,
+                ps.dense_block(op)?,
+                q.dense_block(op)?,
+                keys.dense_block(op)?,
+                values.dense_block(op)?,
+                dtype,
+            )?;
+            let att = Tensor::uninit(dev, &[n, 1, width], dtype)?;
+            kd::attend(
+                dev,
+                st,
+                q.dense_block(op)?,
+                keys.dense_block(op)?,
+                values.dense_block(op)?,
+                ps.dense_block(op)?,
+                att.dense_block(op)?,
+                dtype,
+                max_len,
+            )?;
+            x = b.o.apply_add(&att, &x)?;
+            let act = b.gate_up.apply_swiglu(&x, &b.mlp_norm, c.rms_eps)?;
+            x = b.down.apply_add(&act, &x)?;
+        }
+        cache.advance(rows, 1);
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        head.apply_norm(&x.reshape(&[n, c.hidden])?, &self.norm, c.rms_eps)?
+            .to_dtype(DType::F32)
     }
 
     /// Runs `tokens` (u32 [n, t]) as the next `t` positions of cache rows `rows` (n of
@@ -229,6 +365,36 @@ impl Llama {
         if cache.batch() > 0 && cache.keys.len() != c.layers {
             return Err(Error::invalid(op, "the cache belongs to another model"));
         }
+        if rows.iter().enumerate().any(|(i, r)| rows[..i].contains(r)) {
+            return Err(Error::invalid(op, format!("rows {rows:?} name a cache row twice")));
+        }
+        let want = [c.kv_heads, cache.capacity(), c.head_dim];
+        let Some(k0) = cache.keys.first() else {
+            return Err(Error::invalid(op, "the cache has no layers"));
+        };
+        if k0.dtype() != self.dtype || k0.shape()[1..] != want {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "a cache of {:?} {} for a model of {} key/value heads of {} in {}",
+                    k0.shape(),
+                    k0.dtype(),
+                    c.kv_heads,
+                    c.head_dim,
+                    self.dtype
+                ),
+            ));
+        }
+        if t == 1 && kd::supports(c.heads, c.kv_heads, c.head_dim) {
+            return no_grad(|| {
+                let logits = self.step(tokens, cache, rows)?;
+                if last_only {
+                    Ok(logits)
+                } else {
+                    logits.reshape(&[n, 1, c.vocab])
+                }
+            });
+        }
         no_grad(|| {
             // Positions: each row continues from its own length.
             let starts: Vec<usize> = rows.iter().map(|&r| cache.len(r)).collect();
@@ -245,17 +411,18 @@ impl Llama {
                     .to_dtype(self.dtype)
             };
             let (cos, sin) = (angles(&self.cos)?, angles(&self.sin)?);
-            let mut x = self.embed.embedding(tokens)?;
+            let mut x = self.embed.rows(tokens, self.dtype)?;
+            let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
             for (l, b) in self.blocks.iter().enumerate() {
-                let hn = x.rms_norm(&b.attn_norm, c.rms_eps)?;
-                let heads = |w: &Tensor, heads: usize| -> Result<Tensor> {
-                    hn.linear(w, None)?
+                let qkv = b.qkv.apply_norm(&x, &b.attn_norm, c.rms_eps)?;
+                let heads = |at: usize, heads: usize| -> Result<Tensor> {
+                    qkv.narrow(-1, at, heads * c.head_dim)?
                         .reshape(&[n, t, heads, c.head_dim])?
                         .permute(&[0, 2, 1, 3])
                 };
-                let q = rotate(&heads(&b.q, c.heads)?, &cos, &sin)?;
-                let k = rotate(&heads(&b.k, c.kv_heads)?, &cos, &sin)?;
-                let v = heads(&b.v, c.kv_heads)?;
+                let q = rotate(&heads(0, c.heads)?, &cos, &sin)?;
+                let k = rotate(&heads(qd, c.kv_heads)?, &cos, &sin)?;
+                let v = heads(qd + kvd, c.kv_heads)?;
                 let mut outs = Vec::with_capacity(n);
                 for (i, &r) in rows.iter().enumerate() {
                     let one = |x: &Tensor| x.narrow(0, i, 1)?.squeeze(0);
@@ -278,11 +445,9 @@ impl Llama {
                 let att = att
                     .permute(&[0, 2, 1, 3])?
                     .reshape(&[n, t, c.heads * c.head_dim])?;
-                x = x.add(&att.linear(&b.o, None)?)?;
-                let hn = x.rms_norm(&b.mlp_norm, c.rms_eps)?;
-                let gate = hn.linear(&b.gate, None)?.silu()?;
-                let up = hn.linear(&b.up, None)?;
-                x = x.add(&gate.mul(&up)?.linear(&b.down, None)?)?;
+                x = b.o.apply_add(&att, &x)?;
+                let act = b.gate_up.apply_swiglu(&x, &b.mlp_norm, c.rms_eps)?;
+                x = b.down.apply_add(&act, &x)?;
             }
             cache.advance(rows, t);
             let x = if last_only {
@@ -290,9 +455,8 @@ impl Llama {
             } else {
                 x
             };
-            let x = x.rms_norm(&self.norm, c.rms_eps)?;
             let head = self.head.as_ref().unwrap_or(&self.embed);
-            x.linear(head, None)?.to_dtype(DType::F32)
+            head.apply_norm(&x, &self.norm, c.rms_eps)?.to_dtype(DType::F32)
         })
     }
 }

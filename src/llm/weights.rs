@@ -8,17 +8,20 @@
 //! Face's order, so one model (rotating half-split head dimensions) runs both.
 
 use super::config::LlamaConfig;
+use super::model::Matrix;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::nn::safetensors::{open, our_dtype, parse};
+use crate::quant::{QuantFormat, QuantMatrix};
 use crate::tensor::Tensor;
 use std::path::{Path, PathBuf};
 
 /// A source of named weights.
 pub(crate) enum Weights {
-    Gguf(GgufFile),
+    /// A GGUF file; with `quantized`, matrices in a format [`QuantMatrix`] keeps stay in it.
+    Gguf { file: GgufFile, quantized: bool },
     Hf {
         /// Each tensor name's shard.
         shards: Vec<PathBuf>,
@@ -56,22 +59,35 @@ fn gguf_name(hf: &str) -> Option<String> {
 
 /// Rows of a [heads * head_dim, in] projection reordered from GGUF's interleaved pairs to
 /// Hugging Face's halves: within each head, row `j` comes from row `2 (j mod h/2) + j / (h/2)`.
-fn unpermute(data: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
+/// A row is `row_len` consecutive elements (values, or a quantized row's bytes).
+fn unpermute<T: Copy + Default>(data: &[T], heads: usize, head_dim: usize, row_len: usize) -> Vec<T> {
     let half = head_dim / 2;
-    let mut out = vec![0f32; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for j in 0..head_dim {
             let from = h * head_dim + 2 * (j % half) + j / half;
             let to = h * head_dim + j;
-            out[to * cols..(to + 1) * cols].copy_from_slice(&data[from * cols..(from + 1) * cols]);
+            out[to * row_len..(to + 1) * row_len]
+                .copy_from_slice(&data[from * row_len..(from + 1) * row_len]);
         }
     }
     out
 }
 
+/// The heads whose rows GGUF interleaves in tensor `name` (Hugging Face's name), if any.
+fn interleaved_heads(name: &str, cfg: &LlamaConfig) -> Option<usize> {
+    if name.ends_with("q_proj.weight") {
+        Some(cfg.heads)
+    } else if name.ends_with("k_proj.weight") {
+        Some(cfg.kv_heads)
+    } else {
+        None
+    }
+}
+
 impl Weights {
-    pub fn gguf(file: GgufFile) -> Weights {
-        Weights::Gguf(file)
+    pub fn gguf(file: GgufFile, quantized: bool) -> Weights {
+        Weights::Gguf { file, quantized }
     }
 
     /// A Hugging Face checkpoint directory: one `model.safetensors`, or the shards its
@@ -129,14 +145,14 @@ impl Weights {
     /// Whether the source holds tensor `name` (Hugging Face's name).
     pub fn has(&self, name: &str) -> bool {
         match self {
-            Weights::Gguf(f) => gguf_name(name).is_some_and(|g| f.tensor(&g).is_some()),
+            Weights::Gguf { file, .. } => gguf_name(name).is_some_and(|g| file.tensor(&g).is_some()),
             Weights::Hf { index, .. } => index.contains_key(name),
         }
     }
 
     fn path(&self) -> String {
         match self {
-            Weights::Gguf(f) => f.path().to_string(),
+            Weights::Gguf { file, .. } => file.path().to_string(),
             Weights::Hf { shards, .. } => shards
                 .first()
                 .and_then(|p| p.parent())
@@ -163,7 +179,7 @@ impl Weights {
             )
         };
         match self {
-            Weights::Gguf(f) => {
+            Weights::Gguf { file: f, .. } => {
                 let g = gguf_name(name)
                     .ok_or_else(|| Error::format(&file, format!("no GGUF name for {name}")))?;
                 let info = f.tensor(&g).ok_or_else(|| {
@@ -173,10 +189,8 @@ impl Weights {
                     return Err(wrong(&info.shape()));
                 }
                 let mut data = f.dequantize(&g)?;
-                if name.ends_with("q_proj.weight") {
-                    data = unpermute(&data, cfg.heads, cfg.head_dim, cfg.hidden);
-                } else if name.ends_with("k_proj.weight") {
-                    data = unpermute(&data, cfg.kv_heads, cfg.head_dim, cfg.hidden);
+                if let Some(heads) = interleaved_heads(name, cfg) {
+                    data = unpermute(&data, heads, cfg.head_dim, cfg.hidden);
                 }
                 Tensor::from_f32(dev, &data, shape, dtype)
             }
@@ -208,6 +222,70 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// The matrices `parts` ((name, rows) each, all of `cols` columns) stacked by rows into
+    /// one, [sum of rows, cols]. Kept in its block format where the source is a GGUF file read
+    /// `quantized` and every part is in one format [`QuantMatrix`] keeps; else decoded to
+    /// `dtype` as [`load`](Weights::load) gives each part.
+    pub fn load_matrix(
+        &self,
+        dev: &Device,
+        parts: &[(&str, usize)],
+        cols: usize,
+        dtype: DType,
+        cfg: &LlamaConfig,
+    ) -> Result<Matrix> {
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        if let Weights::Gguf { file, quantized: true } = self {
+            let infos: Vec<_> = parts
+                .iter()
+                .map(|(name, _)| gguf_name(name).and_then(|g| file.tensor(&g)))
+                .collect();
+            let formats: Vec<_> = infos
+                .iter()
+                .map(|i| i.and_then(|i| QuantFormat::from_ggml(i.ggml_type())))
+                .collect();
+            if let Some(&Some(format)) = formats.first()
+                && formats.iter().all(|f| *f == Some(format))
+            {
+                let mut bytes = Vec::new();
+                for (&(name, r), info) in parts.iter().zip(&infos) {
+                    let Some(info) = info else { continue };
+                    if info.shape() != [r, cols] {
+                        return Err(Error::format(
+                            file.path(),
+                            format!(
+                                "tensor {name} has shape {:?}, the model expects {:?}",
+                                info.shape(),
+                                [r, cols]
+                            ),
+                        ));
+                    }
+                    let data = file.tensor_bytes(info)?;
+                    match interleaved_heads(name, cfg) {
+                        Some(heads) => {
+                            let row = cols / crate::quant::BLOCK * format.block_bytes();
+                            bytes.extend(unpermute(data, heads, cfg.head_dim, row));
+                        }
+                        None => bytes.extend_from_slice(data),
+                    }
+                }
+                return Ok(Matrix::Quant(QuantMatrix::from_blocks(
+                    dev, format, &bytes, rows, cols,
+                )?));
+            }
+        }
+        let dense = parts
+            .iter()
+            .map(|&(name, r)| self.load(dev, name, &[r, cols], dtype, cfg))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Matrix::Dense(match dense.as_slice() {
+            [one] => one.clone(),
+            many => Tensor::cat(&many.iter().collect::<Vec<_>>(), 0)?,
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +295,9 @@ mod tests {
         // One head of 4 rows of 1 column: GGUF holds rows in the order 0, 2, 1, 3 of HF's.
         let gguf = [0.0, 2.0, 1.0, 3.0];
         assert_eq!(unpermute(&gguf, 1, 4, 1), vec![0.0, 1.0, 2.0, 3.0]);
+        // Rows of two elements (a quantized row's bytes) move whole.
+        let bytes = [0u8, 0, 2, 2, 1, 1, 3, 3];
+        assert_eq!(unpermute(&bytes, 1, 4, 2), vec![0, 0, 1, 1, 2, 2, 3, 3]);
     }
 
     #[test]
