@@ -13,8 +13,9 @@ and runs the model in float32 on the CPU with eager attention. For each prompt t
                   carries its own)
   prompt_top5     for every prompt position, [[id, ...5], [log-softmax, ...5]] of the next-token
                   distribution, best first
-  generated       the new tokens of generate(do_sample=False, max_new_tokens=48): greedy, with
-                  the KV cache, stopping early if the model emits its end-of-sequence token
+  generated       48 greedy new tokens, each the argmax of one step over the model's KV cache,
+                  going on past the end-of-sequence token (which the chat prompt reaches), so
+                  every prompt checks 48 steps of the cache
   generated_top5  for every generated token, the same top 5 of the distribution it was chosen
                   from, taken from one forward pass over prompt + generated tokens (the first
                   entry repeats the last of prompt_top5); `top1_is_generated` says whether each
@@ -88,10 +89,17 @@ def run_prompt(tok, model, ids):
     x = torch.tensor([ids])
     with torch.no_grad():
         prompt_logits = model(x, use_cache=False).logits[0].float()
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                             max_new_tokens=NEW_TOKENS, use_cache=True,
-                             pad_token_id=tok.pad_token_id)
-        generated = out[0, len(ids):].tolist()
+        # Greedy steps over the model's own KV cache, written out rather than through
+        # generate(), which stops at the end-of-sequence token whatever its settings say.
+        past, step, generated = None, x, []
+        for _ in range(NEW_TOKENS):
+            out = model(step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            nxt = int(out.logits[0, -1].argmax())
+            generated.append(nxt)
+            step = torch.tensor([[nxt]])
+        out = torch.tensor([ids + generated])
+        assert len(generated) == NEW_TOKENS, len(generated)
         full_logits = model(out, use_cache=False).logits[0].float()
     gen_top = top(full_logits[len(ids) - 1:len(ids) - 1 + len(generated)])
     return {
@@ -132,8 +140,7 @@ def reference(path):
             "tie_word_embeddings": cfg.tie_word_embeddings,
         },
         "eos_token_id": tok.eos_token_id,
-        "generate": {"do_sample": False, "max_new_tokens": NEW_TOKENS, "use_cache": True,
-                     "stops_at_eos": True},
+        "generate": {"greedy_steps": NEW_TOKENS, "use_cache": True, "stops_at_eos": False},
         "log_prob_decimals": 5,
         "versions": {
             "transformers": transformers.__version__,
