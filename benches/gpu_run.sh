@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs wgrad's GPU-side checks and benchmarks on a machine with a GPU and no Rust toolchain.
-# Build here first (README, "Numbers on a GPU"), put the binaries (optionally gzip'd) in .gpu/,
-# then run:  benches/gpu_run.sh tests|kernels|training   (logs go to $OUT, default gpu-out/)
+# Build here first (README, "Numbers on a GPU"), put the binaries (optionally gzip'd or xz'd) in .gpu/,
+# then run:  benches/gpu_run.sh tests|kernels|training|llm   (logs go to $OUT, default gpu-out/)
+# `llm` wants in .gpu/: a SmolLM2 file cut by scripts/cut_gguf.py, `generate` (built with
+# --features tokenizers), optionally `llama-bench` (benches/llama_cpp.sh) and `test_smollm2`.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/gpu-out}
@@ -18,6 +20,7 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -e "$icd" ]; then export VK_DRIVER_FILES=$
 # when the checkout they were built in is not on this machine.
 cd "$root/.gpu"
 for f in *.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+for f in *.xz; do [ -e "$f" ] && xz -d -f "$f"; done
 chmod +x ./* 2>/dev/null
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 case "${1:-all}" in
@@ -38,5 +41,23 @@ case "${1:-all}" in
   training|all)
     timeout 200 ./train_mnist > "$OUT/mnist.log" 2>&1; grep -E "^epoch|accuracy=" "$OUT/mnist.log"
     timeout 250 ./memory_bench > "$OUT/memory.log" 2>&1; grep -v -E "^(adapter|driver|memory |features|limits|missing)" "$OUT/memory.log" | tail -22
-    timeout 120 ./loader_bench --batch 512 > "$OUT/loader.log" 2>&1; tail -9 "$OUT/loader.log" ;;
+    timeout 120 ./loader_bench --batch 512 > "$OUT/loader.log" 2>&1; tail -9 "$OUT/loader.log" ;;&
+  llm)
+    # wgrad (weights as stored and decoded), eager PyTorch and llama.cpp's Vulkan backend on the
+    # same cut file, alternating, three rounds; then the cut model against transformers.
+    model=$(ls ./*.cut*.gguf | head -1)
+    blocks=$(echo "$model" | sed -E 's/.*\.cut([0-9]+)\..*/\1/')
+    for round in 1 2 3; do
+      timeout 120 ./generate --model "$model" --bench >> "$OUT/llm_wgrad.jsonl" 2>> "$OUT/llm.log"
+      timeout 120 ./generate --model "$model" --bench --decoded >> "$OUT/llm_wgrad_decoded.jsonl" 2>> "$OUT/llm.log"
+      timeout 200 python3 "$root/benches/llama_torch.py" --layers "$blocks" >> "$OUT/llm_torch.jsonl" 2>> "$OUT/llm.log"
+      if [ -x ./llama-bench ]; then
+        GGML_VK_VISIBLE_DEVICES=0 timeout 200 ./llama-bench -m "$model" -p 512 -n 128 -r 3 -fa 0,1 \
+          -o jsonl >> "$OUT/llm_llama_cpp.jsonl" 2>> "$OUT/llm.log"
+      fi
+      echo "round $round done"
+    done
+    if [ -x ./test_smollm2 ]; then
+      WGRAD_MODEL_DIR=$PWD timeout 200 ./test_smollm2 --ignored --nocapture cut6 2>&1 | grep -E "prompt|result"
+    fi ;;
 esac

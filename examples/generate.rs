@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --features tokenizers --example generate -- \
 //!     [--model FILE.gguf|DIR] [--prompt TEXT] [--raw] [--max-tokens 64] [--temperature 0.7]
-//!     [--top-k K] [--top-p 0.9] [--seed 0] [--dtype f32|f16|bf16] [--profile]
+//!     [--top-k K] [--top-p 0.9] [--seed 0] [--dtype f32|f16|bf16] [--decoded] [--profile]
 //! cargo run --release --features tokenizers --example generate -- --bench \
 //!     [--bench-prompt 512] [--bench-decode 128] [--bench-batch 8]
 //! ```
@@ -35,7 +35,9 @@
 //! them back; one read-back ends each timed phase, so the time is the device's throughput
 //! with the host's recording overlapped. An untimed run of the same prefill and two decode
 //! steps comes first (pipelines compile on first use), and two untimed decode steps precede
-//! the timed batch run. The result is one JSON line on stdout.
+//! the timed batch run. The result is one JSON line on stdout: the rates, the host's time
+//! recording a decode step (the timed loop before its final wait), kernel launches a step,
+//! and memory.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -80,7 +82,12 @@ struct Args {
     /// a GPU).
     #[arg(long, value_parser = ["f32", "f16", "bf16"])]
     dtype: Option<String>,
-    /// Print the device time of each kernel over the decode steps (to stderr).
+    /// Decode a GGUF file's quantized matrices to --dtype when loading, instead of keeping
+    /// them in their block formats on the device.
+    #[arg(long)]
+    decoded: bool,
+    /// Print the device time of each kernel over the decode steps (to stderr); with
+    /// --bench, over untimed repeats of its phases.
     #[arg(long)]
     profile: bool,
     /// Measure prefill and decode rates instead of generating; prints one JSON line.
@@ -222,7 +229,12 @@ fn load(a: &Args, path: &Path) -> Result<Loaded> {
             Some(ChatTemplate::from_gguf(&file)?)
         };
         drop(file);
-        (Llama::from_gguf(&dev, path, dtype)?, tokenizer, template)
+        let model = if a.decoded {
+            Llama::from_gguf_decoded(&dev, path, dtype)?
+        } else {
+            Llama::from_gguf(&dev, path, dtype)?
+        };
+        (model, tokenizer, template)
     };
     dev.sync()?;
     let c = model.config();
@@ -419,15 +431,26 @@ fn decode_step(model: &Llama, cache: &mut KvCache, rows: &[usize], ids: &Tensor)
     sample(&logits, &Sampling::greedy())
 }
 
+/// What one benchmark phase measured.
+struct Phase {
+    prefill: Duration,
+    /// The timed decode steps, read back once at the end.
+    decode: Duration,
+    /// The host's time recording those steps (the decode loop without the final wait).
+    record: Duration,
+    /// Kernel launches a decode step.
+    launches: u64,
+}
+
 /// A prefill of `prompt` in each of `batch` cache rows, `warm` untimed decode steps, then
-/// `steps` timed ones: the prefill's time and the timed steps' time.
+/// `steps` timed ones.
 fn bench_phase(
     l: &Loaded,
     prompt: &[u32],
     batch: usize,
     warm: usize,
     steps: usize,
-) -> Result<(Duration, Duration)> {
+) -> Result<Phase> {
     let (dev, model) = (&l.dev, &l.model);
     let mut cache = model.new_cache(batch, prompt.len() + warm + steps)?;
     let rows: Vec<usize> = (0..batch).collect();
@@ -448,12 +471,21 @@ fn bench_phase(
         ids = decode_step(model, &mut cache, &rows, &ids)?;
     }
     ids.to_vec::<u32>()?;
+    let before = dev.dispatch_stats();
     let start = Instant::now();
     for _ in 0..steps {
         ids = decode_step(model, &mut cache, &rows, &ids)?;
     }
+    let record = start.elapsed();
     ids.to_vec::<u32>()?;
-    Ok((prefill, start.elapsed()))
+    let decode = start.elapsed();
+    let launches = (dev.dispatch_stats().dispatches - before.dispatches) / steps.max(1) as u64;
+    Ok(Phase {
+        prefill,
+        decode,
+        record,
+        launches,
+    })
 }
 
 fn bench(a: &Args, l: &Loaded, encoded: &[u32]) -> Result<()> {
@@ -462,8 +494,20 @@ fn bench(a: &Args, l: &Loaded, encoded: &[u32]) -> Result<()> {
     let warm = 2;
     // Untimed: the same prefill and a few steps, so every pipeline is compiled.
     bench_phase(l, &prompt, 1, 0, warm)?;
-    let (prefill, decode1) = bench_phase(l, &prompt, 1, 0, d)?;
-    let (_, decode_b) = bench_phase(l, &prompt, b, warm, d)?;
+    let one = bench_phase(l, &prompt, 1, 0, d)?;
+    let many = bench_phase(l, &prompt, b, warm, d)?;
+    let (prefill, decode1, decode_b) = (one.prefill, one.decode, many.decode);
+    if a.profile {
+        // Untimed repeats with the profiler on: where the device time of each goes.
+        for batch in [1, b] {
+            l.dev.start_profiling()?;
+            bench_phase(l, &prompt, batch, 0, d)?;
+            eprintln!(
+                "prefill and decode at batch {batch}, kernels:\n{}",
+                l.dev.stop_profiling()?
+            );
+        }
+    }
     let stats = l.dev.memory_stats();
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     let round = |x: f64| (x * 100.0).round() / 100.0;
@@ -472,6 +516,10 @@ fn bench(a: &Args, l: &Loaded, encoded: &[u32]) -> Result<()> {
     out.insert("device".into(), l.dev.info().name.clone().into());
     out.insert("backend".into(), l.dev.info().backend.clone().into());
     out.insert("dtype".into(), l.model.dtype().to_string().into());
+    out.insert(
+        "weights".into(),
+        if a.decoded { "decoded" } else { "as stored" }.into(),
+    );
     out.insert("prefill_tokens".into(), p.into());
     out.insert("decode_steps".into(), d.into());
     out.insert(
@@ -486,6 +534,11 @@ fn bench(a: &Args, l: &Loaded, encoded: &[u32]) -> Result<()> {
         format!("decode_tokens_per_s_batch{b}"),
         round(rate(b * d, decode_b)).into(),
     );
+    let ms_per_step = |t: Duration| round(t.as_secs_f64() * 1e3 / d as f64);
+    out.insert("host_record_ms_per_step_batch1".into(), ms_per_step(one.record).into());
+    out.insert(format!("host_record_ms_per_step_batch{b}"), ms_per_step(many.record).into());
+    out.insert("launches_per_step_batch1".into(), one.launches.into());
+    out.insert(format!("launches_per_step_batch{b}"), many.launches.into());
     out.insert(
         "weight_mib".into(),
         round(mib(l.model.weight_bytes())).into(),
