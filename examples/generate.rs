@@ -535,8 +535,14 @@ fn bench(a: &Args, l: &Loaded, encoded: &[u32]) -> Result<()> {
         round(rate(b * d, decode_b)).into(),
     );
     let ms_per_step = |t: Duration| round(t.as_secs_f64() * 1e3 / d as f64);
-    out.insert("host_record_ms_per_step_batch1".into(), ms_per_step(one.record).into());
-    out.insert(format!("host_record_ms_per_step_batch{b}"), ms_per_step(many.record).into());
+    out.insert(
+        "host_record_ms_per_step_batch1".into(),
+        ms_per_step(one.record).into(),
+    );
+    out.insert(
+        format!("host_record_ms_per_step_batch{b}"),
+        ms_per_step(many.record).into(),
+    );
     out.insert("launches_per_step_batch1".into(), one.launches.into());
     out.insert(format!("launches_per_step_batch{b}"), many.launches.into());
     out.insert(

@@ -169,7 +169,11 @@ fn decode_over_a_split_cache_equals_full_forward() {
     let ids: Vec<u32> = (0..128u32).map(|i| (i * 97 + 13) % vocab).collect();
     let x = Tensor::from_slice(&dev, &ids, &[1, ids.len()]).unwrap();
     let mut cache = model.new_cache(1, ids.len()).unwrap();
-    let full = model.forward(&x, &mut cache, &[0], false).unwrap().to_vec::<f32>().unwrap();
+    let full = model
+        .forward(&x, &mut cache, &[0], false)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     wgrad::testing::force_decode_span(Some(64));
     let prompt = 100;
     let mut cache = model.new_cache(1, ids.len()).unwrap();
@@ -178,7 +182,13 @@ fn decode_over_a_split_cache_equals_full_forward() {
     let mut got = Vec::new();
     for &id in &ids[prompt..] {
         let x = Tensor::from_slice(&dev, &[id], &[1, 1]).unwrap();
-        got.extend(model.forward(&x, &mut cache, &[0], true).unwrap().to_vec::<f32>().unwrap());
+        got.extend(
+            model
+                .forward(&x, &mut cache, &[0], true)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
     }
     wgrad::testing::force_decode_span(None);
     let want = &full[prompt * vocab as usize..];

@@ -90,7 +90,13 @@ fn matvec_matches_f64_reference() {
                     assert_eq!(y.dtype(), dtype);
                     let (want, mag) = reference(&rounded(&xs, dtype), &w, None, m, rows, cols);
                     let got = y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-                    check(&got, &want, &mag, dtype, &format!("{f:?} [{rows}, {cols}] {dtype} m={m}"));
+                    check(
+                        &got,
+                        &want,
+                        &mag,
+                        dtype,
+                        &format!("{f:?} [{rows}, {cols}] {dtype} m={m}"),
+                    );
                 }
             }
         }
@@ -113,7 +119,13 @@ fn matvec_adds_the_residual() {
             let rr = rounded(&rs, dtype);
             let (want, mag) = reference(&rounded(&xs, dtype), &w, Some(&rr), m, rows, cols);
             let got = y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-            check(&got, &want, &mag, dtype, &format!("{f:?} {dtype} with residual"));
+            check(
+                &got,
+                &want,
+                &mag,
+                dtype,
+                &format!("{f:?} {dtype} with residual"),
+            );
         }
     }
 }
@@ -130,7 +142,11 @@ fn fused_norm_gate_and_residual_match_f64_reference() {
             for m in [1, 5, 12] {
                 let mut rng = Rng::new(m as u64);
                 let (xs, gs, rs) = (rng.vec(m * cols), rng.vec(cols), rng.vec(m * out));
-                let (x64, g64, r64) = (rounded(&xs, dtype), rounded(&gs, dtype), rounded(&rs, dtype));
+                let (x64, g64, r64) = (
+                    rounded(&xs, dtype),
+                    rounded(&gs, dtype),
+                    rounded(&rs, dtype),
+                );
                 // n = x / rms(x) * gain, then silu(n W_gate) * (n W_up) + res, in f64.
                 let mut want = vec![0.0; m * out];
                 let mut mag = vec![0.0; m * out];
@@ -189,7 +205,13 @@ fn many_rows_take_the_decoded_product() {
         let y = q.forward_add(&x, &res).unwrap();
         let rr = rounded(&rs, DType::F32);
         let (want, mag) = reference(&rounded(&xs, DType::F32), &w, Some(&rr), m, rows, cols);
-        check(&y.to_vec::<f32>().unwrap(), &want, &mag, DType::F32, &format!("{f:?} m={m}"));
+        check(
+            &y.to_vec::<f32>().unwrap(),
+            &want,
+            &mag,
+            DType::F32,
+            &format!("{f:?} m={m}"),
+        );
     }
 }
 
@@ -205,7 +227,12 @@ fn dequantize_and_rows_match_the_file_decoder() {
         for &dtype in &DTYPES {
             let d = q.dequantize(dtype).unwrap().to_dtype(DType::F32).unwrap();
             let want = rounded(&w, dtype);
-            let got: Vec<f64> = d.to_vec::<f32>().unwrap().iter().map(|&v| v as f64).collect();
+            let got: Vec<f64> = d
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
             assert_eq!(got, want, "{f:?}: decoded to {dtype}");
         }
         let ids = [22u32, 0, 5, 5, 17];
@@ -215,13 +242,24 @@ fn dequantize_and_rows_match_the_file_decoder() {
         let got = e.to_vec::<f32>().unwrap();
         for (t, &r) in ids.iter().enumerate() {
             let r = r as usize;
-            assert_eq!(&got[t * cols..(t + 1) * cols], &w[r * cols..(r + 1) * cols], "{f:?} row {r}");
+            assert_eq!(
+                &got[t * cols..(t + 1) * cols],
+                &w[r * cols..(r + 1) * cols],
+                "{f:?} row {r}"
+            );
         }
         // An index past the rows reads as NaN on an unchecked device.
         let bad = Tensor::from_slice(&dev, &[1u32, 23], &[2]).unwrap();
-        let e = q.embedding(&bad, DType::F32).unwrap().to_vec::<f32>().unwrap();
+        let e = q
+            .embedding(&bad, DType::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
         assert!(e[..cols].iter().all(|v| !v.is_nan()));
-        assert!(e[cols..].iter().all(|v| v.is_nan()), "{f:?}: out-of-range row");
+        assert!(
+            e[cols..].iter().all(|v| v.is_nan()),
+            "{f:?}: out-of-range row"
+        );
     }
     let checked = common::device_with(|o| o.checked = true);
     let (q, _) = random_matrix(&checked, QuantFormat::Q8_0, 4, 32, 1);
@@ -242,7 +280,9 @@ fn input_gradient_matches_finite_differences() {
         let (xs, cs) = (rng.vec(m * cols), rng.vec(m * rows));
         let c = Tensor::from_slice(&dev, &cs, &[m, rows]).unwrap();
         let loss = |x: &Tensor| q.forward(x).unwrap().mul(&c).unwrap().sum_all().unwrap();
-        let x = Tensor::from_slice(&dev, &xs, &[m, cols]).unwrap().variable();
+        let x = Tensor::from_slice(&dev, &xs, &[m, cols])
+            .unwrap()
+            .variable();
         loss(&x).backward().unwrap();
         let g = x.grad().unwrap().to_vec::<f32>().unwrap();
         let h = 0.5f32;
@@ -256,9 +296,19 @@ fn input_gradient_matches_finite_differences() {
             };
             let fd = (at(h) - at(-h)) / (2.0 * h as f64);
             let (b, k) = (i / cols, i % cols);
-            let exact: f64 = (0..rows).map(|r| cs[b * rows + r] as f64 * w[r * cols + k] as f64).sum();
-            assert!((g[i] as f64 - fd).abs() < 1e-3, "{f:?} dx[{i}]: {} vs fd {fd}", g[i]);
-            assert!((g[i] as f64 - exact).abs() < 1e-4, "{f:?} dx[{i}]: {} vs {exact}", g[i]);
+            let exact: f64 = (0..rows)
+                .map(|r| cs[b * rows + r] as f64 * w[r * cols + k] as f64)
+                .sum();
+            assert!(
+                (g[i] as f64 - fd).abs() < 1e-3,
+                "{f:?} dx[{i}]: {} vs fd {fd}",
+                g[i]
+            );
+            assert!(
+                (g[i] as f64 - exact).abs() < 1e-4,
+                "{f:?} dx[{i}]: {} vs {exact}",
+                g[i]
+            );
         }
     }
 }

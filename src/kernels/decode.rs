@@ -90,7 +90,10 @@ pub(crate) fn attend_split(len: usize, cpu: bool, head_dim: usize) -> (usize, us
 /// Whether `attend` takes these heads: a head dimension of a multiple of 4 up to 256, and
 /// query heads in whole groups per key/value head.
 pub(crate) fn supports(heads: usize, kv_heads: usize, head_dim: usize) -> bool {
-    head_dim % 4 == 0 && (4..=256).contains(&head_dim) && kv_heads > 0 && heads % kv_heads == 0
+    head_dim.is_multiple_of(4)
+        && (4..=256).contains(&head_dim)
+        && kv_heads > 0
+        && heads.is_multiple_of(kv_heads)
 }
 
 /// Rotates the new q and k of `qkv` by their positions, writes q, and stores k and v in
@@ -221,7 +224,10 @@ mod tests {
             for cpu in [false, true] {
                 for hd in [64, 128] {
                     let (span, n) = attend_split(len, cpu, hd);
-                    assert!(span * n >= len && span * (n - 1) < len.max(1), "{len} {cpu}");
+                    assert!(
+                        span * n >= len && span * (n - 1) < len.max(1),
+                        "{len} {cpu}"
+                    );
                     let per_chunk = hd / 4 + hd.div_ceil(64) * 64 + 8;
                     assert!(span.div_ceil(64) * per_chunk + hd <= LOOP_BUDGET);
                 }

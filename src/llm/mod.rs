@@ -2,7 +2,12 @@
 //! checkpoint, run it over a key/value cache on the device, and sample from it.
 //!
 //! * [`LlamaConfig`]: the model's sizes, from GGUF metadata or `config.json`;
-//! * [`Llama`]: the weights on the device and the forward pass over a [`KvCache`];
+//! * [`Llama`]: the weights on the device and the forward pass over a [`KvCache`]. A GGUF
+//!   file's Q4_0, Q4_1 and Q8_0 matrices stay in their block formats
+//!   ([`QuantMatrix`](crate::quant::QuantMatrix)), and a decode step (one new token a
+//!   sequence) runs in six launches a block: the norms, SwiGLU and residuals fused into the
+//!   products, the rotary embedding with the cache write, attention over the cache split
+//!   along it;
 //! * [`Sampling`] and [`sample`]: greedy, temperature, top-k and top-p sampling on the device,
 //!   so a decode step reads back only the chosen token ids.
 //! * [`Tokenizer`]: text to token ids and back, as transformers tokenizes for the same model

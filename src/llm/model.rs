@@ -55,7 +55,9 @@ impl Matrix {
             Matrix::Dense(w) => {
                 let y = x.rms_norm(gain, eps)?.linear(w, None)?;
                 let half = w.shape()[0] / 2;
-                y.narrow(-1, 0, half)?.silu()?.mul(&y.narrow(-1, half, half)?)
+                y.narrow(-1, 0, half)?
+                    .silu()?
+                    .mul(&y.narrow(-1, half, half)?)
             }
             Matrix::Quant(q) => q.forward_with(
                 x,
@@ -152,11 +154,7 @@ impl Llama {
 
     /// [`from_gguf`](Llama::from_gguf) with every weight decoded to `dtype`: more memory,
     /// the dense products' speed for long prompts.
-    pub fn from_gguf_decoded(
-        dev: &Device,
-        path: impl AsRef<Path>,
-        dtype: DType,
-    ) -> Result<Llama> {
+    pub fn from_gguf_decoded(dev: &Device, path: impl AsRef<Path>, dtype: DType) -> Result<Llama> {
         let file = GgufFile::open(path)?;
         let config = LlamaConfig::from_gguf(&file)?;
         Llama::load(dev, config, &Weights::gguf(file, false), dtype)
@@ -180,15 +178,27 @@ impl Llama {
         let c = &config;
         let (h, q_out, kv_out) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let get = |name: &str, shape: &[usize]| w.load(dev, name, shape, dtype, c);
-        let mat = |name: &str, shape: &[usize]| w.load_matrix(dev, &[(name, shape[0])], shape[1], dtype, c);
+        let mat = |name: &str, shape: &[usize]| {
+            w.load_matrix(dev, &[(name, shape[0])], shape[1], dtype, c)
+        };
         let blocks = (0..c.layers)
             .map(|i| {
                 let p = |s: &str| format!("model.layers.{i}.{s}.weight");
-                let (q, k, v) = (p("self_attn.q_proj"), p("self_attn.k_proj"), p("self_attn.v_proj"));
+                let (q, k, v) = (
+                    p("self_attn.q_proj"),
+                    p("self_attn.k_proj"),
+                    p("self_attn.v_proj"),
+                );
                 let (gate, up) = (p("mlp.gate_proj"), p("mlp.up_proj"));
                 Ok(Block {
                     attn_norm: get(&p("input_layernorm"), &[h])?,
-                    qkv: w.load_matrix(dev, &[(&q, q_out), (&k, kv_out), (&v, kv_out)], h, dtype, c)?,
+                    qkv: w.load_matrix(
+                        dev,
+                        &[(&q, q_out), (&k, kv_out), (&v, kv_out)],
+                        h,
+                        dtype,
+                        c,
+                    )?,
                     o: mat(&p("self_attn.o_proj"), &[h, q_out])?,
                     mlp_norm: get(&p("post_attention_layernorm"), &[h])?,
                     gate_up: w.load_matrix(
@@ -297,7 +307,10 @@ impl Llama {
         let width = c.heads * c.head_dim;
         let mut x = self.embed.rows(tokens, dtype)?;
         for (l, b) in self.blocks.iter().enumerate() {
-            let qkv = b.qkv.apply_norm(&x, &b.attn_norm, c.rms_eps)?.contiguous()?;
+            let qkv = b
+                .qkv
+                .apply_norm(&x, &b.attn_norm, c.rms_eps)?
+                .contiguous()?;
             let q = Tensor::uninit(dev, &[n, width], dtype)?;
             let (keys, values) = (&cache.keys[l], &cache.values[l]);
             kd::rope_write(
@@ -366,7 +379,10 @@ impl Llama {
             return Err(Error::invalid(op, "the cache belongs to another model"));
         }
         if rows.iter().enumerate().any(|(i, r)| rows[..i].contains(r)) {
-            return Err(Error::invalid(op, format!("rows {rows:?} name a cache row twice")));
+            return Err(Error::invalid(
+                op,
+                format!("rows {rows:?} name a cache row twice"),
+            ));
         }
         let want = [c.kv_heads, cache.capacity(), c.head_dim];
         let Some(k0) = cache.keys.first() else {
@@ -456,7 +472,8 @@ impl Llama {
                 x
             };
             let head = self.head.as_ref().unwrap_or(&self.embed);
-            head.apply_norm(&x, &self.norm, c.rms_eps)?.to_dtype(DType::F32)
+            head.apply_norm(&x, &self.norm, c.rms_eps)?
+                .to_dtype(DType::F32)
         })
     }
 }

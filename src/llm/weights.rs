@@ -60,7 +60,12 @@ fn gguf_name(hf: &str) -> Option<String> {
 /// Rows of a [heads * head_dim, in] projection reordered from GGUF's interleaved pairs to
 /// Hugging Face's halves: within each head, row `j` comes from row `2 (j mod h/2) + j / (h/2)`.
 /// A row is `row_len` consecutive elements (values, or a quantized row's bytes).
-fn unpermute<T: Copy + Default>(data: &[T], heads: usize, head_dim: usize, row_len: usize) -> Vec<T> {
+fn unpermute<T: Copy + Default>(
+    data: &[T],
+    heads: usize,
+    head_dim: usize,
+    row_len: usize,
+) -> Vec<T> {
     let half = head_dim / 2;
     let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
@@ -145,7 +150,9 @@ impl Weights {
     /// Whether the source holds tensor `name` (Hugging Face's name).
     pub fn has(&self, name: &str) -> bool {
         match self {
-            Weights::Gguf { file, .. } => gguf_name(name).is_some_and(|g| file.tensor(&g).is_some()),
+            Weights::Gguf { file, .. } => {
+                gguf_name(name).is_some_and(|g| file.tensor(&g).is_some())
+            }
             Weights::Hf { index, .. } => index.contains_key(name),
         }
     }
@@ -236,7 +243,11 @@ impl Weights {
         cfg: &LlamaConfig,
     ) -> Result<Matrix> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
-        if let Weights::Gguf { file, quantized: true } = self {
+        if let Weights::Gguf {
+            file,
+            quantized: true,
+        } = self
+        {
             let infos: Vec<_> = parts
                 .iter()
                 .map(|(name, _)| gguf_name(name).and_then(|g| file.tensor(&g)))

@@ -92,10 +92,13 @@ impl QuantFormat {
 /// rounding: Q8_0 scales a block's largest magnitude to 127; Q4_0 maps the value of largest
 /// magnitude to -8; Q4_1 spans the block's minimum to maximum in 15 steps.
 pub fn quantize_blocks(format: QuantFormat, values: &[f32]) -> Result<Vec<u8>> {
-    if values.len() % BLOCK != 0 {
+    if !values.len().is_multiple_of(BLOCK) {
         return Err(Error::shape(
             "quantize",
-            format!("{} values is not a whole number of 32-value blocks", values.len()),
+            format!(
+                "{} values is not a whole number of 32-value blocks",
+                values.len()
+            ),
         ));
     }
     let mut out = Vec::with_capacity(values.len() / BLOCK * format.block_bytes());
@@ -170,7 +173,7 @@ impl QuantMatrix {
         cols: usize,
     ) -> Result<QuantMatrix> {
         let op = "QuantMatrix::from_blocks";
-        if cols % BLOCK != 0 || rows == 0 {
+        if !cols.is_multiple_of(BLOCK) || rows == 0 {
             return Err(Error::shape(
                 op,
                 format!("[{rows}, {cols}]: want rows > 0 and columns a multiple of 32"),
@@ -194,7 +197,8 @@ impl QuantMatrix {
         let wpb = format.fmt().words_per_block();
         let mut qs = Vec::with_capacity(blocks * wpb);
         let mut sc = Vec::with_capacity(blocks);
-        let word = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let word =
+            |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         for b in bytes.chunks_exact(format.block_bytes()) {
             let d = u16::from_le_bytes([b[0], b[1]]) as u32;
             let (m, quants) = match format {
@@ -271,7 +275,12 @@ impl QuantMatrix {
             ));
         }
         let y = Tensor::uninit(self.device(), &[self.rows, self.cols], dtype)?;
-        kq::dequant(self.device(), self.args()?, y.dense_block("dequantize")?, dtype)?;
+        kq::dequant(
+            self.device(),
+            self.args()?,
+            y.dense_block("dequantize")?,
+            dtype,
+        )?;
         Ok(y)
     }
 
@@ -316,20 +325,31 @@ impl QuantMatrix {
     pub fn forward_with(&self, x: &Tensor, f: Fusion<'_>) -> Result<Tensor> {
         let op = "quantized linear";
         if !x.dtype().is_float() {
-            return Err(Error::invalid(op, format!("x is {}, not a float", x.dtype())));
+            return Err(Error::invalid(
+                op,
+                format!("x is {}, not a float", x.dtype()),
+            ));
         }
         if x.rank() == 0 || x.shape()[x.rank() - 1] != self.cols {
             return Err(Error::shape(
                 op,
-                format!("x {:?} against a [{}, {}] matrix", x.shape(), self.rows, self.cols),
+                format!(
+                    "x {:?} against a [{}, {}] matrix",
+                    x.shape(),
+                    self.rows,
+                    self.cols
+                ),
             ));
         }
         crate::ops::elementwise::same_device(op, x, &self.qs)?;
         let out_rows = if f.glu {
-            if self.rows % 2 != 0 {
+            if !self.rows.is_multiple_of(2) {
                 return Err(Error::shape(
                     op,
-                    format!("a gated unit needs an even number of rows, not {}", self.rows),
+                    format!(
+                        "a gated unit needs an even number of rows, not {}",
+                        self.rows
+                    ),
                 ));
             }
             self.rows / 2
@@ -410,7 +430,10 @@ impl QuantMatrix {
         let mut y = h.linear(&self.dequantize(x.dtype())?, None)?;
         if f.glu {
             let half = self.rows / 2;
-            y = y.narrow(-1, 0, half)?.silu()?.mul(&y.narrow(-1, half, half)?)?;
+            y = y
+                .narrow(-1, 0, half)?
+                .silu()?
+                .mul(&y.narrow(-1, half, half)?)?;
         }
         match f.residual {
             Some(r) => r.add(&y),
@@ -431,7 +454,10 @@ impl QuantMatrix {
             });
         }
         if !dtype.is_float() {
-            return Err(Error::invalid(op, format!("decodes to a float dtype, not {dtype}")));
+            return Err(Error::invalid(
+                op,
+                format!("decodes to a float dtype, not {dtype}"),
+            ));
         }
         if self.device().is_checked() {
             crate::ops::embedding::check_indices(op, indices, self.rows)?;
@@ -472,12 +498,18 @@ mod tests {
     #[test]
     fn blocks_match_the_gguf_decoder() {
         // quantize_blocks' bytes, decoded by the GGUF reader, are within a step of the input.
-        let values: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let values: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
         for f in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
             let bytes = quantize_blocks(f, &values).unwrap_or_default();
             assert_eq!(bytes.len(), 3 * f.block_bytes());
             let back = crate::gguf::dequantize(f.ggml_type(), &bytes, 96).unwrap_or_default();
-            let step = if f == QuantFormat::Q8_0 { 3.0 / 127.0 } else { 6.0 / 7.0 };
+            let step = if f == QuantFormat::Q8_0 {
+                3.0 / 127.0
+            } else {
+                6.0 / 7.0
+            };
             for (a, b) in values.iter().zip(&back) {
                 assert!((a - b).abs() <= step, "{f:?}: {a} came back as {b}");
             }
