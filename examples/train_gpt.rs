@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use wgrad::nn::Module;
-use wgrad::optim::{Adam, GradScaler, LrSchedule, Optimizer};
+use wgrad::optim::{Adam, GradScaler, Group, LrSchedule, Optimizer};
 use wgrad::parallel::DataParallel;
 use wgrad::train::{Progress, load_checkpoint, load_weights, save_checkpoint};
 use wgrad::{DType, Device, Error, Readback, Result, Tensor};
@@ -805,7 +805,12 @@ fn run() -> Result<()> {
     let opts = dp
         .replicas()
         .iter()
-        .map(|(_, g)| Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true))
+        .map(|(_, g)| {
+            let mut opt = Adam::with(g.params(), c.lr, (0.9, 0.99), 1e-8, c.weight_decay, true)?;
+            // nanoGPT's rule: weight decay on the matrices only, not on biases and norm gains.
+            opt.set_groups(&Group::no_decay(&["*.bias", "*ln*.weight"]))?;
+            Ok(opt)
+        })
         .collect::<Result<Vec<_>>>()?;
     // f16's range needs a loss scaler; bf16 has f32's and trains without one (a scale-1
     // guard still clips on the device and catches inf and NaN).

@@ -133,6 +133,7 @@ pub mod kernels;
 pub mod layout;
 pub mod llm;
 pub mod memory;
+pub mod names;
 pub mod nn;
 pub mod ops;
 pub mod optim;

@@ -25,6 +25,7 @@ crate::params! {
 /// A span every adapter uses, set by `testing::force_decode_span` (0: none).
 static FORCED_SPAN: AtomicUsize = AtomicUsize::new(0);
 
+#[cfg(feature = "testing")]
 pub(crate) fn force_span(span: Option<usize>) {
     FORCED_SPAN.store(span.unwrap_or(0), Ordering::Relaxed);
 }

@@ -106,18 +106,33 @@ pub(crate) fn forward(dev: &Device, n: &Norm<'_>, y: &Block) -> Result<()> {
 
 /// dx (plus `res`, a gradient x already has, where given), and the parameter gradients
 /// `dgamma` and `dbeta` (`None` for RMSNorm), each its own block.
+/// dx alone, for frozen norm parameters: the entries without the parameters' sums.
+fn dx_launch(dev: &Device, n: &Norm<'_>) -> (&'static str, u32, [u32; 3], Consts) {
+    if let Some(wg) = subgroup_rows_wg(dev)
+        && n.len <= 1024
+    {
+        let grid = row_grid(n.rows.div_ceil(ROWS_PER_WG as usize), wg);
+        return ("bwd_x_rows", wg, grid, smallvec![]);
+    }
+    let wg = row_wg(n.len);
+    ("bwd_x", wg, row_grid(n.rows, wg), smallvec![])
+}
+
+/// dx, and with `dgamma` the parameters' gradients (dbeta for LayerNorm).
 pub(crate) fn backward(
     dev: &Device,
     n: &Norm<'_>,
     dy: &Block,
     dx: &Block,
-    dgamma: &Block,
+    dgamma: Option<&Block>,
     dbeta: Option<&Block>,
     res: Option<&Block>,
 ) -> Result<()> {
     check_row("norm backward", n.len)?;
-    let (entry, wg, mut groups, mut consts) =
-        row_launch(dev, n, ["bwd_x_params_vec", "bwd_x_rows", "bwd_x"]);
+    let (entry, wg, mut groups, mut consts) = match dgamma {
+        Some(_) => row_launch(dev, n, ["bwd_x_params_vec", "bwd_x_rows", "bwd_x"]),
+        None => dx_launch(dev, n),
+    };
     let mut p = NormParams {
         res: res.is_some() as u32,
         ..n.params()
@@ -161,6 +176,9 @@ pub(crate) fn backward(
             groups,
         },
     )?;
+    let Some(dgamma) = dgamma else {
+        return Ok(());
+    };
     if let Some(part) = &part {
         return params_sum(dev, n, p, part, dgamma, dbeta);
     }

@@ -27,6 +27,6 @@ pub use checkpointed::Checkpointed;
 pub use conv::{Conv1d, Conv2d};
 pub use layers::{Activation, AvgPool2d, Dropout, Embedding, Flatten, MaxPool2d};
 pub use linear::Linear;
-pub use module::{Module, Sequential, prefixed};
+pub use module::{Module, Sequential, freeze, prefixed, unfreeze};
 pub use norm::{BatchNorm2d, GroupNorm, LayerNorm, RmsNorm};
 pub use safetensors::{load, load_as, load_into, load_into_converting, save};

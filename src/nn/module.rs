@@ -168,3 +168,48 @@ pub fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Ten
         .map(|(n, t)| (format!("{prefix}.{n}"), t))
         .collect()
 }
+
+/// Freezes the parameters of `module` whose names match `pattern` (`*` for any run of
+/// characters; `"*"` freezes the whole module) and returns how many it froze. A frozen
+/// parameter gets no gradient and optimizers made afterwards keep no state for it (see
+/// [`Tensor::freeze`]); weight files still hold it.
+///
+/// ```
+/// use wgrad::nn::{self, Linear, Module, Sequential};
+/// use wgrad::DType;
+/// # fn main() -> wgrad::Result<()> {
+/// let dev = wgrad::Device::new()?;
+/// let model = Sequential::new()
+///     .add("body", Linear::new(&dev, 4, 4, true, DType::F32)?)
+///     .add("head", Linear::new(&dev, 4, 2, true, DType::F32)?);
+/// assert_eq!(nn::freeze(&model, "body.*"), 2); // weight and bias
+/// let x = dev.randn(&[3, 4], DType::F32)?;
+/// model.forward(&x)?.sum_all()?.backward()?;
+/// for (name, p) in model.params() {
+///     assert_eq!(p.grad().is_some(), name.starts_with("head"), "{name}");
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub fn freeze(module: &dyn Module, pattern: &str) -> usize {
+    let mut n = 0;
+    for (name, p) in module.params() {
+        if crate::names::matches(pattern, &name) && !p.is_frozen() {
+            p.freeze();
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Undoes [`freeze`] for the parameters whose names match `pattern`; returns how many.
+pub fn unfreeze(module: &dyn Module, pattern: &str) -> usize {
+    let mut n = 0;
+    for (name, p) in module.params() {
+        if crate::names::matches(pattern, &name) && p.is_frozen() {
+            p.unfreeze();
+            n += 1;
+        }
+    }
+    n
+}

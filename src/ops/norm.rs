@@ -56,8 +56,14 @@ impl NormBack {
         let len = gamma.numel();
         let dev = x.device();
         let dx = Tensor::uninit(dev, x.shape(), x.dtype())?;
-        let dgamma = Tensor::uninit(dev, &[len], x.dtype())?;
-        let dbeta = if has_beta {
+        // Frozen gain and bias: dx alone, no parameter sums.
+        let params = gamma.requires_grad() || (has_beta && inputs[2].requires_grad());
+        let dgamma = if params {
+            Some(Tensor::uninit(dev, &[len], x.dtype())?)
+        } else {
+            None
+        };
+        let dbeta = if has_beta && params {
             Some(Tensor::uninit(dev, &[len], x.dtype())?)
         } else {
             None
@@ -83,7 +89,10 @@ impl NormBack {
             &n,
             dy.dense_block("norm backward")?,
             dx.dense_block("norm backward")?,
-            dgamma.dense_block("norm backward")?,
+            match &dgamma {
+                Some(t) => Some(t.dense_block("norm backward")?),
+                None => None,
+            },
             match &dbeta {
                 Some(t) => Some(t.dense_block("norm backward")?),
                 None => None,
@@ -93,7 +102,7 @@ impl NormBack {
                 None => None,
             },
         )?;
-        let mut v = vec![Some(dx), Some(dgamma)];
+        let mut v = vec![Some(dx), dgamma];
         if has_beta {
             v.push(dbeta);
         }

@@ -36,6 +36,10 @@ macro_rules! slot_methods {
         fn param_tensors(&self) -> Vec<Tensor> {
             self.slots.list.iter().map(|s| s.p.clone()).collect()
         }
+        fn set_groups(&mut self, groups: &[crate::optim::Group]) -> Result<()> {
+            self.slots.set_groups(groups);
+            Ok(())
+        }
     };
 }
 
@@ -93,6 +97,61 @@ pub trait Optimizer {
     }
     /// Sets the step count (when restoring a checkpoint).
     fn set_steps(&mut self, _steps: u64) {}
+    /// Gives parameters their group's learning-rate scale and weight decay: each parameter
+    /// takes the first group whose pattern its name matches ([`names::matches`](crate::names::matches)),
+    /// the others the optimizer's own (scale 1). Replaces earlier groups. An optimizer without
+    /// groups (one written outside this crate that does not override this) refuses them.
+    ///
+    /// ```
+    /// use wgrad::optim::{Adam, Group, Optimizer};
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let w = dev.tensor(&[1.0f32], &[1])?.variable();
+    /// let b = dev.tensor(&[1.0f32], &[1])?.variable();
+    /// let mut opt = Adam::adamw(vec![("fc.weight".into(), w.clone()), ("fc.bias".into(), b.clone())], 0.1, 0.5)?;
+    /// opt.set_groups(&Group::no_decay(&["*.bias"]))?;
+    /// w.mul_scalar(0.0)?.sum_all()?.backward()?; // zero gradients: only decay moves a value
+    /// b.mul_scalar(0.0)?.sum_all()?.backward()?;
+    /// opt.step()?;
+    /// assert!(w.to_vec::<f32>()?[0] < 1.0); // decayed
+    /// assert_eq!(b.to_vec::<f32>()?[0], 1.0); // no decay on biases
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn set_groups(&mut self, groups: &[Group]) -> Result<()> {
+        let _ = groups;
+        Err(Error::invalid(
+            "Optimizer::set_groups",
+            "this optimizer has no parameter groups",
+        ))
+    }
+}
+
+/// Hyper-parameters for the parameters whose names match `pattern` (see
+/// [`Optimizer::set_groups`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    /// A name pattern, `*` for any run of characters ([`names::matches`](crate::names::matches)).
+    pub pattern: String,
+    /// The group's learning rate over the optimizer's (schedules set the optimizer's).
+    pub lr_scale: f32,
+    /// The group's weight decay; `None` keeps the optimizer's.
+    pub weight_decay: Option<f32>,
+}
+
+impl Group {
+    /// The usual rule as groups: no weight decay on the parameters matching `patterns`
+    /// (norms, biases and embeddings, by the model's names).
+    pub fn no_decay(patterns: &[&str]) -> Vec<Group> {
+        patterns
+            .iter()
+            .map(|p| Group {
+                pattern: (*p).to_string(),
+                lr_scale: 1.0,
+                weight_decay: Some(0.0),
+            })
+            .collect()
+    }
 }
 
 /// Named state tensors of `slots` (see [`Optimizer::state`]).
@@ -113,6 +172,9 @@ pub(crate) fn slot_state(slots: &Slots, names: &[&str]) -> Vec<(String, Tensor)>
 pub(crate) struct Slotted {
     pub name: String,
     pub p: Tensor,
+    /// Its group's learning-rate scale and weight decay (`None`: the optimizer's).
+    pub lr_scale: f32,
+    pub weight_decay: Option<f32>,
     /// f32 master weights for f16 parameters.
     pub master: Option<Tensor>,
     /// f32 state tensors (momentum; or Adam's m and v).
@@ -153,6 +215,8 @@ impl Slotted {
         Ok(Slotted {
             name,
             p,
+            lr_scale: 1.0,
+            weight_decay: None,
             master,
             state,
         })
@@ -192,6 +256,17 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
+    /// Sets each parameter's group (see [`Optimizer::set_groups`]).
+    pub(crate) fn set_groups(&mut self, groups: &[Group]) {
+        for s in &mut self.list {
+            let g = groups
+                .iter()
+                .find(|g| crate::names::matches(&g.pattern, &s.name));
+            s.lr_scale = g.map_or(1.0, |g| g.lr_scale);
+            s.weight_decay = g.and_then(|g| g.weight_decay);
+        }
+    }
+
     /// Every parameter's update, with `control` or the plain one.
     pub(crate) fn update(
         &self,
@@ -218,13 +293,22 @@ impl Slots {
             return Ok(());
         };
         let dev = first.p.device();
-        // Consecutive parameters share a dispatch (the GPT's 76 updates were 76 launches).
-        for group in ready.chunks(ko::group_len(dev)) {
-            let slots = group
-                .iter()
-                .map(|(s, g)| s.slot(g))
-                .collect::<Result<Vec<_>>>()?;
-            ko::step(dev, &slots, rule, lr, wd, gmul, ctl)?;
+        // Consecutive parameters of one group share a dispatch (the GPT's 76 updates were 76
+        // launches).
+        let hyper = |s: &Slotted| (s.lr_scale, s.weight_decay.unwrap_or(wd));
+        let mut rest = ready.as_slice();
+        while let Some((first, _)) = rest.first() {
+            let h = hyper(first);
+            let run = rest.iter().take_while(|(s, _)| hyper(s) == h).count();
+            let (same, next) = rest.split_at(run);
+            for group in same.chunks(ko::group_len(dev)) {
+                let slots = group
+                    .iter()
+                    .map(|(s, g)| s.slot(g))
+                    .collect::<Result<Vec<_>>>()?;
+                ko::step(dev, &slots, rule, lr * h.0, h.1, gmul, ctl)?;
+            }
+            rest = next;
         }
         Ok(())
     }
@@ -300,8 +384,10 @@ pub(crate) fn named(params: Vec<(String, Tensor)>, n_state: usize) -> Result<Slo
         Some((_, p)) => Some(Control::plain(p.device())?),
         None => None,
     };
+    // Frozen parameters get no gradient, so no state either.
     let list = params
         .into_iter()
+        .filter(|(_, p)| !p.is_frozen())
         .map(|(n, p)| Slotted::new(n, p, n_state))
         .collect::<Result<_>>()?;
     Ok(Slots { list, plain })

@@ -525,6 +525,42 @@ impl Tensor {
         self.clone()
     }
 
+    /// Freezes a variable: it stays a parameter (in `params()` and weight files) but gets no
+    /// gradient. Ops on it alone record nothing, products skip its gradient, and optimizers
+    /// keep no state for it. Its gradient so far is dropped. No effect on other tensors.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let w = dev.tensor(&[1.0f32, 2.0], &[2])?.variable();
+    /// w.freeze();
+    /// assert!(w.is_frozen() && !w.requires_grad());
+    /// let y = w.mul_scalar(3.0)?; // nothing recorded
+    /// assert!(!y.requires_grad());
+    /// w.unfreeze();
+    /// assert!(w.requires_grad());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn freeze(&self) {
+        if self.is_variable() {
+            self.0.requires_grad.store(false, Ordering::Relaxed);
+            self.set_grad(None);
+        }
+    }
+
+    /// Undoes [`freeze`](Tensor::freeze): the variable gets gradients again.
+    pub fn unfreeze(&self) {
+        if self.is_variable() {
+            self.0.requires_grad.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// True for a frozen variable (see [`freeze`](Tensor::freeze)).
+    pub fn is_frozen(&self) -> bool {
+        self.is_variable() && !self.requires_grad()
+    }
+
     /// The same elements, cut from the graph (no gradient flows through it).
     pub fn detach(&self) -> Tensor {
         self.view(self.layout().clone(), None)
