@@ -8,6 +8,9 @@
 //!   sequence) runs in six launches a block: the norms, SwiGLU and residuals fused into the
 //!   products, the rotary embedding with the cache write, attention over the cache split
 //!   along it;
+//! * [`LoraConfig`], [`Llama::add_lora`], [`Llama::load_lora`], [`Llama::save_lora`] and
+//!   [`Llama::forward_train`]: LoRA adapters in peft's layout, trained on the model's
+//!   frozen (and possibly quantized) weights;
 //! * [`Sampling`] and [`sample`]: greedy, temperature, top-k and top-p sampling on the device,
 //!   so a decode step reads back only the chosen token ids.
 //! * [`Tokenizer`]: text to token ids and back, as transformers tokenizes for the same model
@@ -17,6 +20,7 @@
 mod cache;
 pub mod chat;
 mod config;
+mod lora;
 mod model;
 mod sample;
 pub mod tokenizer;
@@ -25,6 +29,7 @@ mod weights;
 pub use cache::KvCache;
 pub use chat::{ChatTemplate, Message};
 pub use config::LlamaConfig;
+pub use lora::LoraConfig;
 pub use model::Llama;
 pub use sample::{Sampling, sample};
 pub use tokenizer::{TextStream, Tokenizer};

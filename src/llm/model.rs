@@ -8,6 +8,7 @@
 
 use super::cache::KvCache;
 use super::config::LlamaConfig;
+use super::lora::Lora;
 use super::weights::Weights;
 use crate::autograd::no_grad;
 use crate::device::Device;
@@ -26,6 +27,14 @@ pub(crate) enum Matrix {
 }
 
 impl Matrix {
+    /// `x W^T`.
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Matrix::Dense(w) => x.linear(w, None),
+            Matrix::Quant(q) => q.forward(x),
+        }
+    }
+
     /// `res + x W^T`.
     fn apply_add(&self, x: &Tensor, res: &Tensor) -> Result<Tensor> {
         match self {
@@ -106,6 +115,8 @@ pub struct Llama {
     norm: Tensor,
     /// `None` when tied to the embedding.
     head: Option<Matrix>,
+    /// LoRA adapters on some projections ([`Llama::add_lora`]).
+    lora: Option<Lora>,
     /// cos and sin of every position's rotation angles, [max_position, head_dim / 2], f32.
     cos: Tensor,
     sin: Tensor,
@@ -227,9 +238,55 @@ impl Llama {
             blocks,
             norm,
             head,
+            lora: None,
             cos,
             sin,
         })
+    }
+
+    /// Adds new LoRA adapters (replacing any): see [`LoraConfig`](super::LoraConfig). The
+    /// decode step then takes the unfused path, which applies them.
+    pub fn add_lora(&mut self, config: super::LoraConfig) -> Result<()> {
+        self.lora = Some(Lora::new(self.device(), &self.config, config, self.dtype)?);
+        Ok(())
+    }
+
+    /// Loads adapters that Hugging Face's peft saved (`adapter_config.json` and
+    /// `adapter_model.safetensors` in `dir`), replacing any. A shape that does not fit the
+    /// model is an error naming the tensor and both shapes.
+    pub fn load_lora(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        self.lora = Some(Lora::load(
+            self.device(),
+            &self.config,
+            dir.as_ref(),
+            self.dtype,
+        )?);
+        Ok(())
+    }
+
+    /// Saves the adapters as peft does, for `PeftModel.from_pretrained` (`base` is written
+    /// as the base model's name).
+    pub fn save_lora(&self, dir: impl AsRef<Path>, base: &str) -> Result<()> {
+        match &self.lora {
+            Some(l) => l.save(&self.config, dir.as_ref(), base),
+            None => Err(Error::invalid(
+                "Llama::save_lora",
+                "the model has no adapters",
+            )),
+        }
+    }
+
+    /// The adapters' parameters under peft's names (empty without adapters): what an
+    /// optimizer trains.
+    pub fn lora_params(&self) -> Vec<(String, Tensor)> {
+        self.lora
+            .as_ref()
+            .map_or_else(Vec::new, |l| l.params(&self.config))
+    }
+
+    /// Removes the adapters.
+    pub fn remove_lora(&mut self) {
+        self.lora = None;
     }
 
     /// The model's sizes.
@@ -347,6 +404,116 @@ impl Llama {
             .to_dtype(DType::F32)
     }
 
+    /// One block over `x` [n, t, hidden]: attention through `attend` (q [n, heads, t, d], k
+    /// and v [n, kv_heads, t, d], rotated; it returns [n, heads, t, d]), the MLP, the
+    /// residuals, and the LoRA adapters where the model has them.
+    fn block_pass(
+        &self,
+        l: usize,
+        b: &Block,
+        x: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
+        attend: &mut dyn FnMut(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (n, t) = (x.shape()[0], x.shape()[1]);
+        let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let lora = self.lora.as_ref();
+        // A projection's slice of a stacked product, plus its adapter's update.
+        let part =
+            |y: &Tensor, at: usize, len: usize, input: &Tensor, name: &str| -> Result<Tensor> {
+                let y = y.narrow(-1, at, len)?;
+                match lora.map(|a| a.delta(l, name, input)).transpose()?.flatten() {
+                    Some(d) => y.add(&d),
+                    None => Ok(y),
+                }
+            };
+        let (q, k, v) = match lora {
+            None => {
+                let qkv = b.qkv.apply_norm(x, &b.attn_norm, c.rms_eps)?;
+                (
+                    qkv.narrow(-1, 0, qd)?,
+                    qkv.narrow(-1, qd, kvd)?,
+                    qkv.narrow(-1, qd + kvd, kvd)?,
+                )
+            }
+            Some(_) => {
+                let hn = x.rms_norm(&b.attn_norm, c.rms_eps)?;
+                let qkv = b.qkv.apply(&hn)?;
+                (
+                    part(&qkv, 0, qd, &hn, "q_proj")?,
+                    part(&qkv, qd, kvd, &hn, "k_proj")?,
+                    part(&qkv, qd + kvd, kvd, &hn, "v_proj")?,
+                )
+            }
+        };
+        let heads = |y: &Tensor, heads: usize| -> Result<Tensor> {
+            y.reshape(&[n, t, heads, c.head_dim])?
+                .permute(&[0, 2, 1, 3])
+        };
+        let q = rotate(&heads(&q, c.heads)?, cos, sin)?;
+        let k = rotate(&heads(&k, c.kv_heads)?, cos, sin)?;
+        let v = heads(&v, c.kv_heads)?;
+        let att = attend(&q, &k, &v)?
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[n, t, qd])?;
+        let Some(_) = lora else {
+            let x = b.o.apply_add(&att, x)?;
+            let act = b.gate_up.apply_swiglu(&x, &b.mlp_norm, c.rms_eps)?;
+            return b.down.apply_add(&act, &x);
+        };
+        let x = x.add(&part(&b.o.apply(&att)?, 0, c.hidden, &att, "o_proj")?)?;
+        let hn = x.rms_norm(&b.mlp_norm, c.rms_eps)?;
+        let gu = b.gate_up.apply(&hn)?;
+        let i = c.intermediate;
+        let gate = part(&gu, 0, i, &hn, "gate_proj")?;
+        let up = part(&gu, i, i, &hn, "up_proj")?;
+        let act = gate.silu()?.mul(&up)?;
+        x.add(&part(&b.down.apply(&act)?, 0, c.hidden, &act, "down_proj")?)
+    }
+
+    /// Logits (f32, [n, t, vocab]) of `tokens` (u32 [n, t]) from position 0, without a cache
+    /// and with the graph recorded: the training pass. Gradients flow to the LoRA adapters
+    /// ([`Llama::add_lora`]); the base weights are constants.
+    pub fn forward_train(&self, tokens: &Tensor) -> Result<Tensor> {
+        let op = "Llama::forward_train";
+        let c = &self.config;
+        if tokens.dtype() != DType::U32 || tokens.rank() != 2 {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "tokens {:?} {}: want u32 [sequences, positions]",
+                    tokens.shape(),
+                    tokens.dtype()
+                ),
+            ));
+        }
+        let t = tokens.shape()[1];
+        if t == 0 || t > c.max_position {
+            return Err(Error::shape(
+                op,
+                format!("{t} positions for a context of {}", c.max_position),
+            ));
+        }
+        let half = c.head_dim / 2;
+        let angles = |table: &Tensor| -> Result<Tensor> {
+            table
+                .narrow(0, 0, t)?
+                .reshape(&[1, 1, t, half])?
+                .to_dtype(self.dtype)
+        };
+        let (cos, sin) = (angles(&self.cos)?, angles(&self.sin)?);
+        let mut x = self.embed.rows(tokens, self.dtype)?;
+        let mut attend =
+            |q: &Tensor, k: &Tensor, v: &Tensor| Tensor::attention(q, k, v, true, None);
+        for (l, b) in self.blocks.iter().enumerate() {
+            x = self.block_pass(l, b, &x, (&cos, &sin), &mut attend)?;
+        }
+        let x = x.rms_norm(&self.norm, c.rms_eps)?;
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        head.apply(&x)?.to_dtype(DType::F32)
+    }
+
     /// Runs `tokens` (u32 [n, t]) as the next `t` positions of cache rows `rows` (n of
     /// them) and returns the logits (f32): of every new position, [n, t, vocab], or with
     /// `last_only` of the last, [n, vocab]. No gradients are recorded.
@@ -401,7 +568,7 @@ impl Llama {
                 ),
             ));
         }
-        if t == 1 && kd::supports(c.heads, c.kv_heads, c.head_dim) {
+        if t == 1 && kd::supports(c.heads, c.kv_heads, c.head_dim) && self.lora.is_none() {
             return no_grad(|| {
                 let logits = self.step(tokens, cache, rows)?;
                 if last_only {
@@ -428,42 +595,28 @@ impl Llama {
             };
             let (cos, sin) = (angles(&self.cos)?, angles(&self.sin)?);
             let mut x = self.embed.rows(tokens, self.dtype)?;
-            let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
             for (l, b) in self.blocks.iter().enumerate() {
-                let qkv = b.qkv.apply_norm(&x, &b.attn_norm, c.rms_eps)?;
-                let heads = |at: usize, heads: usize| -> Result<Tensor> {
-                    qkv.narrow(-1, at, heads * c.head_dim)?
-                        .reshape(&[n, t, heads, c.head_dim])?
-                        .permute(&[0, 2, 1, 3])
+                let mut attend = |q: &Tensor, k: &Tensor, v: &Tensor| -> Result<Tensor> {
+                    let mut outs = Vec::with_capacity(n);
+                    for (i, &r) in rows.iter().enumerate() {
+                        let one = |x: &Tensor| x.narrow(0, i, 1)?.squeeze(0);
+                        cache.write(l, r, &one(k)?, &one(v)?)?;
+                        let (kc, vc) = cache.prefix(l, r, cache.len(r) + t)?;
+                        outs.push(Tensor::attention(
+                            &q.narrow(0, i, 1)?,
+                            &kc,
+                            &vc,
+                            true,
+                            None,
+                        )?);
+                    }
+                    if n == 1 {
+                        Ok(outs.remove(0))
+                    } else {
+                        Tensor::cat(&outs.iter().collect::<Vec<_>>(), 0)
+                    }
                 };
-                let q = rotate(&heads(0, c.heads)?, &cos, &sin)?;
-                let k = rotate(&heads(qd, c.kv_heads)?, &cos, &sin)?;
-                let v = heads(qd + kvd, c.kv_heads)?;
-                let mut outs = Vec::with_capacity(n);
-                for (i, &r) in rows.iter().enumerate() {
-                    let one = |x: &Tensor| x.narrow(0, i, 1)?.squeeze(0);
-                    cache.write(l, r, &one(&k)?, &one(&v)?)?;
-                    let (kc, vc) = cache.prefix(l, r, cache.len(r) + t)?;
-                    outs.push(Tensor::attention(
-                        &q.narrow(0, i, 1)?,
-                        &kc,
-                        &vc,
-                        true,
-                        None,
-                    )?);
-                }
-                let att = if n == 1 {
-                    outs.remove(0)
-                } else {
-                    let refs: Vec<&Tensor> = outs.iter().collect();
-                    Tensor::cat(&refs, 0)?
-                };
-                let att = att
-                    .permute(&[0, 2, 1, 3])?
-                    .reshape(&[n, t, c.heads * c.head_dim])?;
-                x = b.o.apply_add(&att, &x)?;
-                let act = b.gate_up.apply_swiglu(&x, &b.mlp_norm, c.rms_eps)?;
-                x = b.down.apply_add(&act, &x)?;
+                x = self.block_pass(l, b, &x, (&cos, &sin), &mut attend)?;
             }
             cache.advance(rows, t);
             let x = if last_only {
