@@ -40,6 +40,9 @@
 //! and memory.
 
 use std::io::Write;
+
+#[path = "common/models.rs"]
+mod models;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -121,7 +124,7 @@ fn main() {
         eprintln!("generate: {e}");
         std::process::exit(2);
     }
-    let path = match model_path(&args) {
+    let path = match models::model_path(args.model.as_deref()) {
         Ok(p) => p,
         Err(msg) => {
             eprintln!("generate: {msg}");
@@ -152,41 +155,6 @@ fn check_args(a: &Args) -> std::result::Result<(), String> {
         return Err("--bench-prompt, --bench-decode and --bench-batch must be at least 1".into());
     }
     Ok(())
-}
-
-/// The model cache, as scripts/fetch_smollm2.sh finds it: `$WGRAD_MODEL_DIR`, else
-/// `$XDG_CACHE_HOME/wgrad/models`, else `~/.cache/wgrad/models`.
-fn model_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("WGRAD_MODEL_DIR") {
-        return PathBuf::from(d);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-        });
-    cache.join("wgrad").join("models")
-}
-
-/// The model to load, or a message saying how to get one.
-fn model_path(a: &Args) -> std::result::Result<PathBuf, String> {
-    let fetch = "scripts/fetch_smollm2.sh fetches SmolLM2-135M-Instruct into the model cache \
-                 and prints its path; or pass --model FILE.gguf|DIR";
-    match &a.model {
-        Some(p) if p.exists() => Ok(p.clone()),
-        Some(p) => Err(format!("no model at {} ({fetch})", p.display())),
-        None => {
-            let p = model_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-            if p.exists() {
-                Ok(p)
-            } else {
-                Err(format!(
-                    "no model given and none at {}: {fetch}",
-                    p.display()
-                ))
-            }
-        }
-    }
 }
 
 /// Whether a checkpoint directory ships a chat template (`ChatTemplate::from_dir` reads it).

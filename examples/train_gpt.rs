@@ -40,6 +40,8 @@ use wgrad::{DType, Device, Error, Readback, Result, Tensor};
 mod gpt;
 #[path = "common/mpi_group.rs"]
 mod mpi_group;
+#[path = "common/plot.rs"]
+mod plot;
 #[path = "common/repo.rs"]
 mod repo;
 use gpt::{Gpt, GptConfig};
@@ -655,39 +657,6 @@ fn generate(dev: &Device, g: &Gpt, t: &Text, c: &Cfg, prompt: &[u32], seed: u64)
     Ok(t.decode(&ids[prompt.len()..]))
 }
 
-/// Train (and validation) losses against steps, as an SVG line chart.
-fn svg(train: &[(u64, f32)], val: &[(u64, f32)]) -> String {
-    let (w, h, m) = (640.0, 360.0, 40.0);
-    let all = train.iter().chain(val);
-    let xmax = all.clone().map(|p| p.0).max().unwrap_or(1).max(1) as f32;
-    let ymax = all.clone().map(|p| p.1).fold(0.0f32, f32::max).max(1e-3);
-    let pt = |&(s, l): &(u64, f32)| {
-        format!(
-            "{:.1},{:.1}",
-            m + (w - 2.0 * m) * s as f32 / xmax,
-            h - m - (h - 2.0 * m) * l / ymax
-        )
-    };
-    let line = |pts: &[(u64, f32)], color: &str| {
-        let p: Vec<String> = pts.iter().map(pt).collect();
-        format!(
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
-            p.join(" ")
-        )
-    };
-    format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\
-<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-<line x1=\"{m}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\" stroke=\"black\"/><line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{y0}\" stroke=\"black\"/>\
-<text x=\"{m}\" y=\"{t}\">loss (0 to {ymax:.2}) against step (0 to {xmax}); blue: train, orange: validation</text>{}{}</svg>\n",
-        line(train, "#1f77b4"),
-        line(val, "#ff7f0e"),
-        y0 = h - m,
-        x1 = w - m,
-        t = m - 12.0,
-    )
-}
-
 fn curve_text(v: &[(u64, f32)]) -> String {
     v.iter()
         .map(|(s, l)| format!("{s}:{l}"))
@@ -1089,7 +1058,10 @@ fn run() -> Result<()> {
                     scaled.then_some(&tr.scalers[0]),
                     &progress,
                 )?;
-                std::fs::write(c.out.join("loss.svg"), svg(&train_curve, &val_curve))?;
+                std::fs::write(
+                    c.out.join("loss.svg"),
+                    plot::loss_svg(&train_curve, &val_curve),
+                )?;
             }
         }
     }
