@@ -80,6 +80,30 @@ fn bytes_i8(w: u32) -> vec4<f32> {
   );
 }
 
+
+// Word `w` of a block decoded with its (d, m) into y at the block's offset `base` plus the
+// word's values: 4 values (8-bit) or 8 (4-bit: 4 at base, 4 at base + 16). Every entry binds y.
+fn store_word(base: u32, w: u32, dm: vec2<f32>) {
+  if (FMT == 2u) {
+    let v = bytes_i8(w) * dm.x;
+    st_y(base, v.x);
+    st_y(base + 1u, v.y);
+    st_y(base + 2u, v.z);
+    st_y(base + 3u, v.w);
+  } else {
+    let lo = nibbles(w, 0u) * dm.x + dm.y;
+    let hi = nibbles(w, 4u) * dm.x + dm.y;
+    st_y(base, lo.x);
+    st_y(base + 1u, lo.y);
+    st_y(base + 2u, lo.z);
+    st_y(base + 3u, lo.w);
+    st_y(base + 16u, hi.x);
+    st_y(base + 17u, hi.y);
+    st_y(base + 18u, hi.z);
+    st_y(base + 19u, hi.w);
+  }
+}
+
 //! entry matvec(qs: u32, sc: u32, x: data vec4, gamma: data vec4, res: data, y: data mut)
 //! check WG=32,64 FMT=0,1,2 MB=1,4 R=1,2 NORM=0,1 GLU=0,1 RES=0,1
 // Weight rows a workgroup reads: its R output rows, and with GLU the R up-projection rows.
@@ -204,24 +228,7 @@ fn main(ids: Ids) {
   let dm = scale_min(ld_sc(blk));
   let w = ld_qs(j);
   let base = blk * 32u + wi * 4u;
-  if (FMT == 2u) {
-    let v = bytes_i8(w) * dm.x;
-    st_y(base, v.x);
-    st_y(base + 1u, v.y);
-    st_y(base + 2u, v.z);
-    st_y(base + 3u, v.w);
-  } else {
-    let lo = nibbles(w, 0u) * dm.x + dm.y;
-    let hi = nibbles(w, 4u) * dm.x + dm.y;
-    st_y(base, lo.x);
-    st_y(base + 1u, lo.y);
-    st_y(base + 2u, lo.z);
-    st_y(base + 3u, lo.w);
-    st_y(base + 16u, hi.x);
-    st_y(base + 17u, hi.y);
-    st_y(base + 18u, hi.z);
-    st_y(base + 19u, hi.w);
-  }
+  store_word(base, w, dm);
 }
 
 //! entry rows(qs: u32, sc: u32, idx: u32, y: data mut)
@@ -248,22 +255,5 @@ fn main(ids: Ids) {
   let blk = r * (p.cols / 32u) + j / wpb;
   let dm = scale_min(ld_sc(blk));
   let w = ld_qs(r * words + j);
-  if (FMT == 2u) {
-    let v = bytes_i8(w) * dm.x;
-    st_y(base, v.x);
-    st_y(base + 1u, v.y);
-    st_y(base + 2u, v.z);
-    st_y(base + 3u, v.w);
-  } else {
-    let lo = nibbles(w, 0u) * dm.x + dm.y;
-    let hi = nibbles(w, 4u) * dm.x + dm.y;
-    st_y(base, lo.x);
-    st_y(base + 1u, lo.y);
-    st_y(base + 2u, lo.z);
-    st_y(base + 3u, lo.w);
-    st_y(base + 16u, hi.x);
-    st_y(base + 17u, hi.y);
-    st_y(base + 18u, hi.z);
-    st_y(base + 19u, hi.w);
-  }
+  store_word(base, w, dm);
 }
