@@ -80,7 +80,6 @@ fn bytes_i8(w: u32) -> vec4<f32> {
   );
 }
 
-
 // Word `w` of a block decoded with its (d, m) into y at the block's offset `base` plus the
 // word's values: 4 values (8-bit) or 8 (4-bit: 4 at base, 4 at base + 16). Every entry binds y.
 fn store_word(base: u32, w: u32, dm: vec2<f32>) {
