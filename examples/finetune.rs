@@ -12,7 +12,8 @@
 //! example prints the validation loss and a greedy sample before and after training, a
 //! progress line every 10 steps, then writes `OUT/adapter/` (peft's `adapter_config.json` and
 //! `adapter_model.safetensors`, which `PeftModel.from_pretrained` loads) and `OUT/loss.svg`.
-//! Its last line is for scripts: `val_before=... val_after=... step_ms=... peak_mib=...`.
+//! Its last line is for scripts: `val_before=... val_after=... step_ms=... peak_mib=...`, the
+//! step time over the steps after the first fifth (at most 10), which compile the kernels.
 //! A budget too small for one step fails with the out-of-memory error and its numbers.
 
 use std::path::PathBuf;
@@ -232,8 +233,15 @@ fn run(a: &Args) -> Result<()> {
     let (mut curve, mut val_curve) = (Vec::new(), vec![(0u64, val_before)]);
     dev.sync()?;
     let start = Instant::now();
+    // The step time is taken after the first steps, which compile the kernels.
+    let warm = (a.steps / 5).min(10);
+    let mut timed = Instant::now();
     let vocab = model.config().vocab;
     for step in 1..=a.steps {
+        if step == warm + 1 {
+            dev.sync()?;
+            timed = Instant::now();
+        }
         let (x, y) = batch(&dev, train_ids, &mut rng, a.batch, a.context)?;
         opt.zero_grad();
         let loss = model
@@ -253,7 +261,7 @@ fn run(a: &Args) -> Result<()> {
         }
     }
     dev.sync()?;
-    let step_ms = start.elapsed().as_secs_f64() * 1e3 / a.steps.max(1) as f64;
+    let step_ms = timed.elapsed().as_secs_f64() * 1e3 / (a.steps - warm).max(1) as f64;
     let val_after = val_loss(&model, val_ids, a)?;
     val_curve.push((a.steps as u64, val_after));
     let sample_after = sample(&model, &tok, prompt)?;
