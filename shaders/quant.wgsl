@@ -31,8 +31,9 @@
 // Bindings: signature lines (gamma is a dummy without NORM, res without RES). Params: rows
 // (output rows), cols, m (rows of x), n (indices of `rows`), eps (NORM).
 // Loops (per invocation): matvec MB (cols / (4 WG) + 1) with NORM, cols / (WG * values a
-// word) + 1 over words (constant-bounded loops over NR and MB inside), 2 WG in the final
-// sums; the host keeps cols within the budget. dequant and rows none.
+// word) + 1 over words (constant-bounded loops over NR and MB inside), 2 WG for each of the
+// MB R / WG outputs a thread sums; the host keeps them within the budget. dequant and rows
+// none.
 // Bounds: matvec's threads past the last row or batch row compute on row 0 (or b 0) and skip
 // the store, so every thread reaches the barrier; dequant and rows return past the end.
 
@@ -193,9 +194,10 @@ fn main(ids: Ids) {
   }
   for (var i = 0u; i < MB * NR; i = i + 1u) { partial[i * WG + ids.lid] = acc[i]; }
   workgroupBarrier();
-  if (ids.lid < MB * R) {
-    let bb = ids.lid / R;
-    let rr = ids.lid % R;
+  // Output (bb, rr) = o is thread o mod WG's: MB R may pass WG.
+  for (var o = ids.lid; o < MB * R; o = o + WG) {
+    let bb = o / R;
+    let rr = o % R;
     let b = b0 + bb;
     let r = r0 + rr;
     if (b < p.m && r < p.rows) {

@@ -45,17 +45,28 @@ pub(crate) const MATVEC_MAX_BATCH: usize = 8;
 /// A matvec launch's shape for `m` rows of x and a matrix of `rows` rows: threads a
 /// workgroup, output rows a workgroup, rows of x a workgroup. Consecutive threads read
 /// consecutive words of a weight row, so a workgroup of 32 covers a 576-wide 4-bit row
-/// (72 words) in three strides. One row of x takes two output rows a workgroup. From four
-/// rows of x on, the loads of x outnumber the weights': a large plain matrix (an output
-/// head) takes eight output rows a workgroup, so each load of x serves eight, and the
-/// smaller matrices of a step take one, for the most workgroups.
-pub(crate) fn matvec_shape(m: usize, rows: usize, glu: bool) -> (u32, u32, u32) {
+/// (72 words) in three strides.
+///
+/// On a GPU, one row of x takes two output rows a workgroup. From four rows of x on, the
+/// loads of x outnumber the weights': a large plain matrix (an output head) takes eight output
+/// rows a workgroup, so each load of x serves eight, and the smaller matrices of a step take
+/// one, for the most workgroups. A CPU adapter runs a workgroup's threads as vector lanes of
+/// one core, where each workgroup costs its own setup and a load of x is a gather: it takes 8
+/// output rows a workgroup for one row of x and 16 from four on. The workgroup's partial
+/// sums (32 x rows of x x weight rows, f32) stay within 16 KiB, every adapter's minimum.
+pub(crate) fn matvec_shape(m: usize, rows: usize, glu: bool, cpu: bool) -> (u32, u32, u32) {
     let mb = m.clamp(1, MATVEC_MAX_BATCH) as u32;
-    let r = match (mb >= 4, rows >= 8192 && !glu) {
-        (false, _) => 2,
-        (true, true) => 8,
-        (true, false) => 1,
+    let mut r = match (cpu, mb >= 4, rows >= 8192 && !glu) {
+        (true, false, _) => 8,
+        (true, true, _) => 16,
+        (false, false, _) => 2,
+        (false, true, true) => 8,
+        (false, true, false) => 1,
     };
+    let weight_rows = |r: u32| r * (1 + glu as u32);
+    while r > 1 && 32 * mb * weight_rows(r) * 4 > 16384 {
+        r /= 2;
+    }
     (32, r, mb)
 }
 
@@ -92,7 +103,7 @@ pub(crate) fn matvec(
     m: usize,
 ) -> Result<()> {
     u32_len("quantized matvec", m.max(1) * w.rows.max(w.cols))?;
-    let (wg, r, mb) = matvec_shape(m, w.rows, fused.glu);
+    let (wg, r, mb) = matvec_shape(m, w.rows, fused.glu, dev.info().is_cpu());
     let out_rows = if fused.glu { w.rows / 2 } else { w.rows };
     let words = w.cols / 32 * w.fmt.words_per_block();
     let norm_loops = if fused.norm.is_some() {
@@ -100,7 +111,8 @@ pub(crate) fn matvec(
     } else {
         0
     };
-    let loops = norm_loops + words.div_ceil(wg as usize) + 1 + 2 * wg as usize;
+    let outputs = (mb * r).div_ceil(wg) as usize;
+    let loops = norm_loops + words.div_ceil(wg as usize) + 1 + outputs * 2 * wg as usize;
     if loops > LOOP_BUDGET {
         return Err(over_budget(
             format!("quantized matvec over {} columns", w.cols),
@@ -207,15 +219,27 @@ mod tests {
 
     #[test]
     fn matvec_shapes() {
-        // One row of x: two output rows a workgroup.
-        assert_eq!(matvec_shape(1, 576, false), (32, 2, 1));
-        assert_eq!(matvec_shape(1, 49152, false), (32, 2, 1));
+        // GPUs. One row of x: two output rows a workgroup.
+        assert_eq!(matvec_shape(1, 576, false, false), (32, 2, 1));
+        assert_eq!(matvec_shape(1, 49152, false, false), (32, 2, 1));
         // A batch: one row a workgroup, eight for a large plain matrix (a head).
-        assert_eq!(matvec_shape(8, 576, false), (32, 1, 8));
-        assert_eq!(matvec_shape(8, 49152, false), (32, 8, 8));
-        assert_eq!(matvec_shape(8, 16384, true), (32, 1, 8));
+        assert_eq!(matvec_shape(8, 576, false, false), (32, 1, 8));
+        assert_eq!(matvec_shape(8, 49152, false, false), (32, 8, 8));
+        assert_eq!(matvec_shape(8, 16384, true, false), (32, 1, 8));
         // Past the batch a workgroup takes, batches of 8.
-        assert_eq!(matvec_shape(40, 576, false), (32, 1, 8));
-        assert_eq!(matvec_shape(0, 576, false), (32, 2, 1));
+        assert_eq!(matvec_shape(40, 576, false, false), (32, 1, 8));
+        assert_eq!(matvec_shape(0, 576, false, false), (32, 2, 1));
+        // CPU adapters: 8 rows, 16 from four rows of x, halved to keep the partial sums
+        // within 16 KiB.
+        assert_eq!(matvec_shape(1, 576, false, true), (32, 8, 1));
+        assert_eq!(matvec_shape(4, 576, true, true), (32, 16, 4));
+        assert_eq!(matvec_shape(8, 576, true, true), (32, 8, 8));
+        assert_eq!(matvec_shape(8, 49152, false, true), (32, 16, 8));
+        for m in 1..=8 {
+            for (glu, cpu) in [(false, false), (true, false), (false, true), (true, true)] {
+                let (wg, r, mb) = matvec_shape(m, 49152, glu, cpu);
+                assert!(wg * mb * r * (1 + glu as u32) * 4 <= 16384, "{m} {glu} {cpu}");
+            }
+        }
     }
 }
