@@ -238,7 +238,10 @@ mod tests {
         for m in 1..=8 {
             for (glu, cpu) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (wg, r, mb) = matvec_shape(m, 49152, glu, cpu);
-                assert!(wg * mb * r * (1 + glu as u32) * 4 <= 16384, "{m} {glu} {cpu}");
+                assert!(
+                    wg * mb * r * (1 + glu as u32) * 4 <= 16384,
+                    "{m} {glu} {cpu}"
+                );
             }
         }
     }
