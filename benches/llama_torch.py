@@ -292,13 +292,18 @@ def check(a, dev):
     return out["ok"]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_model_args(p):
+    """The model's shapes as options, SmolLM2-135M's by default."""
     shapes = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152)
     for k, v in shapes.items():
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     p.add_argument("--rope-theta", type=float, default=100000.0)
     p.add_argument("--eps", type=float, default=1e-5)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(p)
     p.add_argument("--prompt", type=int, default=512, help="prefill tokens")
     p.add_argument("--decode", type=int, default=128, help="timed decode steps")
     p.add_argument("--batch", type=int, default=8, help="rows of the batched decode")

@@ -54,11 +54,7 @@ def lora_forward(model, tokens, adapters, scale, dropout):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    shapes = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152)
-    for k, v in shapes.items():
-        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
-    p.add_argument("--rope-theta", type=float, default=100000.0)
-    p.add_argument("--eps", type=float, default=1e-5)
+    lt.add_model_args(p)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--rank", type=int, default=8)

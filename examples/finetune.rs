@@ -19,12 +19,13 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use wgrad::device::MemoryLimit;
 use wgrad::gguf::GgufFile;
 use wgrad::llm::{Llama, LoraConfig, Tokenizer};
 use wgrad::optim::{Adam, GradScaler, Optimizer};
 use wgrad::{DType, Device, Result, Tensor, no_grad};
 
+#[path = "common/budget.rs"]
+mod budget;
 #[path = "common/models.rs"]
 mod models;
 #[path = "common/plot.rs"]
@@ -69,7 +70,7 @@ struct Args {
     #[arg(long, default_value_t = 1e-3)]
     lr: f32,
     /// The device memory budget, in bytes like 1GiB (default: none).
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = budget::parse_bytes)]
     budget: Option<u64>,
     /// Dtype of the activations and adapters (default: f32 on a CPU adapter, f16 on a GPU).
     #[arg(long, value_parser = ["f32", "f16", "bf16"])]
@@ -83,13 +84,6 @@ struct Args {
     /// Seed of the batches, the adapters' start and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-}
-
-fn parse_bytes(v: &str) -> std::result::Result<u64, String> {
-    match MemoryLimit::parse(v).map_err(|e| e.to_string())? {
-        MemoryLimit::Bytes(b) => Ok(b),
-        MemoryLimit::Fraction(_) => Err("--budget takes bytes (like 1GiB), not a fraction".into()),
-    }
 }
 
 /// A small deterministic generator for batch positions (xorshift*).

@@ -22,6 +22,9 @@ use wgrad::optim::{Adam, Optimizer};
 use wgrad::train::find_batch_size;
 use wgrad::{DType, Device, MemoryLimit, Result, Tensor};
 
+#[path = "common/budget.rs"]
+mod budget;
+
 #[derive(Clone, Copy, PartialEq)]
 enum Model {
     Mlp,
@@ -68,17 +71,8 @@ struct Args {
     #[arg(long)]
     tf_batch: Option<usize>,
     /// Budget for the largest-batch search, in bytes like 2GiB [default: 2GiB].
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = budget::parse_bytes)]
     budget: Option<u64>,
-}
-
-fn parse_bytes(v: &str) -> std::result::Result<u64, String> {
-    match MemoryLimit::parse(v).map_err(|e| e.to_string())? {
-        MemoryLimit::Bytes(b) => Ok(b),
-        MemoryLimit::Fraction(_) => {
-            Err("--budget takes bytes (like 512MiB), not a fraction".into())
-        }
-    }
 }
 
 fn parse() -> Cfg {

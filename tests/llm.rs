@@ -6,13 +6,10 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::fixture;
+
 use wgrad::llm::{Llama, Sampling, sample};
 use wgrad::{DType, Device, Tensor};
-
-fn fixture(name: &str) -> PathBuf {
-    common::repo_root().join("tests/fixtures").join(name)
-}
 
 struct Prompt {
     ids: Vec<u32>,

@@ -9,14 +9,11 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::fixture;
+
 use wgrad::llm::{Llama, LoraConfig};
 use wgrad::optim::{Adam, Optimizer};
 use wgrad::{DType, Tensor, no_grad};
-
-fn fixture(name: &str) -> PathBuf {
-    common::repo_root().join("tests/fixtures").join(name)
-}
 
 /// (prompt ids, logits per position) of a fixture's JSON.
 fn reference(name: &str) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {

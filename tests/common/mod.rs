@@ -194,3 +194,8 @@ pub fn repo_root() -> std::path::PathBuf {
         }
     }
 }
+
+/// A file or directory under `tests/fixtures/`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    repo_root().join("tests/fixtures").join(name)
+}
