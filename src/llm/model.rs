@@ -61,13 +61,7 @@ impl Matrix {
     /// `n = rms_norm(x, gain, eps)`.
     fn apply_swiglu(&self, x: &Tensor, gain: &Tensor, eps: f32) -> Result<Tensor> {
         match self {
-            Matrix::Dense(w) => {
-                let y = x.rms_norm(gain, eps)?.linear(w, None)?;
-                let half = w.shape()[0] / 2;
-                y.narrow(-1, 0, half)?
-                    .silu()?
-                    .mul(&y.narrow(-1, half, half)?)
-            }
+            Matrix::Dense(w) => x.rms_norm(gain, eps)?.linear(w, None)?.swiglu_halves(),
             Matrix::Quant(q) => q.forward_with(
                 x,
                 Fusion {

@@ -50,3 +50,14 @@ impl Activation {
         }
     }
 }
+
+impl Tensor {
+    /// SwiGLU of a stacked gate/up product: `silu(a) * b`, where `a` and `b` are the first and
+    /// second halves of the last axis.
+    pub(crate) fn swiglu_halves(&self) -> Result<Tensor> {
+        let half = self.shape().last().copied().unwrap_or(0) / 2;
+        self.narrow(-1, 0, half)?
+            .silu()?
+            .mul(&self.narrow(-1, half, half)?)
+    }
+}

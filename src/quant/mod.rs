@@ -429,11 +429,7 @@ impl QuantMatrix {
         };
         let mut y = h.linear(&self.dequantize(x.dtype())?, None)?;
         if f.glu {
-            let half = self.rows / 2;
-            y = y
-                .narrow(-1, 0, half)?
-                .silu()?
-                .mul(&y.narrow(-1, half, half)?)?;
+            y = y.swiglu_halves()?;
         }
         match f.residual {
             Some(r) => r.add(&y),
