@@ -942,6 +942,26 @@ fn softmax_norm_loss_gradients() {
         &|t| t[0].cross_entropy(&l),
         &move |x| vec![cpu::cross_entropy(&x[0], &labels, 4, 5).iter().sum::<f64>() / 4.0],
     );
+    let labels = [2u32, 0, 4, 4];
+    let l = Tensor::from_slice(&dev, &labels, &[4]).unwrap();
+    check(
+        &dev,
+        "linear_cross_entropy",
+        &[
+            (v(&mut rng, 24), vec![4, 6], true),
+            (v(&mut rng, 30), vec![5, 6], true),
+        ],
+        &|t| t[0].linear_cross_entropy(&t[1], &l),
+        &move |x| {
+            let logits = cpu::matmul(&x[0], &x[1], None, 4, 5, 6, false, true, None);
+            vec![
+                cpu::cross_entropy(&logits, &labels, 4, 5)
+                    .iter()
+                    .sum::<f64>()
+                    / 4.0,
+            ]
+        },
+    );
     check(
         &dev,
         "mse",
@@ -1479,4 +1499,91 @@ fn f16_parameters_keep_f32_master_weights() {
     let got = p.to_f32_vec().unwrap();
     assert!((got[0] - (1.0 - 20.0 * 1e-4)).abs() < 1e-3, "{got:?}");
     assert!(got[0] < 1.0, "updates were lost to f16 rounding: {got:?}");
+}
+
+/// The chunked output layer and loss against f64 on the CPU: a vocabulary of 70,001 makes 67
+/// rows two chunks (59 rows fill one), on a poisoned device so every output is written; the
+/// upstream gradient (3) reaches both inputs' gradients. In f16 it agrees with the
+/// composition that holds the whole logits.
+#[test]
+fn linear_cross_entropy_in_chunks_matches_f64() {
+    let dev = poisoned();
+    let mut rng = Rng::new(57);
+    let (rows, dim, classes) = (67usize, 24usize, 70_001usize);
+    assert!(rows * classes * 4 > wgrad::ops::loss::LINEAR_CROSS_ENTROPY_CHUNK_BYTES);
+    let h = rng.vec(rows * dim);
+    let w: Vec<f32> = rng.vec(classes * dim).iter().map(|x| x * 2.0).collect();
+    let labels: Vec<u32> = (0..rows)
+        .map(|_| rng.below(classes as u64) as u32)
+        .collect();
+    let ht = Tensor::from_slice(&dev, &h, &[rows, dim])
+        .unwrap()
+        .variable();
+    let wt = Tensor::from_slice(&dev, &w, &[classes, dim])
+        .unwrap()
+        .variable();
+    let lt = Tensor::from_slice(&dev, &labels, &[rows]).unwrap();
+    let loss = ht.linear_cross_entropy(&wt, &lt).unwrap();
+    loss.mul_scalar(3.0).unwrap().backward().unwrap();
+
+    let (h64, w64): (Vec<f64>, Vec<f64>) = (
+        h.iter().map(|&x| x as f64).collect(),
+        w.iter().map(|&x| x as f64).collect(),
+    );
+    let logits = cpu::matmul(&h64, &w64, None, rows, classes, dim, false, true, None);
+    let want = cpu::cross_entropy(&logits, &labels, rows, classes)
+        .iter()
+        .sum::<f64>()
+        / rows as f64;
+    let got = loss.to_scalar().unwrap() as f64;
+    assert!(
+        (got - want).abs() < 1e-5 * want.abs().max(1.0),
+        "loss {got} against {want}"
+    );
+    // d loss / d logits = 3 (softmax - one-hot) / rows.
+    let mut d = vec![0.0f64; rows * classes];
+    for r in 0..rows {
+        let row = &logits[r * classes..(r + 1) * classes];
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        for c in 0..classes {
+            let p = (row[c] - m).exp() / z - if c == labels[r] as usize { 1.0 } else { 0.0 };
+            d[r * classes + c] = 3.0 * p / rows as f64;
+        }
+    }
+    let dh = cpu::matmul(&d, &w64, None, rows, dim, classes, false, false, None);
+    let dw = cpu::matmul(&d, &h64, None, classes, dim, rows, true, false, None);
+    let gh = ht.grad().unwrap().to_vec::<f32>().unwrap();
+    let gw = wt.grad().unwrap().to_vec::<f32>().unwrap();
+    assert_close_tol(&gh, &dh, (1e-6, 1e-3), "d loss / d x");
+    assert_close_tol(&gw, &dw, (1e-9, 1e-3), "d loss / d weight");
+
+    // f16: against the composition over the whole f16 logits.
+    let (hf, wf) = (
+        ht.detach().to_dtype(DType::F16).unwrap().variable(),
+        wt.detach().to_dtype(DType::F16).unwrap(),
+    );
+    let fused = hf.linear_cross_entropy(&wf, &lt).unwrap();
+    fused.backward().unwrap();
+    let g_fused = hf.grad().unwrap().to_f32_vec().unwrap();
+    let hp = hf.detach().variable();
+    let plain = hp
+        .linear(&wf, None)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .cross_entropy(&lt)
+        .unwrap();
+    plain.backward().unwrap();
+    let g_plain: Vec<f64> = hp
+        .grad()
+        .unwrap()
+        .to_f32_vec()
+        .unwrap()
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+    let (a, b) = (fused.to_scalar().unwrap(), plain.to_scalar().unwrap());
+    assert!((a - b).abs() < 1e-3 * b.abs(), "f16 loss {a} against {b}");
+    assert_close_tol(&g_fused, &g_plain, (1e-4, 2e-2), "f16 d loss / d x");
 }

@@ -136,6 +136,72 @@ fn train(model: &Llama, steps: usize) -> (f32, f32) {
     (first, last)
 }
 
+/// `Llama::loss` (chunked output layer and loss) gives the loss and adapter gradients of the
+/// whole logits' cross-entropy, and so does it with every block checkpointed; the adapters'
+/// dropout draws the same masks each time (the seed is reset before each pass, and a
+/// checkpointed block's recomputation rewinds it).
+#[test]
+fn loss_and_checkpointing_give_the_logits_gradients() {
+    let dev = common::device();
+    let mut model = Llama::from_hf(&dev, fixture("tiny_llama"), DType::F32).unwrap();
+    let mut config = LoraConfig::new(4, 8.0, &["q_proj", "v_proj", "o_proj", "down_proj"]);
+    config.dropout = 0.1;
+    model.add_lora(config).unwrap();
+    // B starts at zero, which would leave A without a gradient: give B values first.
+    for (name, p) in model.lora_params() {
+        if name.ends_with("lora_B.weight") {
+            let v: Vec<f32> = (0..p.numel())
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) / 50.0)
+                .collect();
+            p.copy_from_slice(&v).unwrap();
+        }
+    }
+    let ids: Vec<u32> = (0..2 * 17).map(|i| ((i * 53 + 5) % 500) as u32).collect();
+    let x = Tensor::from_slice(&dev, &ids, &[2, 17]).unwrap();
+    let inputs = x.narrow(1, 0, 16).unwrap().contiguous().unwrap();
+    let targets = x.narrow(1, 1, 16).unwrap().contiguous().unwrap();
+    let grads = |model: &Llama| -> Vec<Vec<f32>> {
+        model
+            .lora_params()
+            .iter()
+            .map(|(n, p)| {
+                let g = p.grad().unwrap_or_else(|| panic!("{n} got no gradient"));
+                p.zero_grad();
+                g.to_vec::<f32>().unwrap()
+            })
+            .collect()
+    };
+    dev.manual_seed(9);
+    let plain = model
+        .forward_train(&inputs)
+        .unwrap()
+        .reshape(&[32, 512])
+        .unwrap()
+        .cross_entropy(&targets.reshape(&[32]).unwrap())
+        .unwrap();
+    plain.backward().unwrap();
+    let (want_loss, want) = (plain.to_scalar().unwrap(), grads(&model));
+    for checkpointing in [false, true] {
+        model.set_checkpointing(checkpointing);
+        dev.manual_seed(9);
+        let loss = model.loss(&inputs, &targets).unwrap();
+        loss.backward().unwrap();
+        let got = grads(&model);
+        let l = loss.to_scalar().unwrap();
+        assert!(
+            (l - want_loss).abs() < 1e-5,
+            "checkpointing {checkpointing}: loss {l} against {want_loss}"
+        );
+        for (g, w) in got.iter().zip(&want) {
+            let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            common::assert_close_tol(g, &w, (1e-6, 1e-4), "an adapter's gradient");
+        }
+    }
+    let bad = Tensor::from_slice(&dev, &ids[..16], &[1, 16]).unwrap();
+    let e = model.loss(&inputs, &bad).unwrap_err().to_string();
+    assert!(e.contains("Llama::loss") && e.contains("targets"), "{e}");
+}
+
 #[test]
 fn training_moves_only_the_adapters_and_round_trips() {
     let dev = common::device();

@@ -9,7 +9,6 @@
 //! (training), not in inference.
 
 use super::config::LlamaConfig;
-use crate::autograd::is_grad_enabled;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -122,12 +121,19 @@ impl Lora {
         Ok(Lora { config, blocks })
     }
 
-    /// The update of projection `target` of block `layer` for its input `x`, if adapted.
-    pub fn delta(&self, layer: usize, target: &str, x: &Tensor) -> Result<Option<Tensor>> {
+    /// The update of projection `target` of block `layer` for its input `x`, if adapted,
+    /// with the configured dropout on `x` when `train`.
+    pub fn delta(
+        &self,
+        layer: usize,
+        target: &str,
+        x: &Tensor,
+        train: bool,
+    ) -> Result<Option<Tensor>> {
         let Some(ad) = self.blocks.get(layer).and_then(|m| m.get(target)) else {
             return Ok(None);
         };
-        let x = if self.config.dropout > 0.0 && is_grad_enabled() {
+        let x = if self.config.dropout > 0.0 && train {
             x.dropout(self.config.dropout)?
         } else {
             x.clone()

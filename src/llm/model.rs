@@ -19,6 +19,7 @@ use crate::kernels::decode::{self as kd, Step};
 use crate::quant::{Fusion, QuantMatrix};
 use crate::tensor::Tensor;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A [out, in] weight of a product: dense, or in its quantized block format.
 pub(crate) enum Matrix {
@@ -105,12 +106,14 @@ pub struct Llama {
     config: LlamaConfig,
     dtype: DType,
     embed: Matrix,
-    blocks: Vec<Block>,
+    blocks: Vec<Arc<Block>>,
     norm: Tensor,
     /// `None` when tied to the embedding.
     head: Option<Matrix>,
     /// LoRA adapters on some projections ([`Llama::add_lora`]).
-    lora: Option<Lora>,
+    lora: Option<Arc<Lora>>,
+    /// Whether [`Llama::forward_train`] recomputes each block in the backward pass.
+    checkpointing: bool,
     /// cos and sin of every position's rotation angles, [max_position, head_dim / 2], f32.
     cos: Tensor,
     sin: Tensor,
@@ -145,6 +148,78 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let first = a.mul(cos)?.sub(&b.mul(sin)?)?;
     let second = b.mul(cos)?.add(&a.mul(sin)?)?;
     Tensor::cat(&[&first, &second], 3)
+}
+
+/// One decoder block on `x` [n, t, hidden] (at rotation angles `cos`, `sin`), with layer
+/// `l`'s adapters when there are any (their dropout on when `train`); `attend` runs
+/// attention on the rotated heads.
+#[allow(clippy::too_many_arguments)]
+fn block_pass(
+    c: &LlamaConfig,
+    lora: Option<&Lora>,
+    train: bool,
+    l: usize,
+    b: &Block,
+    x: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    attend: &mut dyn FnMut(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let (n, t) = (x.shape()[0], x.shape()[1]);
+    let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    // A projection's slice of a stacked product, plus its adapter's update.
+    let part = |y: &Tensor, at: usize, len: usize, input: &Tensor, name: &str| -> Result<Tensor> {
+        let y = y.narrow(-1, at, len)?;
+        match lora
+            .map(|a| a.delta(l, name, input, train))
+            .transpose()?
+            .flatten()
+        {
+            Some(d) => y.add(&d),
+            None => Ok(y),
+        }
+    };
+    let (q, k, v) = match lora {
+        None => {
+            let qkv = b.qkv.apply_norm(x, &b.attn_norm, c.rms_eps)?;
+            (
+                qkv.narrow(-1, 0, qd)?,
+                qkv.narrow(-1, qd, kvd)?,
+                qkv.narrow(-1, qd + kvd, kvd)?,
+            )
+        }
+        Some(_) => {
+            let hn = x.rms_norm(&b.attn_norm, c.rms_eps)?;
+            let qkv = b.qkv.apply(&hn)?;
+            (
+                part(&qkv, 0, qd, &hn, "q_proj")?,
+                part(&qkv, qd, kvd, &hn, "k_proj")?,
+                part(&qkv, qd + kvd, kvd, &hn, "v_proj")?,
+            )
+        }
+    };
+    let heads = |y: &Tensor, heads: usize| -> Result<Tensor> {
+        y.reshape(&[n, t, heads, c.head_dim])?
+            .permute(&[0, 2, 1, 3])
+    };
+    let q = rotate(&heads(&q, c.heads)?, cos, sin)?;
+    let k = rotate(&heads(&k, c.kv_heads)?, cos, sin)?;
+    let v = heads(&v, c.kv_heads)?;
+    let att = attend(&q, &k, &v)?
+        .permute(&[0, 2, 1, 3])?
+        .reshape(&[n, t, qd])?;
+    let Some(_) = lora else {
+        let x = b.o.apply_add(&att, x)?;
+        let act = b.gate_up.apply_swiglu(&x, &b.mlp_norm, c.rms_eps)?;
+        return b.down.apply_add(&act, &x);
+    };
+    let x = x.add(&part(&b.o.apply(&att)?, 0, c.hidden, &att, "o_proj")?)?;
+    let hn = x.rms_norm(&b.mlp_norm, c.rms_eps)?;
+    let gu = b.gate_up.apply(&hn)?;
+    let i = c.intermediate;
+    let gate = part(&gu, 0, i, &hn, "gate_proj")?;
+    let up = part(&gu, i, i, &hn, "up_proj")?;
+    let act = gate.silu()?.mul(&up)?;
+    x.add(&part(&b.down.apply(&act)?, 0, c.hidden, &act, "down_proj")?)
 }
 
 impl Llama {
@@ -195,7 +270,7 @@ impl Llama {
                     p("self_attn.v_proj"),
                 );
                 let (gate, up) = (p("mlp.gate_proj"), p("mlp.up_proj"));
-                Ok(Block {
+                Ok(Arc::new(Block {
                     attn_norm: get(&p("input_layernorm"), &[h])?,
                     qkv: w.load_matrix(
                         dev,
@@ -214,7 +289,7 @@ impl Llama {
                         c,
                     )?,
                     down: mat(&p("mlp.down_proj"), &[h, c.intermediate])?,
-                })
+                }))
             })
             .collect::<Result<Vec<_>>>()?;
         let embed = mat("model.embed_tokens.weight", &[c.vocab, h])?;
@@ -233,6 +308,7 @@ impl Llama {
             norm,
             head,
             lora: None,
+            checkpointing: false,
             cos,
             sin,
         })
@@ -241,7 +317,12 @@ impl Llama {
     /// Adds new LoRA adapters (replacing any): see [`LoraConfig`](super::LoraConfig). The
     /// decode step then takes the unfused path, which applies them.
     pub fn add_lora(&mut self, config: super::LoraConfig) -> Result<()> {
-        self.lora = Some(Lora::new(self.device(), &self.config, config, self.dtype)?);
+        self.lora = Some(Arc::new(Lora::new(
+            self.device(),
+            &self.config,
+            config,
+            self.dtype,
+        )?));
         Ok(())
     }
 
@@ -249,12 +330,12 @@ impl Llama {
     /// `adapter_model.safetensors` in `dir`), replacing any. A shape that does not fit the
     /// model is an error naming the tensor and both shapes.
     pub fn load_lora(&mut self, dir: impl AsRef<Path>) -> Result<()> {
-        self.lora = Some(Lora::load(
+        self.lora = Some(Arc::new(Lora::load(
             self.device(),
             &self.config,
             dir.as_ref(),
             self.dtype,
-        )?);
+        )?));
         Ok(())
     }
 
@@ -281,6 +362,41 @@ impl Llama {
     /// Removes the adapters.
     pub fn remove_lora(&mut self) {
         self.lora = None;
+    }
+
+    /// Keeps the first `blocks` decoder blocks and drops the rest, whose weights are freed:
+    /// a shallower model over the same embedding, norm and head (for quick fine-tuning runs
+    /// and tests on a CPU adapter). Adapters must be added after it.
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// let dev = wgrad::Device::new()?;
+    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny_llama");
+    /// let mut model = wgrad::llm::Llama::from_hf(&dev, dir, wgrad::DType::F32)?;
+    /// let before = model.weight_bytes();
+    /// model.truncate(1)?;
+    /// assert_eq!(model.config().layers, 1);
+    /// assert!(model.weight_bytes() < before);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn truncate(&mut self, blocks: usize) -> Result<()> {
+        let op = "Llama::truncate";
+        if blocks == 0 || blocks > self.blocks.len() {
+            return Err(Error::invalid(
+                op,
+                format!("{blocks} blocks of a model of {}", self.blocks.len()),
+            ));
+        }
+        if self.lora.is_some() {
+            return Err(Error::invalid(
+                op,
+                "the model has adapters: truncate it before adding them",
+            ));
+        }
+        self.blocks.truncate(blocks);
+        self.config.layers = blocks;
+        Ok(())
     }
 
     /// The model's sizes.
@@ -401,76 +517,79 @@ impl Llama {
     /// One block over `x` [n, t, hidden]: attention through `attend` (q [n, heads, t, d], k
     /// and v [n, kv_heads, t, d], rotated; it returns [n, heads, t, d]), the MLP, the
     /// residuals, and the LoRA adapters where the model has them.
-    fn block_pass(
-        &self,
-        l: usize,
-        b: &Block,
-        x: &Tensor,
-        (cos, sin): (&Tensor, &Tensor),
-        attend: &mut dyn FnMut(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
-    ) -> Result<Tensor> {
-        let c = &self.config;
-        let (n, t) = (x.shape()[0], x.shape()[1]);
-        let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let lora = self.lora.as_ref();
-        // A projection's slice of a stacked product, plus its adapter's update.
-        let part =
-            |y: &Tensor, at: usize, len: usize, input: &Tensor, name: &str| -> Result<Tensor> {
-                let y = y.narrow(-1, at, len)?;
-                match lora.map(|a| a.delta(l, name, input)).transpose()?.flatten() {
-                    Some(d) => y.add(&d),
-                    None => Ok(y),
-                }
-            };
-        let (q, k, v) = match lora {
-            None => {
-                let qkv = b.qkv.apply_norm(x, &b.attn_norm, c.rms_eps)?;
-                (
-                    qkv.narrow(-1, 0, qd)?,
-                    qkv.narrow(-1, qd, kvd)?,
-                    qkv.narrow(-1, qd + kvd, kvd)?,
-                )
-            }
-            Some(_) => {
-                let hn = x.rms_norm(&b.attn_norm, c.rms_eps)?;
-                let qkv = b.qkv.apply(&hn)?;
-                (
-                    part(&qkv, 0, qd, &hn, "q_proj")?,
-                    part(&qkv, qd, kvd, &hn, "k_proj")?,
-                    part(&qkv, qd + kvd, kvd, &hn, "v_proj")?,
-                )
-            }
-        };
-        let heads = |y: &Tensor, heads: usize| -> Result<Tensor> {
-            y.reshape(&[n, t, heads, c.head_dim])?
-                .permute(&[0, 2, 1, 3])
-        };
-        let q = rotate(&heads(&q, c.heads)?, cos, sin)?;
-        let k = rotate(&heads(&k, c.kv_heads)?, cos, sin)?;
-        let v = heads(&v, c.kv_heads)?;
-        let att = attend(&q, &k, &v)?
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&[n, t, qd])?;
-        let Some(_) = lora else {
-            let x = b.o.apply_add(&att, x)?;
-            let act = b.gate_up.apply_swiglu(&x, &b.mlp_norm, c.rms_eps)?;
-            return b.down.apply_add(&act, &x);
-        };
-        let x = x.add(&part(&b.o.apply(&att)?, 0, c.hidden, &att, "o_proj")?)?;
-        let hn = x.rms_norm(&b.mlp_norm, c.rms_eps)?;
-        let gu = b.gate_up.apply(&hn)?;
-        let i = c.intermediate;
-        let gate = part(&gu, 0, i, &hn, "gate_proj")?;
-        let up = part(&gu, i, i, &hn, "up_proj")?;
-        let act = gate.silu()?.mul(&up)?;
-        x.add(&part(&b.down.apply(&act)?, 0, c.hidden, &act, "down_proj")?)
-    }
-
     /// Logits (f32, [n, t, vocab]) of `tokens` (u32 [n, t]) from position 0, without a cache
     /// and with the graph recorded: the training pass. Gradients flow to the LoRA adapters
-    /// ([`Llama::add_lora`]); the base weights are constants.
+    /// ([`Llama::add_lora`]); the base weights are constants. For training,
+    /// [`Llama::loss`] gives the same loss without holding every position's logits.
     pub fn forward_train(&self, tokens: &Tensor) -> Result<Tensor> {
-        let op = "Llama::forward_train";
+        let x = self.hidden_train("Llama::forward_train", tokens)?;
+        self.head_matrix().apply(&x)?.to_dtype(DType::F32)
+    }
+
+    /// Mean next-token cross-entropy of `tokens` (u32 [n, t]) against `targets` (u32 [n, t],
+    /// each position's next token), recorded for the backward pass like
+    /// [`forward_train`](Llama::forward_train). The output layer and the loss run as one
+    /// chunked op ([`Tensor::linear_cross_entropy`]): the f32 logits of every position, and
+    /// their gradient, are never held (for SmolLM2's vocabulary of 49,152, 96 MiB each at
+    /// 512 positions).
+    ///
+    /// ```
+    /// # fn main() -> wgrad::Result<()> {
+    /// use wgrad::llm::{Llama, LoraConfig};
+    /// use wgrad::{DType, Device, Tensor};
+    /// let dev = Device::new()?;
+    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny_llama");
+    /// let mut model = Llama::from_hf(&dev, dir, DType::F32)?;
+    /// model.add_lora(LoraConfig::new(4, 8.0, &["q_proj", "v_proj"]))?;
+    /// let x = Tensor::from_slice(&dev, &[1u32, 5, 9, 2], &[1, 4])?;
+    /// let y = Tensor::from_slice(&dev, &[5u32, 9, 2, 7], &[1, 4])?;
+    /// let loss = model.loss(&x, &y)?;
+    /// loss.backward()?; // gradients reach the adapters
+    /// assert!(model.lora_params().iter().all(|(_, p)| p.grad().is_some()));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn loss(&self, tokens: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let op = "Llama::loss";
+        if targets.dtype() != DType::U32 || targets.shape() != tokens.shape() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "targets {:?} {} for tokens {:?}: want u32 of the tokens' shape",
+                    targets.shape(),
+                    targets.dtype(),
+                    tokens.shape()
+                ),
+            ));
+        }
+        let x = self.hidden_train(op, tokens)?;
+        let rows = tokens.numel();
+        let x = x.reshape(&[rows, self.config.hidden])?;
+        let targets = targets.reshape(&[rows])?;
+        match self.head_matrix() {
+            Matrix::Dense(w) => x.linear_cross_entropy(w, &targets),
+            // Decoded for the one op and dropped after it: the op's forward pass makes the
+            // input gradient, so the backward pass needs no matrix.
+            Matrix::Quant(q) => x.linear_cross_entropy(&q.dequantize(self.dtype)?, &targets),
+        }
+    }
+
+    /// Whether [`forward_train`](Llama::forward_train) and [`loss`](Llama::loss) keep only
+    /// each block's input and recompute the block in the backward pass (gradient
+    /// checkpointing): the activations of one block at a time instead of all of them, for
+    /// about one more forward pass of compute.
+    pub fn set_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// The output layer: the head, or the embedding when they are tied.
+    fn head_matrix(&self) -> &Matrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The final-normalised hidden states [n, t, hidden] of `tokens` from position 0, with
+    /// the graph recorded: the training pass up to the output layer.
+    fn hidden_train(&self, op: &'static str, tokens: &Tensor) -> Result<Tensor> {
         let c = &self.config;
         if tokens.dtype() != DType::U32 || tokens.rank() != 2 {
             return Err(Error::shape(
@@ -498,14 +617,30 @@ impl Llama {
         };
         let (cos, sin) = (angles(&self.cos)?, angles(&self.sin)?);
         let mut x = self.embed.rows(tokens, self.dtype)?;
-        let mut attend =
-            |q: &Tensor, k: &Tensor, v: &Tensor| Tensor::attention(q, k, v, true, None);
+        // Decided once: a checkpointed block runs first without recording, then again with.
+        let train = crate::autograd::is_grad_enabled();
         for (l, b) in self.blocks.iter().enumerate() {
-            x = self.block_pass(l, b, &x, (&cos, &sin), &mut attend)?;
+            let (cfg, lora, b) = (self.config.clone(), self.lora.clone(), b.clone());
+            let (cos, sin) = (cos.clone(), sin.clone());
+            let segment = move |x: &Tensor| {
+                block_pass(
+                    &cfg,
+                    lora.as_deref(),
+                    train,
+                    l,
+                    &b,
+                    x,
+                    (&cos, &sin),
+                    &mut |q, k, v| Tensor::attention(q, k, v, true, None),
+                )
+            };
+            x = if self.checkpointing {
+                crate::autograd::checkpoint(Arc::new(segment), &x)?
+            } else {
+                segment(&x)?
+            };
         }
-        let x = x.rms_norm(&self.norm, c.rms_eps)?;
-        let head = self.head.as_ref().unwrap_or(&self.embed);
-        head.apply(&x)?.to_dtype(DType::F32)
+        x.rms_norm(&self.norm, c.rms_eps)
     }
 
     /// Runs `tokens` (u32 [n, t]) as the next `t` positions of cache rows `rows` (n of
@@ -610,7 +745,16 @@ impl Llama {
                         Tensor::cat(&outs.iter().collect::<Vec<_>>(), 0)
                     }
                 };
-                x = self.block_pass(l, b, &x, (&cos, &sin), &mut attend)?;
+                x = block_pass(
+                    &self.config,
+                    self.lora.as_deref(),
+                    false,
+                    l,
+                    b,
+                    &x,
+                    (&cos, &sin),
+                    &mut attend,
+                )?;
             }
             cache.advance(rows, t);
             let x = if last_only {

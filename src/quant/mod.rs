@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
 use crate::kernels::quant::{self as kq, Fmt, QuantArgs};
 use crate::tensor::Tensor;
-use crate::tensor::graph::recording;
+use crate::tensor::graph::{no_grad, record_fn, recording};
 use half::f16;
 
 /// Values a block holds.
@@ -427,7 +427,7 @@ impl QuantMatrix {
             Some((g, eps)) => x.rms_norm(g, eps)?,
             None => x.clone(),
         };
-        let mut y = h.linear(&self.dequantize(x.dtype())?, None)?;
+        let mut y = self.product(&h)?;
         if f.glu {
             y = y.swiglu_halves()?;
         }
@@ -435,6 +435,20 @@ impl QuantMatrix {
             Some(r) => r.add(&y),
             None => Ok(y),
         }
+    }
+
+    /// `h W^T` through the decoded matrix, which is dropped as soon as the product is made:
+    /// the recorded node keeps only this (quantized) matrix and decodes it again for the
+    /// input gradient, `g W`. A frozen quantized base so holds no dense copy of any matrix
+    /// between the forward and the backward pass.
+    fn product(&self, h: &Tensor) -> Result<Tensor> {
+        let y = no_grad(|| h.linear(&self.dequantize(h.dtype())?, None))?;
+        let w = self.clone();
+        let node = record_fn("quantized linear", h, move |h, g| {
+            let g2 = g.contiguous()?.reshape(&[g.numel() / w.rows, w.rows])?;
+            g2.matmul(&w.dequantize(g.dtype())?)?.reshape(h.shape())
+        });
+        Ok(y.with_node(node))
     }
 
     /// Rows `indices` (u32, any shape) of the matrix decoded to `dtype`: an embedding
