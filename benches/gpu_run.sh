@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs wgrad's GPU-side checks and benchmarks on a machine with a GPU and no Rust toolchain.
 # Build here first (README, "Numbers on a GPU"), put the binaries (optionally gzip'd or xz'd) in .gpu/,
-# then run:  benches/gpu_run.sh tests|kernels|training|llm   (logs go to $OUT, default gpu-out/)
+# then run:  benches/gpu_run.sh tests|kernels|training|llm|finetune   (logs go to $OUT, default
+# gpu-out/)
 # `llm` wants in .gpu/: a SmolLM2 file cut by scripts/cut_gguf.py, `generate` (built with
 # --features tokenizers), optionally `llama-bench` (benches/llama_cpp.sh) and `test_smollm2`.
+# `finetune` wants the cut file and `finetune` (built with --features tokenizers).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/gpu-out}
@@ -60,4 +62,17 @@ case "${1:-all}" in
     if [ -x ./test_smollm2 ]; then
       WGRAD_MODEL_DIR=$PWD timeout 200 ./test_smollm2 --ignored --nocapture cut6 2>&1 | grep -E "prompt|result"
     fi ;;
+  finetune)
+    # LoRA on the cut file, wgrad (without and with checkpointing) beside eager PyTorch
+    # (benches/lora_torch.py: the same batch, context, rank and adapters), alternating, two
+    # rounds. wgrad's last line is `val_before=... step_ms=... peak_mib=...`.
+    model=$(ls ./*.cut*.gguf | head -1)
+    blocks=$(echo "$model" | sed -E 's/.*\.cut([0-9]+)\..*/\1/')
+    for round in 1 2; do
+      for ck in "" --checkpointing; do
+        echo "wgrad ${ck:-plain}: $(timeout 200 ./finetune --model "$model" --steps 60 --lr 2e-3 \
+          --budget 1GiB $ck --out "$OUT/finetune" 2>> "$OUT/finetune.log")" | tee -a "$OUT/finetune.txt"
+      done
+      timeout 200 python3 "$root/benches/lora_torch.py" --layers "$blocks" | tee -a "$OUT/lora_torch.jsonl"
+    done ;;
 esac

@@ -5,7 +5,8 @@
 //! cargo run --release --features tokenizers --example finetune -- \
 //!     [--model FILE.gguf] [--data data/tinyshakespeare/input.txt] [--steps 100] [--batch 4]
 //!     [--context 128] [--rank 8] [--alpha 16] [--dropout 0.05] [--targets q_proj,v_proj]
-//!     [--lr 1e-3] [--budget 1GiB] [--dtype f32|f16] [--out finetune-out]
+//!     [--lr 1e-3] [--budget 1GiB] [--dtype f32|f16] [--checkpointing] [--blocks N]
+//!     [--save-every 50] [--resume] [--out finetune-out]
 //! ```
 //!
 //! The text is tokenized with the model's own tokenizer; its last tenth is held out. The
@@ -15,6 +16,12 @@
 //! Its last line is for scripts: `val_before=... val_after=... step_ms=... peak_mib=...`, the
 //! step time over the steps after the first fifth (at most 10), which compile the kernels.
 //! A budget too small for one step fails with the out-of-memory error and its numbers.
+//!
+//! The loss runs through `Llama::loss`, which never holds the whole f32 logits;
+//! `--checkpointing` also recomputes each block in the backward pass. Every `--save-every`
+//! steps and at the end, `OUT/checkpoint.safetensors` takes the adapters, Adam's state, the
+//! loss scaler, the batch sampler's state and the loss curve (`train::save_checkpoint`);
+//! `--resume` continues from it, drawing the same batches the uninterrupted run would have.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -22,6 +29,7 @@ use std::time::Instant;
 use wgrad::gguf::GgufFile;
 use wgrad::llm::{Llama, LoraConfig, Tokenizer};
 use wgrad::optim::{Adam, GradScaler, Optimizer};
+use wgrad::train::{Progress, load_checkpoint, save_checkpoint};
 use wgrad::{DType, Device, Result, Tensor, no_grad};
 
 #[path = "common/budget.rs"]
@@ -75,6 +83,18 @@ struct Args {
     /// Dtype of the activations and adapters (default: f32 on a CPU adapter, f16 on a GPU).
     #[arg(long, value_parser = ["f32", "f16", "bf16"])]
     dtype: Option<String>,
+    /// Recompute each block in the backward pass instead of keeping its activations.
+    #[arg(long)]
+    checkpointing: bool,
+    /// Use only the model's first N blocks (a quick run on a CPU adapter).
+    #[arg(long)]
+    blocks: Option<usize>,
+    /// Write the training checkpoint every N steps (and after the last).
+    #[arg(long = "save-every", default_value_t = 50)]
+    save_every: usize,
+    /// Continue from OUT/checkpoint.safetensors.
+    #[arg(long)]
+    resume: bool,
     /// Validation batches averaged.
     #[arg(long = "eval-batches", default_value_t = 4)]
     eval_batches: usize,
@@ -101,7 +121,7 @@ impl Rng {
 }
 
 /// A batch of `batch` windows of `context + 1` tokens from `ids`: (inputs [b, t], targets
-/// [b * t]).
+/// [b, t]).
 fn batch(
     dev: &Device,
     ids: &[u32],
@@ -118,7 +138,7 @@ fn batch(
     }
     Ok((
         Tensor::from_slice(dev, &x, &[batch, context])?,
-        Tensor::from_slice(dev, &y, &[batch * context])?,
+        Tensor::from_slice(dev, &y, &[batch, context])?,
     ))
 }
 
@@ -128,14 +148,7 @@ fn val_loss(model: &Llama, ids: &[u32], a: &Args) -> Result<f32> {
     let mut sum = 0.0;
     for _ in 0..a.eval_batches {
         let (x, y) = batch(model.device(), ids, &mut rng, a.batch, a.context)?;
-        let logits = no_grad(|| model.forward_train(&x))?;
-        let vocab = model.config().vocab;
-        sum += no_grad(|| {
-            logits
-                .reshape(&[a.batch * a.context, vocab])?
-                .cross_entropy(&y)
-        })?
-        .to_scalar()?;
+        sum += no_grad(|| model.loss(&x, &y))?.to_scalar()?;
     }
     Ok(sum / a.eval_batches.max(1) as f32)
 }
@@ -153,6 +166,22 @@ fn sample(model: &Llama, tok: &Tokenizer, prompt: &str) -> Result<String> {
         logits = model.forward(&id.reshape(&[1, 1])?, &mut cache, &[0], true)?;
     }
     tok.decode(&out, true)
+}
+
+/// The loss curve as checkpoint text: `step:loss` pairs, comma-separated.
+fn format_curve(curve: &[(u64, f32)]) -> String {
+    let pairs: Vec<String> = curve.iter().map(|(s, l)| format!("{s}:{l}")).collect();
+    pairs.join(",")
+}
+
+/// [`format_curve`]'s text back (pairs that do not parse are skipped).
+fn parse_curve(text: &str) -> Vec<(u64, f32)> {
+    text.split(',')
+        .filter_map(|p| {
+            let (s, l) = p.split_once(':')?;
+            Some((s.parse().ok()?, l.parse().ok()?))
+        })
+        .collect()
 }
 
 fn invalid(op: &'static str, detail: impl Into<String>) -> wgrad::Error {
@@ -178,6 +207,10 @@ fn run(a: &Args) -> Result<()> {
     let tok = Tokenizer::from_gguf(&file)?;
     drop(file);
     let mut model = Llama::from_gguf(&dev, &path, dtype)?;
+    if let Some(n) = a.blocks {
+        model.truncate(n)?;
+    }
+    model.set_checkpointing(a.checkpointing);
     let data = a
         .data
         .clone()
@@ -216,7 +249,7 @@ fn run(a: &Args) -> Result<()> {
     model.add_lora(config)?;
     let params = model.lora_params();
     let count: usize = params.iter().map(|(_, p)| p.numel()).sum();
-    let mut opt = Adam::new(params, a.lr)?;
+    let mut opt = Adam::new(params.clone(), a.lr)?;
     let mut scaler = if dtype == DType::F16 {
         GradScaler::new()
     } else {
@@ -225,23 +258,29 @@ fn run(a: &Args) -> Result<()> {
     eprintln!("{} adapter parameters on {}", count, a.targets);
     let mut rng = Rng(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let (mut curve, mut val_curve) = (Vec::new(), vec![(0u64, val_before)]);
+    let ckpt = a.out.join("checkpoint.safetensors");
+    let mut first = 1;
+    if a.resume {
+        let p = load_checkpoint(&ckpt, &params, &mut opt, Some(&mut scaler))?;
+        rng = Rng(p.data_position);
+        curve = parse_curve(p.notes.get("curve").map_or("", String::as_str));
+        first = p.step as usize + 1;
+        eprintln!("resumed from {} after step {}", ckpt.display(), p.step);
+    }
+    std::fs::create_dir_all(&a.out)?;
     dev.sync()?;
     let start = Instant::now();
     // The step time is taken after the first steps, which compile the kernels.
-    let warm = (a.steps / 5).min(10);
+    let warm = first - 1 + ((a.steps + 1).saturating_sub(first) / 5).min(10);
     let mut timed = Instant::now();
-    let vocab = model.config().vocab;
-    for step in 1..=a.steps {
+    for step in first..=a.steps {
         if step == warm + 1 {
             dev.sync()?;
             timed = Instant::now();
         }
         let (x, y) = batch(&dev, train_ids, &mut rng, a.batch, a.context)?;
         opt.zero_grad();
-        let loss = model
-            .forward_train(&x)?
-            .reshape(&[a.batch * a.context, vocab])?
-            .cross_entropy(&y)?;
+        let loss = model.loss(&x, &y)?;
         scaler.scale_loss(&loss)?.backward()?;
         scaler.step(&mut opt, Some(1.0))?;
         if step % 10 == 0 || step == a.steps {
@@ -249,18 +288,26 @@ fn run(a: &Args) -> Result<()> {
             curve.push((step as u64, l));
             eprintln!(
                 "step {step:4}  loss {l:.4}  {:.0} ms/step  peak {:.0} MiB",
-                start.elapsed().as_secs_f64() * 1e3 / step as f64,
+                start.elapsed().as_secs_f64() * 1e3 / (step + 1 - first) as f64,
                 dev.memory_stats().peak_reserved as f64 / (1 << 20) as f64
             );
         }
+        if step % a.save_every.max(1) == 0 || step == a.steps {
+            let mut progress = Progress {
+                step: step as u64,
+                data_position: rng.0,
+                ..Default::default()
+            };
+            progress.notes.insert("curve".into(), format_curve(&curve));
+            save_checkpoint(&ckpt, &params, &opt, Some(&scaler), &progress)?;
+        }
     }
     dev.sync()?;
-    let step_ms = timed.elapsed().as_secs_f64() * 1e3 / (a.steps - warm).max(1) as f64;
+    let step_ms = timed.elapsed().as_secs_f64() * 1e3 / a.steps.saturating_sub(warm).max(1) as f64;
     let val_after = val_loss(&model, val_ids, a)?;
     val_curve.push((a.steps as u64, val_after));
     let sample_after = sample(&model, &tok, prompt)?;
     eprintln!("\nafter: validation loss {val_after:.4}\n{prompt}{sample_after}\n");
-    std::fs::create_dir_all(&a.out)?;
     model.save_lora(a.out.join("adapter"), &path.display().to_string())?;
     std::fs::write(a.out.join("loss.svg"), plot::loss_svg(&curve, &val_curve))?;
     let peak = dev.memory_stats().peak_reserved as f64 / (1 << 20) as f64;
