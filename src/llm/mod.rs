@@ -8,9 +8,10 @@
 //!   sequence) runs in six launches a block: the norms, SwiGLU and residuals fused into the
 //!   products, the rotary embedding with the cache write, attention over the cache split
 //!   along it;
-//! * [`LoraConfig`], [`Llama::add_lora`], [`Llama::load_lora`], [`Llama::save_lora`] and
-//!   [`Llama::forward_train`]: LoRA adapters in peft's layout, trained on the model's
-//!   frozen (and possibly quantized) weights;
+//! * [`LoraConfig`], [`Llama::add_lora`], [`Llama::load_lora`], [`Llama::save_lora`],
+//!   [`Llama::loss`] and [`Llama::forward_train`]: LoRA adapters in peft's layout, trained on
+//!   the model's frozen (and possibly quantized) weights, the output layer and loss in chunks,
+//!   blocks optionally checkpointed ([`Llama::set_checkpointing`]);
 //! * [`Sampling`] and [`sample`]: greedy, temperature, top-k and top-p sampling on the device,
 //!   so a decode step reads back only the chosen token ids.
 //! * [`Tokenizer`]: text to token ids and back, as transformers tokenizes for the same model
