@@ -2515,3 +2515,25 @@ fn grouped_query_attention_matches_repeated_heads() {
         "{e}"
     );
 }
+
+/// The device's profile is its capabilities in use, and an NVIDIA GPU through Vulkan reports
+/// its SM count (`VK_NV_shader_sm_builtins`), which the matmul plan counts waves on.
+#[test]
+fn hardware_profile_follows_the_capabilities() {
+    let dev = device();
+    let (hw, caps, info) = (dev.hardware(), dev.caps(), dev.info());
+    assert_eq!(hw.cpu, info.is_cpu());
+    assert_eq!(
+        (hw.f16, hw.coop_f16_16, hw.spirv),
+        (caps.f16, caps.coop_matrix_16, caps.spirv)
+    );
+    assert_eq!(hw.workgroup_storage, caps.workgroup_storage);
+    assert_eq!(hw.subgroups.is_some(), caps.subgroups);
+    eprintln!("{}: {hw:?}", info.name);
+    if info.name.contains("NVIDIA")
+        && info.backend == "Vulkan"
+        && std::env::var("WGRAD_CORES").is_err()
+    {
+        assert!(hw.cores.is_some_and(|c| c > 0), "{hw:?}");
+    }
+}

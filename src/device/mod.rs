@@ -17,6 +17,7 @@
 
 mod adapter;
 pub(crate) mod bind_cache;
+mod hardware;
 mod options;
 pub mod profile;
 mod readback;
@@ -24,6 +25,7 @@ pub(crate) mod stream;
 mod submit;
 
 pub use adapter::AdapterSummary;
+pub use hardware::DeviceProfile;
 pub use options::{AdapterChoice, DeviceOptions, MatmulPrecision, MemoryLimit, ShaderChecks};
 pub use profile::Profile;
 pub use readback::Readback;
@@ -175,6 +177,7 @@ pub(crate) struct DeviceInner {
 pub(crate) struct Parts {
     pub(crate) device: wgpu::Device,
     pub(crate) caps: Caps,
+    hardware: DeviceProfile,
     info: DeviceInfo,
     pub(crate) memory: Arc<MemoryPool>,
     stream: Mutex<Stream>,
@@ -424,6 +427,17 @@ impl Device {
             max_groups_per_dim: limits.max_compute_workgroups_per_dimension,
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
         };
+        let hardware = DeviceProfile {
+            cpu: ainfo.device_type == wgpu::DeviceType::Cpu,
+            cores: hardware::cores_from_env().or_else(|| hardware::compute_units(&adapter)),
+            subgroups: caps
+                .subgroups
+                .then_some((caps.subgroup_min, caps.subgroup_max)),
+            f16: caps.f16,
+            coop_f16_16: caps.coop_matrix_16,
+            spirv: caps.spirv,
+            workgroup_storage: caps.workgroup_storage,
+        };
         let memory_size = adapter::device_memory(&adapter);
         let bytes = |l: Option<MemoryLimit>| -> Result<u64> {
             Ok(match l {
@@ -482,6 +496,7 @@ impl Device {
                 parts: ManuallyDrop::new(Parts {
                     device,
                     caps,
+                    hardware,
                     info,
                     memory,
                     stream: Mutex::new(stream),
@@ -510,6 +525,12 @@ impl Device {
     /// Capabilities in use.
     pub fn caps(&self) -> &Caps {
         &self.inner.caps
+    }
+
+    /// What kernel planning knows of the hardware (from the capabilities in use and the
+    /// adapter's compute units).
+    pub fn hardware(&self) -> &DeviceProfile {
+        &self.inner.hardware
     }
 
     /// True when both handles name the same device.

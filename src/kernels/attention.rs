@@ -366,12 +366,7 @@ fn check(dev: &Device, a: &Dims) -> Result<()> {
 /// Whether the forward pass runs on cooperative matrices (see attention_coop.wgsl).
 pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: usize) -> bool {
     let c = dev.caps();
-    dtype == DType::F16
-        && c.coop_matrix_16
-        && c.f16
-        && c.subgroups
-        && c.subgroup_min == 32
-        && c.subgroup_max == 32
+    dev.hardware().tensor_cores(dtype)
         && (d == 64 || d == 128)
         // The forward's workgroup memory (scores, weights, row sums and factors, a flag, the
         // staged K and V blocks: one buffer for both at d = 128): 43,792 bytes at d = 64,

@@ -46,6 +46,7 @@ pub(crate) mod fill;
 pub(crate) mod index;
 pub(crate) mod loss;
 pub mod matmul;
+pub mod matmul_plan;
 pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod quant;

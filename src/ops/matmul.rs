@@ -6,10 +6,11 @@
 
 use super::activation::Activation;
 use super::elementwise::{broadcast_shape, float_only, same_device, same_dtype};
-use crate::device::{Device, MatmulPrecision};
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::matmul::{self as km, Act, Gemm};
+use crate::kernels::matmul_plan::{self as mp, Problem};
 use crate::kernels::split::{self as ks, pad8};
 use crate::layout::Dims;
 use crate::tensor::graph::{Backward, record, recording};
@@ -216,8 +217,21 @@ fn gemm_padding(
     // the planner's two looks at every aligned product.
     if pad
         && copied > 0
-        && let Some(q) = km::padding_gain(dev, dtype, (m, n, k), &layout, sizes, trans)
-        && (p.pays(batch, q, copied) || PAD_EVERYWHERE.with(|c| c.get()))
+        && let Some(q) = mp::padding_gain(
+            &Problem {
+                dtype,
+                m,
+                n,
+                k,
+                batch,
+                operands: layout,
+            },
+            dev.hardware(),
+            km::forced_config(),
+            sizes,
+            trans,
+        )
+        && (mp::padding_pays((m, n, p.kq), batch, q, copied) || PAD_EVERYWHERE.with(|c| c.get()))
     {
         // The copies need memory the product itself does not: short of it, the product runs
         // unpadded on the general kernels.
@@ -308,17 +322,6 @@ impl Padding {
         usize::from(a) * self.mq * self.kq
             + usize::from(b) * self.kq * self.nq
             + usize::from(c) * self.mq * self.nq
-    }
-
-    /// Whether the product's work outweighs the `copied` elements for the kernel that needs
-    /// runs of `q`, in multiply-adds an element copied: at least 32 for `wide` (q = 8), which
-    /// runs several times faster than the general kernels, so a copy pays early, and 512 for
-    /// `reg`, which gains 2x at best: an f32 product at 375 multiply-adds a copied element ran
-    /// slower padded, one at about 700 twice as fast (docs/performance.md, matmul).
-    fn pays(&self, batch: usize, q: usize, copied: usize) -> bool {
-        let macs = self.m.saturating_mul(self.n).saturating_mul(self.kq);
-        let ratio = if q == 8 { 32 } else { 512 };
-        batch > 0 && macs >= ratio * copied
     }
 
     /// The product (the copies are the kernel's inputs, not part of the graph: the caller
@@ -428,12 +431,6 @@ pub fn split_everywhere<R>(f: impl FnOnce() -> R) -> R {
     with_flag(&SPLIT_EVERYWHERE, f)
 }
 
-/// The multiply-adds from which a split f32 product pays for its extra passes (the operands'
-/// scales and parts, the final scaling): below about 2^32 those passes cost more than the
-/// tensor cores save against `reg`, above it the split wins by a growing margin
-/// (docs/performance.md, matmul).
-const MIN_SPLIT_MACS: usize = 1 << 32;
-
 /// Whether an f32 product of these sizes runs as three f16 products: `MatmulPrecision::High`
 /// on a device with f16 tensor cores, for products big enough that the extra passes cost
 /// less than they save.
@@ -444,12 +441,11 @@ fn split_wanted(dev: &Device, m: usize, n: usize, k: usize, batch: usize) -> boo
     if SPLIT_EVERYWHERE.with(|c| c.get()) {
         return true;
     }
-    dev.matmul_precision() == MatmulPrecision::High
-        && km::f16_tensor_cores(dev)
-        && m >= 64
-        && n >= 64
-        && k >= 64
-        && m.saturating_mul(n).saturating_mul(k).saturating_mul(batch) >= MIN_SPLIT_MACS
+    let p = Problem {
+        batch,
+        ..Problem::dense(DType::F32, (m, n, k), (false, false))
+    };
+    mp::f32_as_three_f16(&p, dev.matmul_precision(), dev.hardware())
 }
 
 /// One operand's parts as the product reads them.
