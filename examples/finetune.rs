@@ -5,7 +5,7 @@
 //! cargo run --release --features tokenizers --example finetune -- \
 //!     [--model FILE.gguf] [--data data/tinyshakespeare/input.txt] [--steps 100] [--batch 4]
 //!     [--context 128] [--rank 8] [--alpha 16] [--dropout 0.05] [--targets q_proj,v_proj]
-//!     [--lr 1e-3] [--budget 1GiB] [--dtype f32|f16] [--checkpointing] [--blocks N]
+//!     [--lr 1e-3] [--budget 1GiB] [--dtype f32|f16|bf16] [--checkpointing] [--blocks N]
 //!     [--save-every 50] [--resume] [--out finetune-out]
 //! ```
 //!
