@@ -12,7 +12,8 @@ use crate::dtype::DType;
 /// let dev = wgrad::Device::new()?;
 /// let p = dev.hardware();
 /// // lavapipe: a CPU adapter; an NVIDIA GPU through Vulkan: its SM count.
-/// println!("cpu {} cores {:?} tensor cores {}", p.cpu, p.cores, p.tensor_cores(wgrad::DType::F16));
+/// let f16_tensor_cores = p.tensor_cores(wgrad::DType::F16);
+/// println!("cpu {} cores {:?} tensor cores {f16_tensor_cores}", p.cpu, p.cores);
 /// # Ok::<(), wgrad::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

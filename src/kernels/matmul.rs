@@ -349,7 +349,8 @@ pub fn plan(dev: &Device, dtype: DType, (m, n, k): (usize, usize, usize), o: &Op
     mp::config(&p, dev.hardware(), forced_config())
 }
 
-/// How implicit convolutions gather on `dev` for `dtype` ([`matmul_plan::gathers`](super::matmul_plan::gathers)).
+/// How implicit convolutions gather on `dev` for `dtype`
+/// ([`matmul_plan::gathers`](super::matmul_plan::gathers)).
 pub(crate) fn gathers(dev: &Device, dtype: DType) -> Option<Gathers> {
     mp::gathers(dev.hardware(), dtype, forced_config())
 }

@@ -157,16 +157,15 @@ pub fn f32_as_three_f16(p: &Problem, precision: MatmulPrecision, hw: &DeviceProf
 /// shortens the product by filling the GPU's slots better. Splits write f32 partial products
 /// that the `splitk` pass sums, as for long contractions.
 ///
-/// The count of splits is the one with the least estimated time, in waves of the slots'
-/// workgroups times each workgroup's K range: a wave that is partly idle costs as much as a
-/// full one. Weight gradients have few tiles and long K ([1152 x 16384] x [16384 x 384] is 27
-/// tiles of 128 x 128): 9 splits fill one wave, where 10 (the fewest reaching an H100's 264 slots) ran 6
-/// workgroups in a second. A split must save 5% to be taken, since its partials cost memory
-/// traffic the estimate leaves out. Products with many tiles split only on `reg` (up to 4):
-/// the GPT's 16384 x 384 outputs are 384 tiles, 1.45 waves; in two splits, 2.9, whose fuller
-/// waves save more than the partials cost (docs/performance.md, matmul). (On tensor cores
-/// such splits lose: their partials are large, and a fused bias and activation move to the
-/// `splitk` pass.)
+/// The count of splits is the one with the least estimated time, in waves of the slots' workgroups
+/// times each workgroup's K range: a wave that is partly idle costs as much as a full one. Weight
+/// gradients have few tiles and long K ([1152 x 16384] x [16384 x 384] is 27 tiles of 128 x 128): 9
+/// splits fill one wave, where 10 (the fewest reaching an H100's 264 slots) ran 6 workgroups in a
+/// second. A split must save 5% to be taken, since its partials cost memory traffic the estimate
+/// leaves out. Products with many tiles split only on `reg` (up to 4): the GPT's 16384 x 384
+/// outputs are 384 tiles, 1.45 waves; in two splits, 2.9, whose fuller waves save more than the
+/// partials cost (docs/performance.md, matmul). (On tensor cores such splits lose: their partials
+/// are large, and a fused bias and activation move to the `splitk` pass.)
 ///
 /// Without the core count (and on CPU adapters) K splits only where the loop budget cuts it.
 fn kchunk_filling_waves(hw: &DeviceProfile, config: Config, p: &Problem, kchunk: usize) -> usize {
@@ -267,11 +266,11 @@ fn eight_fill(m: usize, n: usize, tiling: Config, cores: usize) -> f64 {
     fill(m.div_ceil(tm) * n.div_ceil(tn), cores)
 }
 
-/// Whether `CoopWideMid`'s 128 x 192 tiles pay. N must be a multiple of 192. Where 256 x 128
-/// tiles pay ([`tall_tiles_fill_three_waves`]), 128 x 192 ones must fill their waves at least as well where an
-/// operand is k-fast (`kfast`: A B, x W^T), else better by more than their 64 x 48 subgroup
-/// blocks lose to 64 x 64 ones (the 0.94). Elsewhere they must fill them clearly better (by
-/// 0.15) than 128 x 128 tiles (two a core), of which there must be a wave or more.
+/// Whether `CoopWideMid`'s 128 x 192 tiles pay. N must be a multiple of 192. Where 256 x 128 tiles
+/// pay ([`tall_tiles_fill_three_waves`]), 128 x 192 ones must fill their waves at least as well
+/// where an operand is k-fast (`kfast`: A B, x W^T), else better by more than their 64 x 48
+/// subgroup blocks lose to 64 x 64 ones (the 0.94). Elsewhere they must fill them clearly better
+/// (by 0.15) than 128 x 128 tiles (two a core), of which there must be a wave or more.
 ///
 /// The GPT's 16384 x 384 outputs make 1.45 waves of 128 x 128 tiles and 1.94 of 128 x 192;
 /// its 16384 x 1152 ones 4.4 waves of 256 x 128 and 5.8 of 128 x 192: the fuller waves
@@ -373,7 +372,7 @@ fn fit(dim: usize, options: &[u32], per: usize) -> u32 {
         .unwrap_or(1)
 }
 
-/// The kernel and tiling a product runs with: [`choose`] by size, then what the operands'
+/// The kernel and tiling a product runs with: `choose` by size, then what the operands'
 /// layouts allow (16-byte or 4-element runs), then the tiling that fills the cores' waves.
 /// `forced` stands for the size rules' choice (see `kernels::matmul::forced`).
 pub fn config(p: &Problem, hw: &DeviceProfile, forced: Option<Config>) -> Config {
@@ -505,9 +504,9 @@ pub fn padding_gain(
     (family(config(p, hw, forced)) != family(ideal)).then_some(q)
 }
 
-/// The kernel that gathers implicit convolutions (see [`Gather`]) for `dtype`, or
-/// None where none does: `wide` where the adapter runs it, else `reg` where it is the GPU
-/// kernel (no tensor cores for the dtype, not a CPU adapter); tests force either.
+/// The kernel that gathers implicit convolutions (see [`Gather`](super::matmul::Gather)) for
+/// `dtype`, or None where none does: `wide` where the adapter runs it, else `reg` where it is the
+/// GPU kernel (no tensor cores for the dtype, not a CPU adapter); tests force either.
 pub fn gather_kernel(hw: &DeviceProfile, dtype: DType, forced: Option<Config>) -> Option<Config> {
     let wide = wide_runs(hw, dtype);
     match forced {
