@@ -1586,4 +1586,18 @@ fn linear_cross_entropy_in_chunks_matches_f64() {
     let (a, b) = (fused.to_scalar().unwrap(), plain.to_scalar().unwrap());
     assert!((a - b).abs() < 1e-3 * b.abs(), "f16 loss {a} against {b}");
     assert_close_tol(&g_fused, &g_plain, (1e-4, 2e-2), "f16 d loss / d x");
+
+    // A weight that takes no gradient is not held for the backward pass: one decoded for
+    // this op alone (a quantized head) is freed with it.
+    let before = dev.memory_stats().allocated;
+    let w_once = wt.detach().to_dtype(DType::F16).unwrap();
+    let kept = hf.linear_cross_entropy(&w_once, &lt).unwrap();
+    drop(w_once);
+    let held = dev.memory_stats().allocated - before;
+    assert!(
+        held < (classes * dim * 2) as u64,
+        "{held} bytes held after the op, the weight is {}",
+        classes * dim * 2
+    );
+    kept.backward().unwrap();
 }

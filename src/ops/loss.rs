@@ -193,7 +193,10 @@ impl Tensor {
             None
         };
         let (x_dtype, w_dtype) = (self.dtype(), weight.dtype());
-        let node = crate::tensor::graph::record(op, &[self, weight], move || {
+        // The node holds the weight only where it takes a gradient: a weight made for this op
+        // alone (a quantized head, decoded) is freed with the op.
+        let inputs: &[&Tensor] = if wants_w { &[self, weight] } else { &[self] };
+        let node = crate::tensor::graph::record(op, inputs, move || {
             move |_: &[Tensor], _: &Tensor, g: Tensor| {
                 // g is the mean's gradient; each row's share of it is g / rows.
                 let scale = g.mul_scalar(1.0 / rows as f32)?;
@@ -202,7 +205,11 @@ impl Tensor {
                         .map(|t| t.mul(&scale.to_dtype(t.dtype())?)?.to_dtype(dtype))
                         .transpose()
                 };
-                Ok(vec![by(&dx, x_dtype)?, by(&dw, w_dtype)?])
+                let mut grads = vec![by(&dx, x_dtype)?];
+                if wants_w {
+                    grads.push(by(&dw, w_dtype)?);
+                }
+                Ok(grads)
             }
         });
         Ok(mean.with_node(node))
