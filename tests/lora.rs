@@ -296,30 +296,14 @@ fn a_bad_adapter_is_refused_and_the_loaded_one_kept() {
         "{err}"
     );
     // A target the model does not have; a DoRA adapter.
-    std::fs::write(
-        dir.join("adapter_config.json"),
-        config.replace("\"q_proj\"", "\"qkv\""),
-    )
-    .unwrap();
-    assert!(
-        model
-            .load_lora(&dir)
-            .unwrap_err()
-            .to_string()
-            .contains("qkv")
-    );
-    std::fs::write(
-        dir.join("adapter_config.json"),
-        config.replace("\"use_dora\": false", "\"use_dora\": true"),
-    )
-    .unwrap();
-    assert!(
-        model
-            .load_lora(&dir)
-            .unwrap_err()
-            .to_string()
-            .contains("use_dora")
-    );
+    for (from, to, named) in [
+        ("\"q_proj\"", "\"qkv\"", "qkv"),
+        ("\"use_dora\": false", "\"use_dora\": true", "use_dora"),
+    ] {
+        std::fs::write(dir.join("adapter_config.json"), config.replace(from, to)).unwrap();
+        let err = model.load_lora(&dir).unwrap_err().to_string();
+        assert!(err.contains(named), "{err}");
+    }
     // Truncated weights.
     std::fs::write(dir.join("adapter_config.json"), &config).unwrap();
     let bytes = std::fs::read(fixture("tiny_llama_lora/peft/adapter_model.safetensors")).unwrap();

@@ -702,26 +702,19 @@ mod tests {
         let f16 = DType::F16;
         let (nn, tn, nt) = ((false, false), (true, false), (false, true));
         // H100: the GPT's rules as measured.
-        assert_eq!(
-            planned(&h100, f16, (16384, 1152, 384), nt).config,
-            CoopWideMid
-        );
-        assert_eq!(
-            planned(&h100, f16, (16384, 384, 1152), nn).config,
-            CoopWideMid
-        );
-        assert_eq!(
-            planned(&h100, f16, (4096, 4096, 4096), nn).config,
-            CoopWideFlat
-        );
-        assert_eq!(
-            planned(&h100, f16, (4096, 4096, 4096), nt).config,
-            CoopWideTall
-        );
-        assert_eq!(
-            planned(&h100, f16, (1152, 384, 16384), tn).config,
-            CoopWideMid
-        );
+        for (mnk, layout, want) in [
+            ((16384, 1152, 384), nt, CoopWideMid),
+            ((16384, 384, 1152), nn, CoopWideMid),
+            ((4096, 4096, 4096), nn, CoopWideFlat),
+            ((4096, 4096, 4096), nt, CoopWideTall),
+            ((1152, 384, 16384), tn, CoopWideMid),
+        ] {
+            assert_eq!(
+                planned(&h100, f16, mnk, layout).config,
+                want,
+                "{mnk:?} {layout:?}"
+            );
+        }
         // The attention projection's weight gradient: 6 tiles of 128 x 192, 22 splits of K
         // fill the 132 cores once.
         let wgrad = planned(&h100, f16, (384, 384, 16384), tn);
