@@ -22,7 +22,7 @@ import torch.nn.functional as F
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = "cuda"
-DT = {"f32": torch.float32, "f16": torch.float16}
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 def median_ms(fn, target_ms=300.0, warm_ms=250.0):

@@ -4,7 +4,10 @@
 // the end (fwd_reg, bwd_q_reg, bwd_kv_reg) do the same work with the scores in registers,
 // where the driver's cooperative-matrix layout is known (kernels/coop_layout.rs), several
 // times faster (docs/performance.md, attention). The entries described first serve every
-// other adapter with tensor cores.
+// other adapter with tensor cores. The `_reg` entries also take bf16 Q, K, V and dO (their
+// `half` bindings): wgrad's SPIR-V then makes every 16-bit value bf16 (kernels/spirv.rs
+// `bf16_halves`), which is why they only move, convert and multiply those values, never
+// compute on them (SPV_KHR_bfloat16 allows nothing else).
 //
 // Requirements (checked by the host, which otherwise uses attention.wgsl): f16 storage with
 // SHADER_F16, 16x16x16 f16 -> f32 cooperative matrices, subgroups of 32, head dimension D equal
@@ -927,7 +930,7 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry fwd_reg(q: f16, k: f16 vec4, v: f16 vec4, o: data mut, lse: f32 mut)
+//! entry fwd_reg(q: half, k: half vec4, v: half vec4, o: data mut, lse: f32 mut)
 //! requires spirv
 //! check WG=128 DMAX=64 ND=4 KT=4 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1 HOLD=1
 //! check WG=128 DMAX=128 ND=8 KT=2 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1 HOLD=2
@@ -1159,7 +1162,7 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry bwd_q_reg(q: f16, k: f16 vec4, v: f16 vec4, dout: f16, lse: f32, delta: f32, dq: data mut)
+//! entry bwd_q_reg(q: half, k: half vec4, v: half vec4, dout: half, lse: f32, delta: f32, dq: data mut)
 //! requires spirv
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1 HOLD=1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1 HOLD=0
@@ -1267,7 +1270,7 @@ fn main(ids: Ids) {
   //! end
 }
 
-//! entry bwd_kv_reg(q: f16 vec4, k: f16 vec4, v: f16 vec4, dout: f16 vec4, lse: f32, delta: f32, dk: data mut, dv: data mut)
+//! entry bwd_kv_reg(q: half vec4, k: half vec4, v: half vec4, dout: half vec4, lse: f32, delta: f32, dk: data mut, dv: data mut)
 //! requires spirv
 //! check WG=128 DMAX=64 ND=4 KT=2 QS=64 KS=64 VS=64 GS=64 CAUSAL=0,1 DROP=0,1 HOLD=1
 //! check WG=128 DMAX=128 ND=8 KT=1 QS=1152 KS=1152 VS=128 GS=384 CAUSAL=0,1 DROP=0,1 HOLD=1

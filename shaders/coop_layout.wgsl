@@ -5,6 +5,9 @@
 // (attention_coop.wgsl `fwd_reg`) run only where kernels/coop_layout.rs found the layout they
 // assume.
 //
+// `operands` is never read: the launch binds it as f16 or bf16 to say which the A matrix
+// holds (bf16: kernels/spirv.rs `bf16_halves` makes the module's 16-bit values bf16).
+//
 // One subgroup of 32: element E of lane l is set to l 8 + E in both matrices, which are then
 // stored row-major; out[r 16 + c] names the (lane, element) holding C's (r, c), out[256 + r 16
 // + c] A's (exact in f16: at most 255), and out[512 + l 8 + E] reads C's element back with
@@ -19,7 +22,7 @@ struct Params {
 var<workgroup> Cs: array<f32, 256>;
 var<workgroup> As: array<f16, 256>;
 
-//! entry probe(out: f32 mut)
+//! entry probe(out: f32 mut, operands: half)
 //! requires spirv
 //! check WG=32
 @compute @workgroup_size(WG)

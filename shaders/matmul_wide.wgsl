@@ -1,6 +1,7 @@
 // matmul_wide.wgsl: C[b] = act(op(A)[b] x op(B)[b] + bias) on cooperative matrices (tensor
 // cores): the f16 product on adapters that take wgrad's own SPIR-V (kernels/spirv.rs,
-// `Caps::spirv`), with the parameters, batching, split-K and fused epilogue of
+// `Caps::spirv`), and the bf16 one where the device has bf16 matrices (the same kernel, its
+// operand matrices retyped to bf16), with the parameters, batching, split-K and fused epilogue of
 // matmul_tc.wgsl (MatmulParams), whose `main` and `direct` serve other adapters and layouts.
 // A workgroup of 4 subgroups (WG = 128, subgroup size 32) computes a 128 x 128 tile of C;
 // each subgroup owns a 64 x 64 block, 4 x 4 accumulators of 16 x 16 f32. RM = 64 (products
@@ -83,7 +84,7 @@
 
 alias Params = MatmulParams;
 
-//! entry main(a: f16 raw16, b: f16 raw16, bias: data mut, c: data mut vec4)
+//! entry main(a: half raw16, b: half raw16, bias: data mut, c: data mut vec4)
 //! requires spirv
 //! check WG=128 TA=0 TB=0,1 FUSE=0,5 GATHER=0,1 RM=64 RN=128 RSUM=0 REGS=0
 //! check WG=128 TA=1 TB=0,1 FUSE=0,5 GATHER=0 RM=64 RN=128 RSUM=0,1 REGS=0
@@ -469,9 +470,13 @@ fn write4(x0: vec4<f32>, c_base: u32, gm: u32, gn: u32, tm: u32, b4: vec4<f32>) 
 // step's work would sit unsubmitted while its update waits, but for readback.rs handing
 // recorded work over before waiting.)
 fn halves(x: vec4<f32>, hi: bool) -> vec4<f32> {
-  let u = unpack2x16float(bitcast<u32>(select(x.x, x.z, hi)));
-  let v = unpack2x16float(bitcast<u32>(select(x.y, x.w, hi)));
-  return vec4<f32>(u, v);
+  let w0 = bitcast<u32>(select(x.x, x.z, hi));
+  let w1 = bitcast<u32>(select(x.y, x.w, hi));
+  // A bf16 is the high half of an f32.
+  if (a_bf16) {
+    return bitcast<vec4<f32>>(vec4<u32>(w0 << 16u, w0 & 0xffff0000u, w1 << 16u, w1 & 0xffff0000u));
+  }
+  return vec4<f32>(unpack2x16float(w0), unpack2x16float(w1));
 }
 
 // Fragment of op(A): rows r.. r+15, columns kk.. kk+15 of the tile.

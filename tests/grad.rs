@@ -684,14 +684,19 @@ fn implicit_conv_gradients() {
 /// gradient's product where `wide` runs it (RSUM: no column-sum pass), with 128 x 128,
 /// 256 x 128 and 128 x 256 tiles (forced), in one K range (300 rows) and split into partial sums (4160),
 /// at sizes off the tiles (264 outputs, 136 inputs); 65 outputs take the padded product and
-/// sum apart. Against f64 sums of the seed gradient r: db = r's column sums, dW = r^T x,
-/// dx = r W.
+/// sum apart; f16 and bf16 (where the device has bf16 matrices). Against f64 sums of the
+/// seed gradient r: db = r's column sums, dW = r^T x, dx = r W.
 #[test]
 fn linear_bias_gradient_in_the_weight_product() {
+    for dt in [DType::F16, DType::BF16] {
+        linear_bias_gradient_case(dt);
+    }
+}
+
+fn linear_bias_gradient_case(dt: DType) {
     use wgrad::kernels::matmul::{Config, forced};
     let dev = poisoned();
-    let dt = DType::F16;
-    let wide = runs_wide(&dev);
+    let wide = runs_wide_for(&dev, dt);
     let mut rng = Rng::new(41);
     for config in [
         None,
@@ -701,7 +706,7 @@ fn linear_bias_gradient_in_the_weight_product() {
         Some(Config::CoopWideMid),
     ] {
         for (rows, inp, out) in [(300, 136, 264), (4160, 136, 264), (40, 24, 65)] {
-            let name = format!("{config:?} {rows} x {inp} -> {out}");
+            let name = format!("{config:?} {rows} x {inp} -> {out} {dt}");
             let (xv, wv, bv, rv) = (
                 rng.vec(rows * inp),
                 rng.vec(out * inp),

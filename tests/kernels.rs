@@ -736,11 +736,14 @@ fn matmul_register_tiles() {
     // (136 x 72 x 88 suits all three: runs of 8 for `wide`, whole 16 x 16 tiles for `direct`,
     // partial 128 x 128 tiles, and a partial last K step: 32-wide steps in `main`, 64-wide in
     // `wide`.)
+    // bf16 too: `wide` where the device has bf16 matrices, the general kernels elsewhere.
     for config in [Config::CoopTiled, Config::CoopWide, Config::CoopDirect] {
         forced(config, || {
-            for s in [(130, 129, 65), (64, 128, 48), (136, 72, 88)] {
-                matmul_case(&dev, &mut rng, DType::F16, s, false, false, false, None);
-                matmul_case(&dev, &mut rng, DType::F16, s, true, true, true, None);
+            for dt in [DType::F16, DType::BF16] {
+                for s in [(130, 129, 65), (64, 128, 48), (136, 72, 88)] {
+                    matmul_case(&dev, &mut rng, dt, s, false, false, false, None);
+                    matmul_case(&dev, &mut rng, dt, s, true, true, true, None);
+                }
             }
         })
         .unwrap();
@@ -748,8 +751,8 @@ fn matmul_register_tiles() {
 }
 
 /// `wide` with 256 x 128, 128 x 256 and 128 x 192 tiles (8 subgroups; K steps of 32, 48 or 64
-/// by layout and tile), forced where the adapter runs `wide` (elsewhere the usual path, still
-/// checked): every transpose; M and N past one tile, both partial, either way round (300 x 136,
+/// by layout and tile), f16 and bf16, forced where the adapter runs `wide` for the dtype
+/// (elsewhere the usual path, still checked): every transpose; M and N past one tile, both partial, either way round (300 x 136,
 /// 136 x 300); K of one partial step, of several with a partial last one (88 = 32 + 32 + 24
 /// where B is k-fast, 48 + 40 for A B and A^T B, whose 48 split a k-fast A's runs 4 + 2), and
 /// long enough to split into partial products (4160, with the bias and activation then in the
@@ -759,74 +762,49 @@ fn matmul_tall_tiles() {
     use wgrad::kernels::matmul::{Config, forced};
     let dev = poisoned();
     let mut rng = Rng::new(29);
-    let wide = runs_wide(&dev);
     for config in [
         Config::CoopWideTall,
         Config::CoopWideFlat,
         Config::CoopWideMid,
     ] {
-        forced(config, || {
-            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                for s in [
-                    (300, 136, 88),
-                    (264, 8, 24),
-                    (40, 264, 72),
-                    (256, 128, 64),
-                    (136, 300, 88),
-                ] {
-                    let ((), ran) = ran_kernels(&dev, || {
-                        matmul_case(&dev, &mut rng, DType::F16, s, ta, tb, false, None)
-                    });
-                    assert!(
-                        !wide || ran.iter().any(|k| k == "MatmulWide/main"),
-                        "{s:?} {ran:?}"
-                    );
-                }
-                for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
-                    matmul_case(
-                        &dev,
-                        &mut rng,
-                        DType::F16,
+        for dt in [DType::F16, DType::BF16] {
+            let wide = runs_wide_for(&dev, dt);
+            forced(config, || {
+                for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                    for s in [
                         (300, 136, 88),
-                        ta,
-                        tb,
-                        true,
-                        act,
-                    );
+                        (264, 8, 24),
+                        (40, 264, 72),
+                        (256, 128, 64),
+                        (136, 300, 88),
+                    ] {
+                        let ((), ran) = ran_kernels(&dev, || {
+                            matmul_case(&dev, &mut rng, dt, s, ta, tb, false, None)
+                        });
+                        assert!(
+                            !wide || ran.iter().any(|k| k == "MatmulWide/main"),
+                            "{s:?} {ran:?}"
+                        );
+                    }
+                    for act in [None, Some(Activation::Relu), Some(Activation::Gelu)] {
+                        matmul_case(&dev, &mut rng, dt, (300, 136, 88), ta, tb, true, act);
+                    }
                 }
-            }
-            let act = Some(Activation::Relu);
-            for (ta, tb) in [(false, true), (false, false)] {
-                matmul_case(
+                let act = Some(Activation::Relu);
+                for (ta, tb) in [(false, true), (false, false)] {
+                    matmul_case(&dev, &mut rng, dt, (300, 136, 4160), ta, tb, true, act);
+                }
+                matmul_case(&dev, &mut rng, dt, (300, 136, 4160), true, false, true, act);
+                broadcast_batch_case(
                     &dev,
                     &mut rng,
-                    DType::F16,
-                    (300, 136, 4160),
-                    ta,
-                    tb,
-                    true,
-                    act,
+                    dt,
+                    (264, 136, 40),
+                    &format!("batched, {config:?} {dt}"),
                 );
-            }
-            matmul_case(
-                &dev,
-                &mut rng,
-                DType::F16,
-                (300, 136, 4160),
-                true,
-                false,
-                true,
-                act,
-            );
-            broadcast_batch_case(
-                &dev,
-                &mut rng,
-                DType::F16,
-                (264, 136, 40),
-                &format!("batched, {config:?}"),
-            );
-        })
-        .unwrap();
+            })
+            .unwrap();
+        }
     }
 }
 
@@ -1629,6 +1607,44 @@ fn attention_gradients_at_tensor_core_shapes() {
     }
 }
 
+/// bf16 attention runs on the tensor-core `_reg` kernels exactly where the device has bf16
+/// cooperative matrices and the fragment layout they assume (else on the f32 tile kernels),
+/// and its forward and gradients match the f64 reference either way.
+#[test]
+fn bf16_attention_takes_tensor_cores_where_the_device_has_them() {
+    let dev = poisoned();
+    let mut rng = Rng::new(31);
+    let dt = DType::BF16;
+    let coop = dev.hardware().tensor_cores(dt)
+        && wgrad::kernels::coop_layout::quad_rows_for(&dev, dt).unwrap();
+    let (b, h, s, d) = (1, 2, 96, 128);
+    let n = b * h * s * d;
+    let (q, k, v, g) = (rng.vec(n), rng.vec(n), rng.vec(n), rng.vec(n));
+    let shape = [b, h, s, d];
+    let tq = tensor(&dev, &q, &shape, dt).variable();
+    let tk = tensor(&dev, &k, &shape, dt).variable();
+    let tv = tensor(&dev, &v, &shape, dt).variable();
+    let (out, ran) = ran_kernels(&dev, || {
+        let out = Tensor::attention(&tq, &tk, &tv, true, None).unwrap();
+        out.backward_with(&tensor(&dev, &g, &shape, dt)).unwrap();
+        out.to_f32_vec().unwrap()
+    });
+    for entry in ["fwd_reg", "bwd_q_reg", "bwd_kv_reg"] {
+        let name = format!("AttentionCoop/{entry}");
+        assert_eq!(ran.contains(&name), coop, "{name}: {ran:?}");
+    }
+    let scale = 1.0 / (d as f64).sqrt();
+    let (rq, rk, rv) = (rounded(&q, dt), rounded(&k, dt), rounded(&v, dt));
+    let want = cpu::attention(&rq, &rk, &rv, b * h, s, s, d, true, scale);
+    assert_close(&out, &want, dt, "bf16 attention forward");
+    let (dq, dk, dv) =
+        cpu::attention_backward(&rq, &rk, &rv, &rounded(&g, dt), b * h, s, s, d, true, scale);
+    for (name, t, want) in [("dq", &tq, dq), ("dk", &tk, dk), ("dv", &tv, dv)] {
+        let got = t.grad().unwrap().to_f32_vec().unwrap();
+        assert_close_tol(&got, &want, grad_tol(&want, dt), name);
+    }
+}
+
 /// Forward and gradients against the f64 reference at the odd lengths where tiles and chunks
 /// end mid-way (1, 7, 65, 129 queries and keys; more keys than queries too), every dtype.
 #[test]
@@ -2309,10 +2325,11 @@ fn contiguous_run_copies() {
 
 /// The cooperative-matrix layout probe (kernels/coop_layout.rs): on a device with
 /// cooperative matrices and wgrad's own SPIR-V it finds a layout (every position held once,
-/// every element read back as written); elsewhere it finds none. Prints what it found.
+/// every element read back as written), for f16 and, where the device has them, bf16
+/// operands; elsewhere it finds none. Prints what it found.
 #[test]
 fn coop_layout_probe() {
-    use wgrad::kernels::coop_layout::{CoopLayout, layout};
+    use wgrad::kernels::coop_layout::{CoopLayout, layout, layout_for};
     let dev = device();
     let c = dev.caps();
     let found = layout(&dev).expect("probe");
@@ -2332,6 +2349,18 @@ fn coop_layout_probe() {
     assert_eq!(found.is_some(), able);
     // Measured once: the second call returns the kept result.
     assert_eq!(layout(&dev).expect("again"), found);
+    // With bf16 operands: measured where the device has bf16 matrices (the probe's values
+    // then bf16), none elsewhere.
+    let bf16 = layout_for(&dev, DType::BF16).expect("bf16 probe");
+    eprintln!(
+        "bf16 operands: {}",
+        match &bf16 {
+            Some(l) => format!("quad rows {}", *l == CoopLayout::quad_rows()),
+            None => "none".into(),
+        }
+    );
+    assert_eq!(bf16.is_some(), able && c.coop_bf16_16);
+    assert_eq!(layout_for(&dev, DType::BF16).expect("again"), bf16);
 }
 
 /// The embedding's gradient (a scatter-add of dy's rows) against f64 with random dy, in each
@@ -2524,9 +2553,11 @@ fn hardware_profile_follows_the_capabilities() {
     let (hw, caps, info) = (dev.hardware(), dev.caps(), dev.info());
     assert_eq!(hw.cpu, info.is_cpu());
     assert_eq!(
-        (hw.f16, hw.coop_f16_16, hw.spirv),
-        (caps.f16, caps.coop_matrix_16, caps.spirv)
+        (hw.f16, hw.coop_f16_16, hw.coop_bf16_16, hw.spirv),
+        (caps.f16, caps.coop_matrix_16, caps.coop_bf16_16, caps.spirv)
     );
+    // bf16 matrices only in wgrad's own SPIR-V, beside f16 ones.
+    assert!(!caps.coop_bf16_16 || (caps.spirv && caps.coop_matrix_16));
     assert_eq!(hw.workgroup_storage, caps.workgroup_storage);
     assert_eq!(hw.subgroups.is_some(), caps.subgroups);
     eprintln!("{}: {hw:?}", info.name);

@@ -72,7 +72,10 @@ fn parse_validate(
 /// bindings take each in turn.
 fn dtype_sets(sig: &EntrySig, coop: bool) -> Vec<Vec<DType>> {
     use compose::Elem;
-    let datas: &[DType] = if coop {
+    // A tensor-core kernel with `half` operands multiplies f16 or bf16 matrices.
+    let datas: &[DType] = if coop && sig.bindings.iter().any(|b| b.elem == Elem::Half) {
+        &[DType::F16, DType::BF16]
+    } else if coop {
         &[DType::F16]
     } else {
         &[DType::F32, DType::F16, DType::BF16]
@@ -94,6 +97,7 @@ fn dtype_sets(sig: &EntrySig, coop: bool) -> Vec<Vec<DType>> {
                         Elem::U32 => DType::U32,
                         Elem::F32 => DType::F32,
                         Elem::F16 => DType::F16,
+                        Elem::Half => data,
                     })
                     .collect(),
             );
@@ -137,8 +141,14 @@ fn every_entry_point_validates() {
                             spirv(&module, &info, &what);
                             workgroup_sizes_aligned(&module, &what);
                         }
+                        // bf16 where the launch binds it to `half` operands.
+                        let bf16 = sig
+                            .bindings
+                            .iter()
+                            .zip(&dtypes)
+                            .any(|(b, &d)| b.elem == compose::Elem::Half && d == DType::BF16);
                         if sig.spirv || sig.prefers_spirv {
-                            own_spirv(&src, t, coop, sig.spirv, &what);
+                            own_spirv(&src, t, coop, sig.spirv, bf16, &what);
                         }
                         count += 1;
                     }
@@ -190,8 +200,10 @@ fn spirv(module: &naga::Module, info: &naga::valid::ModuleInfo, what: &str) {
 /// with `WGRAD_SPIRV_VAL` naming SPIRV-Tools' validator (2023 or later: older ones do not
 /// know cooperative matrices, Debian 12's among them), the result validated as Vulkan 1.3
 /// SPIR-V.
-fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, what: &str) {
-    use wgrad::kernels::spirv::{SpirvTarget, compile, dont_unroll, element_access, f16_operands};
+fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, bf16: bool, what: &str) {
+    use wgrad::kernels::spirv::{
+        SpirvTarget, bf16_halves, bf16_operands, compile, dont_unroll, element_access, f16_operands,
+    };
     let mut words = compile(
         src,
         SpirvTarget {
@@ -203,7 +215,15 @@ fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, what: &str) {
         },
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let changed = f16_operands(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
+    // A bf16 launch: the module's 16-bit values become bf16 (refused if it computes on them),
+    // then the carriers' matrices.
+    let retype = if bf16 {
+        bf16_halves(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
+        bf16_operands
+    } else {
+        f16_operands
+    };
+    let changed = retype(&mut words).unwrap_or_else(|e| panic!("{what}: {e}"));
     // A `requires spirv` product carries both operands as f32 matrices; a `prefers spirv`
     // kernel has none, nor has one that needs wgrad's SPIR-V only for element access.
     let carried = src.contains("coop_mat16x16<f32, A>") && src.contains("coop_mat16x16<f32, B>");
@@ -213,7 +233,14 @@ fn own_spirv(src: &str, t: Target, coop: bool, carriers: bool, what: &str) {
         "{what}: retyped {changed} operand matrix types"
     );
     // Retyping twice finds nothing left to do.
-    assert_eq!(f16_operands(&mut words).ok(), Some(0), "{what}");
+    assert_eq!(retype(&mut words).ok(), Some(0), "{what}");
+    if bf16 {
+        assert_eq!(
+            bf16_halves(&mut words).ok(),
+            Some(false),
+            "{what}: f16 left"
+        );
+    }
     // Every element-access stub the composer included gets its body, and no debug name
     // is left (OpName, OpMemberName).
     let stubs = src.matches("fn coop_get").count() + src.matches("fn coop_set").count();
@@ -420,4 +447,170 @@ fn operand_retyping_declares_f16() {
         assert_eq!(words[3], bound + 1, "RSUM={rsum}: id bound");
         assert_eq!(f16_operands(&mut words).ok(), Some(0), "RSUM={rsum}");
     }
+}
+
+/// `wide` with bf16 operands: the retyping declares the bfloat16 type (`OpTypeFloat 16 0`)
+/// beside f32, gives both operand matrix types that type, and adds SPV_KHR_bfloat16 with its
+/// two capabilities once; a second pass finds nothing to do. Where the module already has an
+/// f16 type (f16 output), that type is left alone.
+#[test]
+fn operand_retyping_to_bf16_declares_its_type_and_capabilities() {
+    use wgrad::kernels::spirv::{SpirvTarget, bf16_operands, compile};
+    let k = Kernel::MatmulWide;
+    let sig = &k.entries().expect("signatures parse")[0];
+    let t = TARGETS[0];
+    let consts = [
+        ("TA", 0),
+        ("TB", 1),
+        ("FUSE", 0),
+        ("GATHER", 0),
+        ("RM", 128),
+        ("RN", 128),
+        ("RSUM", 0),
+        ("REGS", 0),
+    ];
+    for dtypes in [
+        [DType::BF16, DType::BF16, DType::BF16, DType::BF16],
+        [DType::BF16, DType::BF16, DType::F16, DType::F16],
+    ] {
+        let src = compose::compose(
+            t,
+            k.source(),
+            sig,
+            128,
+            &consts,
+            &dtypes,
+            k.codes(),
+            k.enables(),
+        )
+        .expect("composes");
+        let target = SpirvTarget {
+            f16: true,
+            subgroups: true,
+            coop: true,
+            bounds_checks: true,
+            full_checks: false,
+        };
+        let mut words = compile(&src, target).expect("compiles");
+        // (opcode, operands) of every instruction.
+        let insts = |w: &[u32]| {
+            let (mut at, mut out) = (5, Vec::new());
+            while at < w.len() {
+                let n = (w[at] >> 16) as usize;
+                out.push((w[at] & 0xffff, w[at + 1..at + n].to_vec()));
+                at += n;
+            }
+            out
+        };
+        let floats = |w: &[u32]| -> Vec<Vec<u32>> {
+            insts(w)
+                .into_iter()
+                .filter(|(op, _)| *op == 22)
+                .map(|(_, o)| o[1..].to_vec())
+                .collect()
+        };
+        let before = floats(&words);
+        let bound = words[3];
+        assert_eq!(bf16_operands(&mut words).ok(), Some(2), "{dtypes:?}");
+        let after = floats(&words);
+        assert_eq!(after.len(), before.len() + 1, "{dtypes:?}: {after:?}");
+        assert!(after.contains(&vec![16, 0]), "{dtypes:?}: {after:?}");
+        assert_eq!(words[3], bound + 1, "{dtypes:?}: id bound");
+        let bf16_id = insts(&words)
+            .into_iter()
+            .find(|(op, o)| *op == 22 && o[1..] == [16, 0])
+            .map(|(_, o)| o[0]);
+        // Both operand matrix types (use A = 0, B = 1, given as constants) are bf16 now; the
+        // accumulator stays f32.
+        let coop: Vec<Vec<u32>> = insts(&words)
+            .into_iter()
+            .filter(|(op, _)| *op == 4456)
+            .map(|(_, o)| o)
+            .collect();
+        assert_eq!(
+            coop.iter().filter(|o| Some(o[1]) == bf16_id).count(),
+            2,
+            "{dtypes:?}: {coop:?}"
+        );
+        let caps: Vec<u32> = insts(&words)
+            .into_iter()
+            .filter(|(op, _)| *op == 17)
+            .map(|(_, o)| o[0])
+            .collect();
+        assert!(caps.contains(&5116) && caps.contains(&5118), "{caps:?}");
+        let exts: Vec<Vec<u32>> = insts(&words)
+            .into_iter()
+            .filter(|(op, _)| *op == 10)
+            .map(|(_, o)| o)
+            .collect();
+        let name: Vec<u8> = b"SPV_KHR_bfloat16\0\0\0\0".to_vec();
+        let want: Vec<u32> = name
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(exts.iter().filter(|e| **e == want).count(), 1, "{exts:?}");
+        // Capabilities before extensions, as SPIR-V lays a module out.
+        let ops: Vec<u32> = insts(&words).into_iter().map(|(op, _)| op).collect();
+        let last_cap = ops.iter().rposition(|&op| op == 17);
+        let first_ext = ops.iter().position(|&op| op == 10);
+        assert!(last_cap < first_ext, "{ops:?}");
+        let len = words.len();
+        assert_eq!(bf16_operands(&mut words).ok(), Some(0), "{dtypes:?}");
+        assert_eq!(words.len(), len, "{dtypes:?}: a second pass added words");
+    }
+}
+
+/// The whole-module retyping to bf16 refuses what SPV_KHR_bfloat16 does not allow: arithmetic
+/// on 16-bit values, and f16 constants that bf16 cannot represent; moves, conversions and
+/// constants it can represent pass, the constants' bits rewritten.
+#[test]
+fn bf16_retyping_refuses_arithmetic_on_halves() {
+    use wgrad::kernels::spirv::{SpirvTarget, bf16_halves, compile};
+    let target = SpirvTarget {
+        f16: true,
+        subgroups: false,
+        coop: false,
+        bounds_checks: true,
+        full_checks: false,
+    };
+    let module = |body: &str| {
+        let src = format!(
+            "enable f16;\n@group(0) @binding(0) var<storage, read_write> x: array<f16>;\n\
+             @group(0) @binding(1) var<storage, read_write> y: array<f32>;\n\
+             @compute @workgroup_size(1) fn main() {{ {body} }}"
+        );
+        compile(&src, target).unwrap_or_else(|e| panic!("{body}: {e}"))
+    };
+    for body in [
+        "x[0] = x[1] * x[2];",
+        "x[0] = x[1] + x[2];",
+        "x[0] = -x[1];",
+        "y[0] = select(0.0, 1.0, x[1] < x[2]);",
+        "x[0] = f16(0.1);",
+    ] {
+        let mut w = module(body);
+        assert!(bf16_halves(&mut w).is_err(), "{body}");
+    }
+    for body in [
+        "x[0] = x[1];",
+        "y[0] = f32(x[1]);",
+        "x[0] = f16(y[1]);",
+        "x[0] = select(x[1], x[2], y[0] > 0.0);",
+        "x[0] = f16(0.5); x[1] = f16(-3.0);",
+    ] {
+        let mut w = module(body);
+        assert_eq!(bf16_halves(&mut w).ok(), Some(true), "{body}");
+    }
+    // 0.5 and -3.0 as bf16 bits (0x3f00, 0xc040) where the f16 ones (0x3800, 0xc200) were.
+    let mut w = module("x[0] = f16(0.5); x[1] = f16(-3.0);");
+    bf16_halves(&mut w).unwrap();
+    let consts: Vec<u32> = (0..w.len())
+        .filter(|&i| i >= 5 && w[i] == (4 << 16 | 43))
+        .map(|i| w[i + 3])
+        .collect();
+    assert!(
+        consts.contains(&0x3f00) && consts.contains(&0xc040),
+        "{consts:x?}"
+    );
+    assert!(!consts.contains(&0x3800), "{consts:x?}");
 }

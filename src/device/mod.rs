@@ -61,6 +61,9 @@ pub struct Caps {
     pub timestamps: bool,
     /// 16x16x16 f16 -> f32 cooperative matrices (tensor cores).
     pub coop_matrix_16: bool,
+    /// 16x16x16 bf16 -> f32 cooperative matrices, in wgrad's own SPIR-V (Vulkan's
+    /// `VK_KHR_shader_bfloat16`; off with `WGRAD_DISABLE=bf16_coop`).
+    pub coop_bf16_16: bool,
     /// SPIR-V that wgrad compiles itself goes to the driver as is (Vulkan's
     /// PASSTHROUGH_SHADERS): the tensor-core product whose operand staging WGSL cannot
     /// express, and kernels that run faster with their loops kept rolled (`kernels::spirv`).
@@ -135,13 +138,14 @@ impl fmt::Display for DeviceInfo {
         writeln!(f, "memory    {mem} device-local, budget {lim}")?;
         writeln!(
             f,
-            "features  f16 {}, subgroups {} (size {}..{}), timestamps {}, tensor cores (16x16x16 f16) {}, own SPIR-V {}",
+            "features  f16 {}, subgroups {} (size {}..{}), timestamps {}, tensor cores (16x16x16 f16) {}, bf16 {}, own SPIR-V {}",
             yn(c.f16),
             yn(c.subgroups),
             c.subgroup_min,
             c.subgroup_max,
             yn(c.timestamps),
             yn(c.coop_matrix_16),
+            yn(c.coop_bf16_16),
             yn(c.spirv)
         )?;
         writeln!(
@@ -255,6 +259,8 @@ struct IdleKey {
     adapter: wgpu::AdapterInfo,
     features: wgpu::Features,
     limits: wgpu::Limits,
+    /// Opened with bf16 cooperative matrices (`hardware::open_with_bf16`).
+    bf16: bool,
 }
 
 struct Idle {
@@ -355,6 +361,13 @@ impl Device {
         if spirv {
             want |= wgpu::Features::PASSTHROUGH_SHADERS;
         }
+        // bf16 cooperative matrices need wgrad's SPIR-V (WGSL has no bf16) and a device
+        // opened with VK_KHR_shader_bfloat16 (`hardware::open_with_bf16`).
+        let coop_bf16 = coop_16
+            && spirv
+            && !opts.disable_bf16_coop
+            && ainfo.backend == wgpu::Backend::Vulkan
+            && hardware::bf16_coop_16(&adapter);
         // The adapter's real limits: wgpu's defaults would cap a binding at 128 MiB.
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
@@ -372,6 +385,7 @@ impl Device {
             adapter: ainfo.clone(),
             features: want,
             limits: limits.clone(),
+            bf16: coop_bf16,
         };
         let kept = {
             let mut idle = lock(&IDLE);
@@ -381,6 +395,8 @@ impl Device {
         };
         let (device, queue) = match kept {
             Some(d) => (d.device, d.queue),
+            None if coop_bf16 => hardware::open_with_bf16(&adapter, &desc)
+                .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?,
             None => pollster::block_on(adapter.request_device(&desc))
                 .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?,
         };
@@ -414,6 +430,7 @@ impl Device {
             subgroup_max: ainfo.subgroup_max_size,
             timestamps: want.contains(wgpu::Features::TIMESTAMP_QUERY),
             coop_matrix_16: coop_16,
+            coop_bf16_16: coop_bf16,
             spirv,
             coop_elements: coop_16 && spirv && !opts.disable_coop_elements,
             max_binding: limits
@@ -435,6 +452,7 @@ impl Device {
                 .then_some((caps.subgroup_min, caps.subgroup_max)),
             f16: caps.f16,
             coop_f16_16: caps.coop_matrix_16,
+            coop_bf16_16: caps.coop_bf16_16,
             spirv: caps.spirv,
             workgroup_storage: caps.workgroup_storage,
         };

@@ -132,6 +132,10 @@ pub struct DeviceOptions {
     /// (`WGRAD_DISABLE=elements`): the tensor-core attention then keeps its scores in
     /// workgroup memory, as on drivers whose element layout it does not know.
     pub disable_coop_elements: bool,
+    /// Do not open the device with bf16 cooperative matrices (`VK_KHR_shader_bfloat16`) even
+    /// where the Vulkan driver has them (`WGRAD_DISABLE=bf16_coop`): bf16 products then run on
+    /// the f32 kernels.
+    pub disable_bf16_coop: bool,
     /// Encode and submit command batches on the thread that records them, instead of on the
     /// device's submit thread (`WGRAD_DISABLE=submit_thread`).
     pub disable_submit_thread: bool,
@@ -144,7 +148,7 @@ impl DeviceOptions {
     /// Options from the environment:
     /// `WGRAD_ADAPTER=<name part>|#N`, `WGRAD_MEMORY_LIMIT=2GiB|50%`,
     /// `WGRAD_RELEASE_THRESHOLD=512MiB|5%`, `WGRAD_NO_CACHE=1`,
-    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,spirv,elements,submit_thread`,
+    /// `WGRAD_TRACE=1`, `WGRAD_POISON=1`, `WGRAD_CHECKED=1`, `WGRAD_DISABLE=f16,subgroups,coop,bf16_coop,spirv,elements,submit_thread`,
     /// `WGRAD_MATMUL_PRECISION=highest|high`.
     /// wgpu's `WGPU_BACKEND` picks backends.
     pub fn from_env() -> Result<Self> {
@@ -191,6 +195,7 @@ impl DeviceOptions {
             disable_coop_matrix: has("coop"),
             disable_spirv: has("spirv"),
             disable_coop_elements: has("elements"),
+            disable_bf16_coop: has("bf16_coop"),
             disable_submit_thread: has("submit_thread"),
             matmul_precision: var("WGRAD_MATMUL_PRECISION")
                 .map(|v| MatmulPrecision::parse(&v))

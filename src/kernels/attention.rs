@@ -363,10 +363,18 @@ fn check(dev: &Device, a: &Dims) -> Result<()> {
     Ok(())
 }
 
-/// Whether the forward pass runs on cooperative matrices (see attention_coop.wgsl).
+/// Whether the forward pass runs on cooperative matrices (see attention_coop.wgsl): f16, and
+/// bf16 where the device has bf16 matrices and the `_reg` kernels run (wgrad's SPIR-V, whose
+/// 16-bit values become bf16: `kernels::spirv::bf16_halves`; the other entries are WGSL).
 pub fn uses_tensor_cores(dev: &Device, dtype: DType, sq: usize, skv: usize, d: usize) -> bool {
     let c = dev.caps();
-    dev.hardware().tensor_cores(dtype)
+    let kernels = match dtype {
+        DType::F16 => true,
+        DType::BF16 => super::coop_layout::quad_rows_for(dev, dtype).unwrap_or(false),
+        _ => false,
+    };
+    kernels
+        && dev.hardware().tensor_cores(dtype)
         && (d == 64 || d == 128)
         // The forward's workgroup memory (scores, weights, row sums and factors, a flag, the
         // staged K and V blocks: one buffer for both at d = 128): 43,792 bytes at d = 64,
@@ -463,7 +471,7 @@ pub(crate) fn forward(
         && uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
         // The softmax in registers where the driver's layout is the one it assumes.
-        let reg = super::coop_layout::quad_rows(dev)?;
+        let reg = super::coop_layout::quad_rows_for(dev, dtype)?;
         return launch(
             dev,
             &Launch {
@@ -640,7 +648,7 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
         && backward_uses_tensor_cores(dev, dtype, a.sq, a.skv, a.d)
     {
         // The element work in registers where the driver's layout is the one it assumes.
-        let reg = super::coop_layout::quad_rows(dev)?;
+        let reg = super::coop_layout::quad_rows_for(dev, dtype)?;
         let (kv, q) = if reg {
             ("bwd_kv_reg", "bwd_q_reg")
         } else {

@@ -16,8 +16,8 @@
 //! workgroup size; a comma gives several values); the validation test composes each, and a
 //! launch must use the constant names of one of them. The section defines `fn main(ids: Ids)`.
 //! A `//! requires spirv` or `//! prefers spirv` line sends the entry through wgrad's own
-//! SPIR-V compilation (`kernels::spirv`); such kernels may bind an operand as `raw16`, an
-//! `array<vec4<f32>>` of raw bits whatever its dtype.
+//! SPIR-V compilation (`kernels::spirv`); such kernels may bind an operand as `half raw16`,
+//! an `array<vec4<f32>>` of raw f16 or bf16 bits, whose matrices take the launch's type.
 //!
 //! Kernels never declare their storage bindings themselves: the prelude does, from the
 //! signature and the launch's dtypes, and gives each binding `x` accessors that hide its
@@ -77,6 +77,11 @@ pub enum Elem {
     F32,
     /// Always f16 (tensor-core kernels).
     F16,
+    /// f16 or bf16, read-only: an operand of a tensor-core kernel compiled by wgrad, declared
+    /// as f16 whatever the launch binds; where it binds bf16 the module's 16-bit values
+    /// become bf16 (`kernels::spirv::bf16_halves`), or with `raw16` the operand matrices
+    /// carried in f32 (`kernels::spirv::bf16_operands`).
+    Half,
 }
 
 impl Elem {
@@ -87,6 +92,7 @@ impl Elem {
             "u32" => Elem::U32,
             "f32" => Elem::F32,
             "f16" => Elem::F16,
+            "half" => Elem::Half,
             _ => return None,
         })
     }
@@ -99,6 +105,7 @@ impl Elem {
             Elem::U32 => d == DType::U32,
             Elem::F32 => d == DType::F32,
             Elem::F16 => d == DType::F16,
+            Elem::Half => matches!(d, DType::F16 | DType::BF16),
         }
     }
 
@@ -110,6 +117,7 @@ impl Elem {
             Elem::U32 => &[DType::U32],
             Elem::F32 => &[DType::F32],
             Elem::F16 => &[DType::F16],
+            Elem::Half => &[DType::F16, DType::BF16],
         }
     }
 }
@@ -130,8 +138,9 @@ pub struct Binding {
     /// need atomics).
     pub vec4: bool,
     /// Declared as `array<vec4<f32>>` whatever its dtype (`raw16` on the signature line;
-    /// read-only): 16-byte runs of raw bits (8 halves of f16) that the kernel only moves,
-    /// for the `//! requires spirv` kernels (`kernels::spirv`). No element accessors.
+    /// read-only): 16-byte runs of raw bits (8 halves of f16 or bf16) that the kernel moves,
+    /// for the `//! requires spirv` kernels (`kernels::spirv`). No element accessors; the
+    /// constant `x_bf16` says which type the runs carry.
     pub raw16: bool,
 }
 
@@ -256,9 +265,19 @@ fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), S
                 w => return Err(format!("binding {part:?} of {name}: unexpected {w:?}")),
             }
         }
-        if vec4 && !matches!(elem, Elem::Data | Elem::F32 | Elem::F16) {
+        if vec4 && !matches!(elem, Elem::Data | Elem::F32 | Elem::F16 | Elem::Half) {
             return Err(format!(
                 "binding {part:?} of {name}: vec4 is for float bindings"
+            ));
+        }
+        if raw16 && elem != Elem::Half {
+            return Err(format!(
+                "binding {part:?} of {name}: raw16 operands are half"
+            ));
+        }
+        if elem == Elem::Half && write {
+            return Err(format!(
+                "binding {part:?} of {name}: half operands are read-only"
             ));
         }
         if raw16 && (write || vec4) {
@@ -536,8 +555,16 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
             s,
             "@group(0) @binding({binding}) var<storage, read> {n}: array<vec4<f32>>;"
         );
+        // Which 16-bit type the runs carry, for kernels that also read them as numbers.
+        let _ = writeln!(s, "const {n}_bf16: bool = {};", dtype == DType::BF16);
         return;
     }
+    // A `half` operand is declared as f16 whatever the launch binds (see `Elem::Half`).
+    let dtype = if d.elem == Elem::Half {
+        DType::F16
+    } else {
+        dtype
+    };
     let at = format!("@group(0) @binding({binding}) var<storage, read_write> {n}");
     // Float views (`ldf_x`, `stf_x`) exist for every binding, so one kernel body can convert
     // between any two dtypes (cast); for float storage they are the plain accessors.
@@ -582,16 +609,29 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
                 "fn st4_{n}(j_: u32, v_: vec4<f32>) {{ {n}[j_] = {store}; }}"
             );
             // One element of a vec4 binding, where the element is its own word or half (a
-            // store to a vector's component); packed halves would need a read-modify-write.
+            // store to a vector's component). Packed halves take a read-modify-write of their
+            // word, which is not atomic: a kernel stores them one by one only where no other
+            // invocation writes the word's other half (matmul_wide.wgsl's host sends bf16
+            // outputs that are not in runs of 4 through f32 partials instead).
             let one = match (dtype, target.f16) {
                 (DType::F32, _) => Some("v_"),
                 (DType::F16, F16Mode::Native) => Some("f16(v_)"),
+                _ => None,
+            };
+            let bits = match (dtype, target.f16) {
+                (DType::F16, F16Mode::Packed) => Some("f16_bits(v_)"),
+                (DType::BF16, _) => Some("bf16_round(v_)"),
                 _ => None,
             };
             if let Some(one) = one {
                 let _ = writeln!(
                     s,
                     "fn st_{n}(i_: u32, v_: f32) {{ {n}[i_ >> 2u][i_ & 3u] = {one}; }}"
+                );
+            } else if let Some(bits) = bits {
+                let _ = writeln!(
+                    s,
+                    "fn st_{n}(i_: u32, v_: f32) {{ let h_ = (i_ >> 1u) & 1u; let s_ = (i_ & 1u) * 16u; let w_ = {n}[i_ >> 2u][h_]; {n}[i_ >> 2u][h_] = (w_ & ~(0xffffu << s_)) | ({bits} << s_); }}"
                 );
             }
         }
@@ -762,8 +802,13 @@ mod tests {
         assert!(e[1].bindings.is_empty() && e[1].accepts_consts(&[]));
         assert!(parse_entries("//! entry z(x: float)\n").is_err());
         assert!(parse_entries("//! entry z(x: data vec4)\n").is_ok_and(|e| e[0].bindings[0].vec4));
-        assert!(parse_entries("//! entry z(x: f16 raw16)\n").is_ok_and(|e| e[0].bindings[0].raw16));
-        assert!(parse_entries("//! entry z(x: f16 mut raw16)\n").is_err());
+        assert!(
+            parse_entries("//! entry z(x: half raw16)\n").is_ok_and(|e| e[0].bindings[0].raw16)
+        );
+        assert!(parse_entries("//! entry z(x: half mut raw16)\n").is_err());
+        assert!(parse_entries("//! entry z(x: f16 raw16)\n").is_err());
+        assert!(parse_entries("//! entry z(x: half vec4)\n").is_ok_and(|e| e[0].bindings[0].vec4));
+        assert!(parse_entries("//! entry z(x: half mut)\n").is_err());
         assert!(
             parse_entries("//! entry z(x: data mut vec4)\n").is_ok_and(|e| e[0].bindings[0].write)
         );

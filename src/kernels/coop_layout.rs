@@ -52,11 +52,17 @@ impl CoopLayout {
     }
 }
 
-/// Whether tensor-core kernels may work on their accumulators' elements in registers (the
-/// `_reg` entries of attention_coop.wgsl, matmul_wide.wgsl's REGS epilogue): `dev`'s layout
-/// is the one they are written for, [`CoopLayout::quad_rows`].
+/// Whether tensor-core kernels with f16 operands may work on their accumulators' elements
+/// in registers (the `_reg` entries of attention_coop.wgsl, matmul_wide.wgsl's REGS
+/// epilogue): `dev`'s layout is the one they are written for, [`CoopLayout::quad_rows`].
 pub fn quad_rows(dev: &Device) -> Result<bool> {
-    Ok(layout(dev)?.is_some_and(|l| l == CoopLayout::quad_rows()))
+    quad_rows_for(dev, DType::F16)
+}
+
+/// [`quad_rows`] for kernels whose operands are `dtype` (f16 or bf16, whose matrices the
+/// driver may lay out apart).
+pub fn quad_rows_for(dev: &Device, dtype: DType) -> Result<bool> {
+    Ok(layout_for(dev, dtype)?.is_some_and(|l| l == CoopLayout::quad_rows()))
 }
 
 /// The layout of `dev`'s 16 x 16 cooperative matrices, measured on first use (see the
@@ -65,27 +71,42 @@ pub fn quad_rows(dev: &Device) -> Result<bool> {
 /// where the measurement failed or was not a layout (every position held by exactly one
 /// element, and elements read back as written).
 pub fn layout(dev: &Device) -> Result<Option<CoopLayout>> {
+    layout_for(dev, DType::F16)
+}
+
+/// [`layout`] with `dtype` operands: f16, or bf16 where the device has bf16 matrices
+/// (`Caps::coop_bf16_16`; the probe's 16-bit values then are bf16, which hold its integers
+/// up to 255 exactly).
+pub fn layout_for(dev: &Device, dtype: DType) -> Result<Option<CoopLayout>> {
     let st = state(dev)?;
-    if let Some(l) = st.coop_layout.get() {
+    let c = dev.caps();
+    let (cell, has) = match dtype {
+        DType::F16 => (&st.coop_layout, true),
+        DType::BF16 => (&st.coop_layout_bf16, c.coop_bf16_16),
+        _ => return Ok(None),
+    };
+    if let Some(l) = cell.get() {
         return Ok(l.clone());
     }
-    let c = dev.caps();
-    let measured = if c.coop_elements
+    let measured = if has
+        && c.coop_elements
         && c.f16
         && c.subgroups
         && c.subgroup_min == 32
         && c.subgroup_max == 32
     {
         // A failed measurement means only that no kernel may assume a layout.
-        measure(dev).ok().flatten()
+        measure(dev, dtype).ok().flatten()
     } else {
         None
     };
-    Ok(st.coop_layout.get_or_init(|| measured).clone())
+    Ok(cell.get_or_init(|| measured).clone())
 }
 
-fn measure(dev: &Device) -> Result<Option<CoopLayout>> {
+fn measure(dev: &Device, dtype: DType) -> Result<Option<CoopLayout>> {
     let out = dev.alloc(768 * 4)?;
+    // Bound to say the operands' type (bf16 retypes the probe's 16-bit values); never read.
+    let half = dev.alloc(16)?;
     launch(
         dev,
         &Launch {
@@ -94,10 +115,16 @@ fn measure(dev: &Device) -> Result<Option<CoopLayout>> {
             wg: 32,
             consts: &[],
             params: LayoutParams { n: 0 },
-            args: &[Arg {
-                block: &out,
-                dtype: DType::F32,
-            }],
+            args: &[
+                Arg {
+                    block: &out,
+                    dtype: DType::F32,
+                },
+                Arg {
+                    block: &half,
+                    dtype,
+                },
+            ],
             groups: [1, 1, 1],
         },
     )?;

@@ -549,6 +549,13 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         splits,
         ..
     } = mp::launch(&problem, dev.hardware(), config);
+    // `wide` stores bf16 outputs (two to a word) four at a time only: stored one by one, two
+    // invocations could write one word. Where N or C's offset breaks runs of 4 it writes f32
+    // partials instead, which the `splitk` pass converts.
+    let scattered_bf16 = config.wide()
+        && g.c_dtype == DType::BF16
+        && (!g.n.is_multiple_of(4) || !g.offsets.2.is_multiple_of(4));
+    let via_partials = splits > 1 || scattered_bf16;
     let max_z = dev.caps().max_groups_per_dim as usize;
     if g.batch * splits > max_z {
         return Err(Error::LimitExceeded {
@@ -582,7 +589,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         c_off: g.offsets.2 as u32,
         kchunk: kchunk as u32,
         splits: splits as u32,
-        raw: (splits > 1) as u32,
+        raw: via_partials as u32,
         bias_rows: g.bias_rows as u32,
         bias_bs: g.bias_bs as u32,
         ..Default::default()
@@ -632,7 +639,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         None => params,
     };
     let rsum = sums_row_fused(config, g);
-    let part = if splits > 1 {
+    let part = if via_partials {
         Some(dev.alloc((splits * g.batch * g.m * g.n * 4) as u64)?)
     } else {
         None
@@ -672,7 +679,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
     // The CPU kernels compile the epilogue away when there is nothing to apply; the
     // tensor-core kernels take the whole choice as a constant (common.wgsl `matmul_fused`).
     let epi = (g.bias.is_some() || g.act != Act::None) as u32;
-    let fuse = if splits > 1 {
+    let fuse = if via_partials {
         0
     } else {
         g.bias.is_some() as u32 + 2 * g.act as u32
@@ -691,7 +698,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
             let regs = reg_rows >= 128
                 && p.n % 4 == 0
                 && p.c_off % 4 == 0
-                && super::coop_layout::quad_rows(dev)?;
+                && super::coop_layout::quad_rows_for(dev, g.dtype)?;
             (
                 Kernel::MatmulWide,
                 "main",

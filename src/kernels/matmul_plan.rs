@@ -95,7 +95,7 @@ pub struct Plan {
 ///
 /// let lavapipe = DeviceProfile {
 ///     cpu: true, cores: None, subgroups: Some((4, 64)), f16: true, coop_f16_16: false,
-///     spirv: true, workgroup_storage: 32768,
+///     coop_bf16_16: false, spirv: true, workgroup_storage: 32768,
 /// };
 /// let p = plan(&Problem::dense(DType::F32, (64, 64, 64), (false, false)), &lavapipe, None);
 /// assert!(matches!(p.config, Config::SimtN4(..)));
@@ -330,6 +330,11 @@ fn choose(hw: &DeviceProfile, dtype: DType, m: usize, n: usize, k: usize) -> Con
     if coop_ok && m >= 64 && n >= 64 && k >= 16 {
         return Config::Coop;
     }
+    general(hw, m, n)
+}
+
+/// The kernel for an M x N product without tensor cores.
+fn general(hw: &DeviceProfile, m: usize, n: usize) -> Config {
     // CPU adapters (lavapipe) run workgroup barriers as coroutine switches: the register-tile
     // kernels without workgroup memory ran MNIST's products 4x (scalar) to 12x (4-wide
     // loads) faster than the tiled kernel there.
@@ -447,6 +452,14 @@ pub fn config(p: &Problem, hw: &DeviceProfile, forced: Option<Config>) -> Config
         } else {
             Config::CoopTiled
         };
+    }
+    // Only `wide` (wgrad's SPIR-V) multiplies bf16 matrices: the other tensor-core kernels
+    // are WGSL, which has no bf16 type.
+    if dtype != DType::F16 && !config.wide() && (config.staged_tc() || config == Config::Coop) {
+        config = general(hw, m, n);
+        if config == Config::Reg && !runs_of_4 {
+            config = Config::Tiled(64, 64, 16, 4, 4);
+        }
     }
     if matches!(config, Config::Simt(..)) {
         // 4-element loads need 4-aligned element offsets along the loaded axis.
@@ -651,6 +664,7 @@ mod tests {
             subgroups: Some(subgroups),
             f16: true,
             coop_f16_16: coop,
+            coop_bf16_16: coop,
             spirv,
             workgroup_storage: 49152,
         };
@@ -675,6 +689,7 @@ mod tests {
                     subgroups: Some((4, 64)),
                     f16: true,
                     coop_f16_16: false,
+                    coop_bf16_16: false,
                     spirv: true,
                     workgroup_storage: 32768,
                 },
@@ -772,6 +787,67 @@ mod tests {
         let p = planned(&unknown, f16, (384, 384, 16384), tn);
         assert_eq!(p.config, CoopWide);
         assert_eq!(p.splits, 16384usize.div_ceil(CoopWide.kchunk()));
+    }
+
+    /// bf16 products take `wide`'s tilings wherever f16 ones do (the same kernel, its
+    /// operand matrices bf16), and `reg` or the tiled kernel where `wide` cannot run: the
+    /// other tensor-core kernels are WGSL, which has no bf16. Without bf16 cooperative
+    /// matrices (a driver without VK_KHR_shader_bfloat16, `WGRAD_DISABLE=bf16_coop`) they
+    /// all run on `reg`.
+    #[test]
+    fn bf16_products_plan_like_f16_on_wide_only() {
+        use Config::*;
+        let [h100, ..] = profiles().map(|(_, p)| p);
+        let (f16, bf16) = (DType::F16, DType::BF16);
+        let (nn, tn, nt) = ((false, false), (true, false), (false, true));
+        for (mnk, layout) in [
+            ((16384, 1152, 384), nt),
+            ((16384, 384, 1152), nn),
+            ((4096, 4096, 4096), nn),
+            ((1152, 384, 16384), tn),
+            ((384, 384, 16384), tn),
+            ((64, 4096, 256), nn),
+        ] {
+            let want = planned(&h100, f16, mnk, layout);
+            assert!(want.config.wide(), "{mnk:?}");
+            assert_eq!(
+                planned(&h100, bf16, mnk, layout),
+                want,
+                "{mnk:?} {layout:?}"
+            );
+        }
+        // Runs of 4, not 8 (a row pitch of 4100): `main` for f16, `reg` for bf16.
+        let mut odd = Problem::dense(bf16, (4096, 4100, 4096), nn);
+        assert_eq!(plan(&odd, &h100, None).config, Reg);
+        odd.dtype = f16;
+        assert_eq!(plan(&odd, &h100, None).config, CoopTiled);
+        // Runs of 1: the tiled kernel for bf16, `Coop` for f16.
+        let mut one = Problem::dense(bf16, (4096, 4097, 4096), nn);
+        assert_eq!(plan(&one, &h100, None).config, Tiled(64, 64, 16, 4, 4));
+        one.dtype = f16;
+        assert_eq!(plan(&one, &h100, None).config, Coop);
+        // Forcing a WGSL tensor-core kernel leaves bf16 on the general ones.
+        let dense = Problem::dense(bf16, (4096, 4096, 4096), nn);
+        assert_eq!(plan(&dense, &h100, Some(CoopTiled)).config, Reg);
+        assert_eq!(plan(&dense, &h100, Some(CoopWide)).config, CoopWide);
+        // Padding to runs of 8 pays for bf16 as for f16.
+        odd.dtype = bf16;
+        assert_eq!(
+            padding_gain(&odd, &h100, None, (4096, 4104, 4096), nn),
+            Some(8)
+        );
+        let no_bf16 = DeviceProfile {
+            coop_bf16_16: false,
+            ..h100.clone()
+        };
+        assert!(!no_bf16.tensor_cores(bf16) && no_bf16.tensor_cores(f16));
+        assert_eq!(planned(&no_bf16, bf16, (4096, 4096, 4096), nn).config, Reg);
+        // bf16 matrices need wgrad's SPIR-V.
+        let no_spirv = DeviceProfile {
+            spirv: false,
+            ..h100.clone()
+        };
+        assert!(!no_spirv.tensor_cores(bf16));
     }
 
     /// Padding and the f32 split read the profile too: `wide` pads to runs of 8 where it

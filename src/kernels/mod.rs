@@ -72,8 +72,10 @@ use std::sync::OnceLock;
 pub(crate) struct State {
     pub(crate) pipelines: pipeline::Cache,
     pub(crate) tuner: autotune::Tuner,
-    /// The cooperative-matrix layout, once measured (`coop_layout::layout`).
+    /// The cooperative-matrix layout, once measured (`coop_layout::layout`), with f16 and
+    /// with bf16 operands.
     pub(crate) coop_layout: OnceLock<Option<coop_layout::CoopLayout>>,
+    pub(crate) coop_layout_bf16: OnceLock<Option<coop_layout::CoopLayout>>,
 }
 
 pub(crate) fn state(dev: &Device) -> Result<&State> {

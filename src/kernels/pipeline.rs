@@ -158,7 +158,17 @@ pub(crate) fn get(
     }
     let sig = key.kernel.entry(key.entry)?;
     let own_spirv = sig.spirv || (sig.prefers_spirv && dev.caps().spirv);
-    let p = Arc::new(build(dev, &label, n_storage, &src, own_spirv)?);
+    // `half` operands hold bf16 where the launch binds bf16 there: the module's 16-bit
+    // values and operand matrices are then bf16 instead of f16.
+    let bf16_operands = sig.bindings.iter().enumerate().any(|(i, b)| {
+        b.elem == compose::Elem::Half && (key.dtypes >> (3 * i)) & 7 == dtype_code(DType::BF16)
+    });
+    let half = if bf16_operands {
+        spirv::Half::BF16
+    } else {
+        spirv::Half::F16
+    };
+    let p = Arc::new(build(dev, &label, n_storage, &src, own_spirv, half)?);
     c.map
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -172,6 +182,7 @@ fn build(
     n_storage: usize,
     src: &str,
     own_spirv: bool,
+    half: spirv::Half,
 ) -> Result<Pipeline> {
     let d = dev.wgpu();
     // The element-access stubs have bodies only in wgrad's own SPIR-V (`spirv::element_access`):
@@ -189,6 +200,11 @@ fn build(
                 "kernel {label} needs SPIR-V passthrough, which this device does not have"
             )));
         }
+        if half == spirv::Half::BF16 && !c.coop_bf16_16 {
+            return Err(Error::Internal(format!(
+                "kernel {label} multiplies bf16 matrices, which this device was not opened with"
+            )));
+        }
         let checks = dev.inner.shader_checks;
         let target = spirv::SpirvTarget {
             f16: c.f16,
@@ -198,7 +214,13 @@ fn build(
             full_checks: checks == ShaderChecks::Full,
         };
         let words = spirv::compile(src, target).and_then(|mut w| {
-            spirv::f16_operands(&mut w)?;
+            match half {
+                spirv::Half::F16 => spirv::f16_operands(&mut w)?,
+                spirv::Half::BF16 => {
+                    spirv::bf16_halves(&mut w)?;
+                    spirv::bf16_operands(&mut w)?
+                }
+            };
             spirv::element_access(&mut w)?;
             spirv::dont_unroll(&mut w)?;
             Ok(w)
@@ -233,8 +255,9 @@ fn build(
     let module = match words {
         // SAFETY: the words are naga's output for WGSL that naga validated, compiled with
         // the bounds checks wgpu itself would add (`spirv::compile`); the rewrites after it
-        // change the component type of operand matrices that carry f16 bits
-        // (`spirv::f16_operands`, whose precondition tests/shaders.rs checks per kernel),
+        // change the component type of operand matrices that carry f16 or bf16 bits
+        // (`spirv::f16_operands`, `spirv::bf16_operands`, whose precondition tests/shaders.rs
+        // checks per kernel; bf16 only on a device opened with its extension),
         // give the element-access stubs their one-instruction bodies
         // (`spirv::element_access`) and set loop-unrolling hints (`spirv::dont_unroll`).
         Some(words) => unsafe {

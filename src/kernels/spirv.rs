@@ -18,6 +18,12 @@
 //! driver's unrolling spilled registers). wgpu hands the result to the driver unchanged
 //! (`PASSTHROUGH_SHADERS`, Vulkan only; `Caps::spirv`).
 //!
+//! bf16 operands move through the same carriers (a run of 8 bf16 values is 16 bytes too):
+//! [`bf16_operands`] retypes the two matrix types to bf16 instead, and for kernels that hold
+//! their operands as f16 values (the attention's `_reg` entries) [`bf16_halves`] makes every
+//! 16-bit value of the module bf16. Both need a device opened with `VK_KHR_shader_bfloat16`
+//! (`Caps::coop_bf16_16`).
+//!
 //! The retyping relies on a rule such kernels keep: f32 A and B matrices serve only as
 //! carriers (an f32 accumulator, role C, is a separate type and stays f32). `tests/shaders.rs`
 //! compiles every composition and checks that exactly those two types change, and that
@@ -166,21 +172,165 @@ pub fn dont_unroll(words: &mut [u32]) -> Result<usize> {
     Ok(n)
 }
 
+/// The 16-bit float a kernel's operand matrices are retyped to ([`f16_operands`],
+/// [`bf16_operands`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// IEEE binary16: `OpTypeFloat 16`.
+    F16,
+    /// bfloat16: `OpTypeFloat 16 BFloat16KHR` (SPV_KHR_bfloat16).
+    BF16,
+}
+
+impl Half {
+    /// The type's OpTypeFloat operands after its id.
+    fn operands(self) -> &'static [u32] {
+        // FP encoding BFloat16KHR = 0.
+        match self {
+            Half::F16 => &[16],
+            Half::BF16 => &[16, 0],
+        }
+    }
+}
+
 /// Retypes the module's f32 A and B cooperative-matrix types to f16 (see the module docs):
 /// their OpTypeCooperativeMatrixKHR instructions name the f16 type instead of f32. Returns
 /// how many types it changed. Where the module has no f16 type (every binding f32, as a
 /// split product's partials), it declares one (the module has the Float16 capability
 /// wherever these kernels run: `SpirvTarget::f16`).
 pub fn f16_operands(words: &mut Vec<u32>) -> Result<usize> {
+    retype_operands(words, Half::F16)
+}
+
+/// [`f16_operands`] for bf16 operands: the A and B matrices become bfloat16 ones, the module
+/// declares the bfloat16 type where it has none, and gains SPV_KHR_bfloat16 with the
+/// BFloat16TypeKHR and BFloat16CooperativeMatrixKHR capabilities where any type changed.
+/// The operands' bits move through the same f32 carriers: a run of 8 bf16 values is 16 bytes
+/// as 8 f16 ones are. Only for devices opened with `VK_KHR_shader_bfloat16`
+/// (`Caps::coop_bf16_16`).
+pub fn bf16_operands(words: &mut Vec<u32>) -> Result<usize> {
+    let changed = retype_operands(words, Half::BF16)?;
+    if changed > 0 {
+        require_bf16(words)?;
+    }
+    Ok(changed)
+}
+
+/// Makes every f16 value of the module a bfloat16 one: its `OpTypeFloat 16` gains the
+/// BFloat16KHR encoding, so f16 bindings, workgroup arrays, conversions and cooperative
+/// matrices all become bf16, and the module gains SPV_KHR_bfloat16. For kernels that only move
+/// and convert their 16-bit values and multiply them on cooperative matrices (the tensor-core
+/// attention, whose `half` bindings carry bf16 where the launch binds bf16). SPV_KHR_bfloat16
+/// allows no arithmetic on bf16: a module that computes on its f16 values, or holds an f16
+/// constant bf16 cannot represent, is refused with an error. Returns whether the module had
+/// an f16 type.
+pub fn bf16_halves(words: &mut Vec<u32>) -> Result<bool> {
+    let bad = |why: String| Error::Internal(format!("SPIR-V module to bf16: {why}"));
+    let insts = instructions(words)?;
+    let Some(&(_, f16_at)) = insts
+        .iter()
+        .find(|&&(op, at)| op == OP_TYPE_FLOAT && words[at] >> 16 == 3 && words[at + 2] == 16)
+    else {
+        return Ok(false);
+    };
+    let f16_id = words[f16_at + 1];
+    // f16 constants: their bits are binary16's, rewritten as bfloat16's where exact.
+    for &(op, at) in &insts {
+        if op == OP_CONSTANT && words[at] >> 16 == 4 && words[at + 1] == f16_id {
+            let x = half::f16::from_bits(words[at + 3] as u16).to_f32();
+            let b = half::bf16::from_f32(x);
+            if b.to_f32() != x && !x.is_nan() {
+                return Err(bad(format!("the f16 constant {x} is not a bf16 value")));
+            }
+            words[at + 3] = b.to_bits() as u32;
+        }
+    }
+    words[f16_at] = (4 << 16) | OP_TYPE_FLOAT;
+    words.insert(f16_at + 3, 0);
+    check_bf16_use(words, f16_id)?;
+    require_bf16(words)?;
+    Ok(true)
+}
+
+/// Checks SPV_KHR_bfloat16's rule on the module whose `bf16` type was just declared: values
+/// of types that are or include bf16 go only to constant, memory, function, conversion and
+/// composite instructions, OpDot, the cooperative-matrix product and length, OpSelect, OpPhi
+/// and OpReturnValue.
+fn check_bf16_use(words: &[u32], bf16: u32) -> Result<()> {
+    const TYPE_OPS: std::ops::RangeInclusive<u32> = 19..=39;
+    // Types built on another: vector, matrix, array, runtime array, struct, pointer,
+    // function, cooperative matrix (their operands after the result id name types).
+    const COMPOSED_TYPES: [u32; 8] = [23, 24, 28, 29, 30, 32, 33, OP_TYPE_COOP_MATRIX];
+    fn allowed(op: u32) -> bool {
+        matches!(op,
+            // Debug names and decorations.
+            5 | 6 | 71 | 72
+            // Constant creation, memory, function.
+            | 41..=52 | 59..=70 | 4457 | 4458 | 54..=57
+            // Conversion and composite instructions.
+            | 109..=126 | 77..=84 | 400
+            // OpDot, OpSelect, OpPhi, OpReturnValue, lifetimes.
+            | 148 | 169 | 245 | 254 | 256 | 257
+            // Cooperative-matrix product and length.
+            | 4459 | 4460)
+    }
+    let insts = instructions(words)?;
+    let mut tainted = std::collections::HashSet::from([bf16]);
+    for &(op, at) in &insts {
+        let n = (words[at] >> 16) as usize;
+        let operands = &words[at + 1..at + n];
+        let is_type = TYPE_OPS.contains(&op) || op == OP_TYPE_COOP_MATRIX;
+        if is_type {
+            if COMPOSED_TYPES.contains(&op) && operands[1..].iter().any(|w| tainted.contains(w)) {
+                tainted.insert(operands[0]);
+            }
+        } else if !matches!(op, 5 | 6 | 15 | 16 | 62..=64 | 71 | 72)
+            && operands.len() >= 2
+            && tainted.contains(&operands[0])
+        {
+            // A result of a bf16 (or bf16-holding) type.
+            tainted.insert(operands[1]);
+        }
+    }
+    for &(op, at) in &insts {
+        let n = (words[at] >> 16) as usize;
+        let is_type = TYPE_OPS.contains(&op) || op == OP_TYPE_COOP_MATRIX;
+        // The module's header and control flow carry literals (capabilities, loop
+        // controls) that could equal a bf16 id, and never a bf16 value.
+        let header_or_flow =
+            matches!(op, 3 | 4 | 7 | 8 | 10 | 11 | 14..=17 | 246..=253 | 317 | 330 | 331);
+        if is_type || allowed(op) || header_or_flow {
+            continue;
+        }
+        // OpExtInst: result type, result, set, instruction number (a literal), operands.
+        let from = if op == 12 { at + 5 } else { at + 1 };
+        let result_type = n > 1 && tainted.contains(&words[at + 1]);
+        if result_type
+            || words[from.min(at + n)..at + n]
+                .iter()
+                .any(|w| tainted.contains(w))
+        {
+            return Err(Error::Internal(format!(
+                "SPIR-V module to bf16: opcode {op} computes on a bf16 value, which \
+                 SPV_KHR_bfloat16 does not allow"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `retype_operands`'s work: the A and B matrix types of f32 become `half`'s.
+fn retype_operands(words: &mut Vec<u32>, half: Half) -> Result<usize> {
     let insts = instructions(words)?;
     // (`instructions` checked that every instruction's words are inside the module.)
-    let float = |width: u32| {
+    let float = |operands: &[u32]| {
         insts.iter().find_map(|&(op, at)| {
-            (op == OP_TYPE_FLOAT && words[at] >> 16 >= 3 && words[at + 2] == width)
+            let n = (words[at] >> 16) as usize;
+            (op == OP_TYPE_FLOAT && n == 2 + operands.len() && words[at + 2..at + n] == *operands)
                 .then(|| words[at + 1])
         })
     };
-    let (Some(f32_id), f16_id) = (float(32), float(16)) else {
+    let (Some(f32_id), half_id) = (float(&[32]), float(half.operands())) else {
         return Ok(0);
     };
     let mut changed = 0;
@@ -196,9 +346,9 @@ pub fn f16_operands(words: &mut Vec<u32>) -> Result<usize> {
                 .then(|| words[a + 3])
         });
         if matches!(value, Some(USE_A | USE_B)) {
-            let Some(f16) = f16_id else {
-                // OpTypeFloat %bound 16 after the f32 type (a type is declared before its
-                // uses), the bound one higher; then retype.
+            let Some(h) = half_id else {
+                // OpTypeFloat %bound <operands> after the f32 type (a type is declared before
+                // its uses), the bound one higher; then retype.
                 let (_, f32_at) = insts
                     .iter()
                     .copied()
@@ -207,14 +357,60 @@ pub fn f16_operands(words: &mut Vec<u32>) -> Result<usize> {
                 let id = words[3];
                 words[3] += 1;
                 let end = f32_at + (words[f32_at] >> 16) as usize;
-                words.splice(end..end, [(3 << 16) | OP_TYPE_FLOAT, id, 16]);
-                return f16_operands(words);
+                let ops = half.operands();
+                let mut decl = vec![((2 + ops.len() as u32) << 16) | OP_TYPE_FLOAT, id];
+                decl.extend_from_slice(ops);
+                words.splice(end..end, decl);
+                return retype_operands(words, half);
             };
-            words[at + 2] = f16;
+            words[at + 2] = h;
             changed += 1;
         }
     }
     Ok(changed)
+}
+
+/// Adds SPV_KHR_bfloat16's capabilities (BFloat16TypeKHR, BFloat16CooperativeMatrixKHR)
+/// after the module's last capability and its extension after them, where missing.
+fn require_bf16(words: &mut Vec<u32>) -> Result<()> {
+    const OP_CAPABILITY: u32 = 17;
+    const OP_EXTENSION: u32 = 10;
+    const BF16_TYPE: u32 = 5116;
+    const BF16_COOP: u32 = 5118;
+    const EXTENSION: &str = "SPV_KHR_bfloat16";
+    let insts = instructions(words)?;
+    let has_cap = |c: u32| {
+        insts
+            .iter()
+            .any(|&(op, at)| op == OP_CAPABILITY && words[at] >> 16 == 2 && words[at + 1] == c)
+    };
+    let has_ext = insts.iter().any(|&(op, at)| {
+        op == OP_EXTENSION && literal(&words[at + 1..at + (words[at] >> 16) as usize]) == EXTENSION
+    });
+    let Some(&(_, last_cap)) = insts.iter().rev().find(|&&(op, _)| op == OP_CAPABILITY) else {
+        return Err(Error::Internal("SPIR-V module: no capability".into()));
+    };
+    let mut add = Vec::new();
+    for c in [BF16_TYPE, BF16_COOP] {
+        if !has_cap(c) {
+            add.extend([(2 << 16) | OP_CAPABILITY, c]);
+        }
+    }
+    if !has_ext {
+        // A literal string: UTF-8, NUL-terminated, padded to whole words.
+        let mut bytes = EXTENSION.as_bytes().to_vec();
+        bytes.resize((bytes.len() / 4 + 1) * 4, 0);
+        let text: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        add.push(((1 + text.len() as u32) << 16) | OP_EXTENSION);
+        add.extend(text);
+    }
+    // Capabilities, then extensions: the module's layout.
+    let end = last_cap + 2;
+    words.splice(end..end, add);
+    Ok(())
 }
 
 /// An element-access stub's role by its name: `coop_get<E>u` reads element E of the

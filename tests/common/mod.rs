@@ -147,6 +147,12 @@ pub fn broadcast_apply(
 
 /// Whether `dev` runs the `wide` tensor-core product for f16 (what `forced(CoopWide)` gets).
 pub fn runs_wide(dev: &wgrad::Device) -> bool {
+    runs_wide_for(dev, DType::F16)
+}
+
+/// Whether `wide` runs `dtype`'s products on `dev` (bf16: where the device was opened with
+/// bf16 cooperative matrices).
+pub fn runs_wide_for(dev: &wgrad::Device, dtype: DType) -> bool {
     use wgrad::kernels::matmul::{Config, Operands, forced, plan};
     let square = Operands {
         a_strides: (128, 1),
@@ -155,7 +161,7 @@ pub fn runs_wide(dev: &wgrad::Device) -> bool {
         batch_strides: (0, 0),
     };
     forced(Config::CoopWide, || {
-        plan(dev, DType::F16, (128, 128, 128), &square)
+        plan(dev, dtype, (128, 128, 128), &square)
     })
     .unwrap()
         == Config::CoopWide
