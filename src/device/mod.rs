@@ -380,7 +380,7 @@ impl Device {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let key = IdleKey {
+        let mut key = IdleKey {
             index,
             adapter: ainfo.clone(),
             features: want,
@@ -393,11 +393,19 @@ impl Device {
                 .position(|d| d.key == key)
                 .map(|i| idle.swap_remove(i))
         };
-        let (device, queue) = match kept {
-            Some(d) => (d.device, d.queue),
-            None if coop_bf16 => hardware::open_with_bf16(&adapter, &desc)
-                .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?,
-            None => pollster::block_on(adapter.request_device(&desc))
+        let opened_with_bf16 = match kept {
+            Some(_) => None,
+            // A driver that lists bf16 matrices but fails to open a device with them gets the
+            // device wgpu would open, without them.
+            None if coop_bf16 => hardware::open_with_bf16(&adapter, &desc).ok(),
+            None => None,
+        };
+        let coop_bf16 = coop_bf16 && (kept.is_some() || opened_with_bf16.is_some());
+        key.bf16 = coop_bf16;
+        let (device, queue) = match (kept, opened_with_bf16) {
+            (Some(d), _) => (d.device, d.queue),
+            (None, Some(opened)) => opened,
+            (None, None) => pollster::block_on(adapter.request_device(&desc))
                 .map_err(|e| Error::NoAdapter(format!("request_device on {}: {e}", ainfo.name)))?,
         };
         let reuse = gl_instance.is_none().then_some(key);
