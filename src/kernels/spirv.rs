@@ -275,6 +275,9 @@ fn check_bf16_use(words: &[u32], bf16: u32) -> Result<()> {
             | 4459 | 4460)
     }
     let insts = instructions(words)?;
+    // Ids of bf16 types and values, in one pass: SPIR-V declares a type before its uses, and
+    // a value's type decides whether it is one. (The header's, names' and decorations' first
+    // operands are not result types.)
     let mut tainted = std::collections::HashSet::from([bf16]);
     for &(op, at) in &insts {
         let n = (words[at] >> 16) as usize;
@@ -284,7 +287,7 @@ fn check_bf16_use(words: &[u32], bf16: u32) -> Result<()> {
             if COMPOSED_TYPES.contains(&op) && operands[1..].iter().any(|w| tainted.contains(w)) {
                 tainted.insert(operands[0]);
             }
-        } else if !matches!(op, 5 | 6 | 15 | 16 | 62..=64 | 71 | 72)
+        } else if !matches!(op, 3 | 4 | 5..=8 | 10 | 11 | 14..=17 | 62..=64 | 71 | 72)
             && operands.len() >= 2
             && tainted.contains(&operands[0])
         {
