@@ -390,46 +390,55 @@ fn codes_are_used_and_files_documented() {
     }
 }
 
+/// `wide`'s SPIR-V as naga writes it (before any retyping), composed for the first target
+/// with these layouts, row sums and dtypes, 128 x 128 tiles.
+fn wide_spirv((ta, tb): (u32, u32), rsum: u32, dtypes: &[DType]) -> Vec<u32> {
+    use wgrad::kernels::spirv::{SpirvTarget, compile};
+    let k = Kernel::MatmulWide;
+    let sig = &k.entries().expect("signatures parse")[0];
+    let consts = [
+        ("TA", ta),
+        ("TB", tb),
+        ("FUSE", 0),
+        ("GATHER", 0),
+        ("RM", 128),
+        ("RN", 128),
+        ("RSUM", rsum),
+        ("REGS", 0),
+    ];
+    let src = compose::compose(
+        TARGETS[0],
+        k.source(),
+        sig,
+        128,
+        &consts,
+        dtypes,
+        k.codes(),
+        k.enables(),
+    )
+    .expect("composes");
+    let target = SpirvTarget {
+        f16: true,
+        subgroups: true,
+        coop: true,
+        bounds_checks: true,
+        full_checks: false,
+    };
+    compile(&src, target).expect("compiles")
+}
+
 /// `wide`'s split products bind only f32 buffers besides their f16 operands (partial
 /// products, and with RSUM partial row sums), so the module naga writes has no f16 type:
 /// the operand retyping declares one and retypes both matrix types.
 #[test]
 fn operand_retyping_declares_f16() {
-    use wgrad::kernels::spirv::{SpirvTarget, compile, f16_operands};
-    let k = Kernel::MatmulWide;
-    let sig = &k.entries().expect("signatures parse")[0];
-    let t = TARGETS[0];
+    use wgrad::kernels::spirv::f16_operands;
     for rsum in [0, 1] {
-        let consts = [
-            ("TA", 1),
-            ("TB", 0),
-            ("FUSE", 0),
-            ("GATHER", 0),
-            ("RM", 128),
-            ("RN", 128),
-            ("RSUM", rsum),
-            ("REGS", 0),
-        ];
-        let dtypes = [DType::F16, DType::F16, DType::F32, DType::F32];
-        let src = compose::compose(
-            t,
-            k.source(),
-            sig,
-            128,
-            &consts,
-            &dtypes,
-            k.codes(),
-            k.enables(),
-        )
-        .expect("composes");
-        let target = SpirvTarget {
-            f16: true,
-            subgroups: true,
-            coop: true,
-            bounds_checks: true,
-            full_checks: false,
-        };
-        let mut words = compile(&src, target).expect("compiles");
+        let mut words = wide_spirv(
+            (1, 0),
+            rsum,
+            &[DType::F16, DType::F16, DType::F32, DType::F32],
+        );
         let floats = |w: &[u32]| {
             let (mut at, mut widths) = (5, Vec::new());
             while at < w.len() {
@@ -455,43 +464,12 @@ fn operand_retyping_declares_f16() {
 /// f16 type (f16 output), that type is left alone.
 #[test]
 fn operand_retyping_to_bf16_declares_its_type_and_capabilities() {
-    use wgrad::kernels::spirv::{SpirvTarget, bf16_operands, compile};
-    let k = Kernel::MatmulWide;
-    let sig = &k.entries().expect("signatures parse")[0];
-    let t = TARGETS[0];
-    let consts = [
-        ("TA", 0),
-        ("TB", 1),
-        ("FUSE", 0),
-        ("GATHER", 0),
-        ("RM", 128),
-        ("RN", 128),
-        ("RSUM", 0),
-        ("REGS", 0),
-    ];
+    use wgrad::kernels::spirv::bf16_operands;
     for dtypes in [
         [DType::BF16, DType::BF16, DType::BF16, DType::BF16],
         [DType::BF16, DType::BF16, DType::F16, DType::F16],
     ] {
-        let src = compose::compose(
-            t,
-            k.source(),
-            sig,
-            128,
-            &consts,
-            &dtypes,
-            k.codes(),
-            k.enables(),
-        )
-        .expect("composes");
-        let target = SpirvTarget {
-            f16: true,
-            subgroups: true,
-            coop: true,
-            bounds_checks: true,
-            full_checks: false,
-        };
-        let mut words = compile(&src, target).expect("compiles");
+        let mut words = wide_spirv((0, 1), 0, &dtypes);
         // (opcode, operands) of every instruction.
         let insts = |w: &[u32]| {
             let (mut at, mut out) = (5, Vec::new());
