@@ -29,8 +29,8 @@
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
 //              State per row: acc[DMAX], m, l.
 //   fwd_tile, bwd_kv_tile, bwd_q_tile
-//              fwd, bwd_kv, bwd_q in register tiles for head dimensions up to 64 (fwd_tile
-//              also up to 128; see the entries).
+//              fwd, bwd_kv, bwd_q in register tiles for head dimensions up to 64 and up to
+//              128 (see the entries).
 //   bwd_delta  DL = 16 threads per query row: delta = sum_d dO * O (the softmax backward's
 //              dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
@@ -56,8 +56,7 @@
 // BC (OPT + 1); bwd_kv (BR DMAX / WG + 1) + 2 + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
 // (BR + 1) + BR (KPT + 1); bwd_q (BC DMAX / WG + 1) + (BR BC / WG + 1) + (BR BC / WG)(DMAX + 1) +
 // (BC + 1) + BC (OPT + 1). The host (kernels::attention) sizes chunks from these; the tile
-// kernels' counts are beside their chunk constants there (FWD_TILE_CHUNK, KV_TILE_CHUNK,
-// Q_TILE_CHUNK).
+// kernels' counts are beside their chunk sizes there (FWD_TILE_CHUNK, BackwardTile::chunk).
 
 struct Params {
   bh: u32,
@@ -149,10 +148,11 @@ fn key_end(q0: u32) -> u32 {
 }
 
 // Where the vec4 of dimensions 4 d4 .. 4 d4 + 3 of row `r` of a block sits when the register-
-// tile backward kernels stage rows as vec4s (a query in bwd_kv_tile, a key in bwd_q_tile):
-// rotated by r / 2, so that neighbouring rows' reads of one d4 fall on different banks.
-fn row_at(r: u32, d4: u32) -> u32 {
-  return r * 16u + ((d4 + r / 2u) & 15u);
+// tile backward kernels stage rows as vec4s (a query in bwd_kv_tile, a key in bwd_q_tile and
+// bwd_q_split): rotated by r / step, where a thread reads `step` neighbouring rows, so that
+// the threads of a subgroup reading one d4 of their rows fall on different banks.
+fn row_at(r: u32, d4: u32, step: u32) -> u32 {
+  return r * (DMAX / 4u) + ((d4 + r / step) & (DMAX / 4u - 1u));
 }
 
 //! entry fwd(q: data, k: data, v: data, o: data mut, lse: f32 mut, state: f32 mut)
@@ -853,26 +853,34 @@ fn main(ids: Ids) {
 }
 
 //! entry bwd_kv_tile(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dk: data mut, dv: data mut, state: f32 mut)
-//! check WG=128 BR=32 BC=16 DMAX=64 QPT=4
-//! check WG=256 BR=32 BC=32 DMAX=64 QPT=2
-// bwd_kv in register tiles, for head dimensions up to 64 (DMAX = 64, zero past d): the same
-// products, chunks and state. A workgroup takes BC keys (16 with WG = 128 threads, 32 with
-// 256 where workgroup memory allows), whose K and V sit in workgroup memory transposed (a vec4
-// of 4 keys per dimension), and walks the queries in blocks of 32, staging each block's Q and
-// dO row-major in rotated vec4s (as bwd_q_tile's K and V; QPT queries a thread). The two
-// halves of the workgroup split the work: a thread of the first half computes S and then
-// accumulates dK, one of the second dP' and dV, each for keys 4 kg .. 4 kg + 3 (kg = t % (WG /
-// 2) / 16) and, with x = t % 16, queries 2 x, 2 x + 1 (S, dP': vec4s over the keys; per 4
-// dimensions six vec4s read for 32 multiply-adds) or columns 4 x .. 4 x + 3 (dK, dV: two
-// vec4s read per 16 multiply-adds). P goes from the first half to the second through
-// workgroup memory, which forms dS and the dropped weights z P. (32 keys and 16 queries a
-// block with S and dP in the same thread would read a vec4 or a scalar every 2-3
-// multiply-adds.) Workgroup memory: 28.25 KiB with BC = 16, 40.25 KiB with 32.
+//! check WG=128 BR=32 BC=16 DMAX=64 QPT=4 NQ=2 DH=1
+//! check WG=256 BR=32 BC=32 DMAX=64 QPT=2 NQ=2 DH=1
+//! check WG=128 BR=16 BC=16 DMAX=128 QPT=4 NQ=1 DH=2
+//! check WG=64 BR=16 BC=8 DMAX=128 QPT=8 NQ=1 DH=2
+// bwd_kv in register tiles, for head dimensions up to 64 (DMAX = 64) or 128 (DMAX = 128), zero
+// past d: the same products, chunks and state. A workgroup takes BC keys (16 with WG = 128
+// threads, 32 with 256 where workgroup memory allows; at 128, 16 or 8), whose K and V sit in
+// workgroup memory transposed (a vec4 of 4 keys per dimension), and walks the queries in
+// blocks of BR (32; 16 at 128), staging each block's Q and dO row-major in rotated vec4s (as
+// bwd_q_tile's K and V; QPT queries a thread). The two halves of the workgroup split the work:
+// a thread of the first half computes S and then accumulates dK, one of the second dP' and
+// dV, each for keys 4 kg .. 4 kg + 3 (KG = BC / 4 key groups) and queries NQ x .. NQ x +
+// NQ - 1 (S, dP': vec4s over the keys; per 4 dimensions 4 + NQ vec4s read for 16 NQ
+// multiply-adds) or columns 4 x .. 4 x + 3, and at 128 also 64 + 4 x .. 64 + 4 x + 3 (dK, dV:
+// 1 + DH vec4s read per 16 DH multiply-adds), x < 16. With two queries a thread (64) the key
+// groups are the threads' fastest index, with one (128) x is: each ran faster than the other
+// order at its head dimension (docs/performance.md, attention). P goes from the first half to the
+// second through workgroup memory, which forms dS and the dropped weights z P. (32 keys and 16
+// queries a block with S and dP in the same thread would read a vec4 or a scalar every 2-3
+// multiply-adds.) Scores at 128 sum dimensions 0..63 and 64..127 apart, as the forward (`SH`).
+// Workgroup memory: 28.25 KiB with BC = 16, 40.25 KiB with 32; at 128, 34.25 KiB with 16,
+// 25.25 KiB with 8.
 const KG: u32 = BC / 4u;
+const D4: u32 = DMAX / 4u;
 var<workgroup> KVT: array<vec4<f32>, 2u * DMAX * KG>;
-var<workgroup> QGr: array<vec4<f32>, 1024>;
+var<workgroup> QGr: array<vec4<f32>, 2u * BR * D4>;
 var<workgroup> PD: array<vec4<f32>, 2u * BR * KG>;
-var<workgroup> LDk: array<vec2<f32>, 32>;
+var<workgroup> LDk: array<vec2<f32>, BR>;
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
@@ -880,8 +888,8 @@ fn main(ids: Ids) {
   let k0 = ids.wid.x * BC;
   let t = ids.lid;
   let role = t / (WG / 2u);
-  let kg = (t % (WG / 2u)) / 16u;
-  let x = t % 16u;
+  let kg = select((t % (WG / 2u)) / 16u, t % KG, NQ == 2u);
+  let x = select(t % 16u, (t % (WG / 2u)) / KG, NQ == 2u);
   let qb = base_q(bh);
   let gb = base_g(bh);
   let kb = base_k(bh);
@@ -895,13 +903,15 @@ fn main(ids: Ids) {
     KVT[DMAX * KG + dd * KG + g] = kv[1];
   }
   let keys = vec4<u32>(k0 + 4u * kg) + vec4<u32>(0u, 1u, 2u, 3u);
-  // dK (role 0) or dV (role 1) of keys 4 kg + c, columns 4 x .. 4 x + 3.
+  // dK (role 0) or dV (role 1) of keys 4 kg + c, columns 64 h + 4 x .. 64 h + 4 x + 3.
   //! unroll c in 0..4
-  var acc$c = vec4<f32>(0.0);
+  //! unroll h in 0..DH
+  var acc$c$h = vec4<f32>(0.0);
   if (p.first == 0u && keys[$c] < p.skv) {
-    let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + role * DMAX + 4u * x;
-    acc$c = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
+    let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + role * DMAX + 64u * $h + 4u * x;
+    acc$c$h = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
   }
+  //! end
   //! end
   // The first query that can see key k0 is k0 - (SKV - SQ).
   var qstart = p.c0;
@@ -909,20 +919,20 @@ fn main(ids: Ids) {
   let qend = min(p.c1, p.sq);
   // This thread's share of each query block: queries QPT qg .. QPT qg + QPT - 1, dimensions
   // 4 dg .. 4 dg + 3 of Q and dO, loaded into registers a block ahead.
-  let qg = t / 16u;
-  let dg = t % 16u;
+  let qg = t / D4;
+  let dg = t % D4;
   //! unroll i in 0..QPT
   //! unroll j in 0..4
   var qo$i$j = tile_qo(qb, gb, qstart + QPT * qg + $i, 4u * dg + $j);
   //! end
   //! end
   let kvo = role * DMAX * KG;
-  let qgo = role * 512u;
+  let qgo = role * BR * D4;
   for (var q0 = qstart; q0 < qend; q0 = q0 + BR) {
     workgroupBarrier();
     //! unroll i in 0..QPT
-    QGr[row_at(QPT * qg + $i, dg)] = vec4<f32>(qo$i0u.x, qo$i1u.x, qo$i2u.x, qo$i3u.x);
-    QGr[512u + row_at(QPT * qg + $i, dg)] = vec4<f32>(qo$i0u.y, qo$i1u.y, qo$i2u.y, qo$i3u.y);
+    QGr[row_at(QPT * qg + $i, dg, NQ)] = vec4<f32>(qo$i0u.x, qo$i1u.x, qo$i2u.x, qo$i3u.x);
+    QGr[BR * D4 + row_at(QPT * qg + $i, dg, NQ)] = vec4<f32>(qo$i0u.y, qo$i1u.y, qo$i2u.y, qo$i3u.y);
     //! end
     if (t < BR) {
       var ld = vec2<f32>(0.0);
@@ -937,41 +947,50 @@ fn main(ids: Ids) {
       //! end
       //! end
     }
-    // S (role 0: K, Q) or dP' (role 1: V, dO) for queries 2 x + c, vec4s over the keys.
-    var a0u = vec4<f32>(0.0);
-    var a1u = vec4<f32>(0.0);
-    for (var d4 = 0u; d4 < 16u; d4 = d4 + 1u) {
-      //! unroll j in 0..4
-      let kt$j = KVT[kvo + (4u * d4 + $j) * KG + kg];
+    // S (role 0: K, Q) or dP' (role 1: V, dO) for queries NQ x + c, vec4s over the keys; at
+    // 128 each half of the dimensions into its own sum first.
+    //! unroll c in 0..NQ
+    var a$c = vec4<f32>(0.0);
+    //! end
+    //! unroll h in 0..DH
+    {
+      //! unroll c in 0..NQ
+      var b$c = vec4<f32>(0.0);
       //! end
-      let r0 = QGr[qgo + row_at(2u * x, d4)];
-      let r1 = QGr[qgo + row_at(2u * x + 1u, d4)];
-      a0u = fma(kt0u, vec4<f32>(r0.x), a0u);
-      a0u = fma(kt1u, vec4<f32>(r0.y), a0u);
-      a0u = fma(kt2u, vec4<f32>(r0.z), a0u);
-      a0u = fma(kt3u, vec4<f32>(r0.w), a0u);
-      a1u = fma(kt0u, vec4<f32>(r1.x), a1u);
-      a1u = fma(kt1u, vec4<f32>(r1.y), a1u);
-      a1u = fma(kt2u, vec4<f32>(r1.z), a1u);
-      a1u = fma(kt3u, vec4<f32>(r1.w), a1u);
+      for (var d4 = 16u * $h; d4 < 16u * $h + 16u; d4 = d4 + 1u) {
+        //! unroll j in 0..4
+        let kt$j = KVT[kvo + (4u * d4 + $j) * KG + kg];
+        //! end
+        //! unroll c in 0..NQ
+        let r$c = QGr[qgo + row_at(NQ * x + $c, d4, NQ)];
+        b$c = fma(kt0u, vec4<f32>(r$c.x), b$c);
+        b$c = fma(kt1u, vec4<f32>(r$c.y), b$c);
+        b$c = fma(kt2u, vec4<f32>(r$c.z), b$c);
+        b$c = fma(kt3u, vec4<f32>(r$c.w), b$c);
+        //! end
+      }
+      //! unroll c in 0..NQ
+      if ($h == 0u) { a$c = b$c; } else { a$c = a$c + b$c; }
+      //! end
     }
+    //! end
     // Role 0: P for its queries (0 where masked, as `masked`, or past the queries).
-    //! unroll c in 0..2
-    let qi$c = q0 + 2u * x + $c;
+    //! unroll c in 0..NQ
+    let qi$c = q0 + NQ * x + $c;
     let ok$c = vec4<bool>(qi$c < p.sq) & (keys < vec4<u32>(p.skv)) & !(vec4<bool>(p.causal != 0u) & (keys + vec4<u32>(p.sq) > vec4<u32>(qi$c + p.skv)));
     if (role == 0u) {
-      PD[(2u * x + $c) * KG + kg] = select(vec4<f32>(0.0), exp(a$c * p.scale - LDk[2u * x + $c].x), ok$c);
+      PD[(NQ * x + $c) * KG + kg] = select(vec4<f32>(0.0), exp(a$c * p.scale - LDk[NQ * x + $c].x), ok$c);
     }
     //! end
     workgroupBarrier();
     // Role 1: dS = P (dP' z - delta) beside P, then z P in P's place (dV's weights).
     if (role == 1u) {
-      //! unroll c in 0..2
+      //! unroll c in 0..NQ
       let row$c = bh * p.sq + qi$c;
       let z$c = vec4<f32>(attn_keep(row$c, keys.x), attn_keep(row$c, keys.y), attn_keep(row$c, keys.z), attn_keep(row$c, keys.w));
-      let pr$c = PD[(2u * x + $c) * KG + kg];
-      PD[BR * KG + (2u * x + $c) * KG + kg] = pr$c * (a$c * z$c - LDk[2u * x + $c].y);
-      PD[(2u * x + $c) * KG + kg] = pr$c * z$c;
+      let pr$c = PD[(NQ * x + $c) * KG + kg];
+      PD[BR * KG + (NQ * x + $c) * KG + kg] = pr$c * (a$c * z$c - LDk[NQ * x + $c].y);
+      PD[(NQ * x + $c) * KG + kg] = pr$c * z$c;
       //! end
     }
     workgroupBarrier();
@@ -979,11 +998,13 @@ fn main(ids: Ids) {
     let pdo = (1u - role) * BR * KG;
     for (var i = 0u; i < BR; i = i + 1u) {
       let w = PD[pdo + i * KG + kg];
-      let r = QGr[qgo + row_at(i, x)];
-      acc0u = fma(vec4<f32>(w.x), r, acc0u);
-      acc1u = fma(vec4<f32>(w.y), r, acc1u);
-      acc2u = fma(vec4<f32>(w.z), r, acc2u);
-      acc3u = fma(vec4<f32>(w.w), r, acc3u);
+      //! unroll h in 0..DH
+      let r$h = QGr[qgo + row_at(i, 16u * $h + x, NQ)];
+      acc0u$h = fma(vec4<f32>(w.x), r$h, acc0u$h);
+      acc1u$h = fma(vec4<f32>(w.y), r$h, acc1u$h);
+      acc2u$h = fma(vec4<f32>(w.z), r$h, acc2u$h);
+      acc3u$h = fma(vec4<f32>(w.w), r$h, acc3u$h);
+      //! end
     }
   }
   // dK is scaled at the end (S was unscaled).
@@ -992,16 +1013,19 @@ fn main(ids: Ids) {
   let oss = select(p.dv_ss, p.dk_ss, role == 0u);
   //! unroll c in 0..4
   if (keys[$c] < p.skv) {
+    //! unroll h in 0..DH
     if (p.last != 0u) {
       for (var j = 0u; j < 4u; j = j + 1u) {
-        if (4u * x + j < p.d) {
-          if (role == 0u) { st_dk(ob + keys[$c] * oss + 4u * x + j, acc$c[j] * sc); } else { st_dv(ob + keys[$c] * oss + 4u * x + j, acc$c[j]); }
+        let col = 64u * $h + 4u * x + j;
+        if (col < p.d) {
+          if (role == 0u) { st_dk(ob + keys[$c] * oss + col, acc$c$h[j] * sc); } else { st_dv(ob + keys[$c] * oss + col, acc$c$h[j]); }
         }
       }
     } else {
-      let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + role * DMAX + 4u * x;
-      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + j, acc$c[j]); }
+      let sb = (bh * p.skv + keys[$c]) * (2u * DMAX) + role * DMAX + 64u * $h + 4u * x;
+      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + j, acc$c$h[j]); }
     }
+    //! end
   }
   //! end
 }
@@ -1076,8 +1100,8 @@ fn main(ids: Ids) {
   for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
     workgroupBarrier();
     //! unroll i in 0..KPT
-    Kq[row_at(KPT * kg + $i, dg)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
-    VSq[row_at(KPT * kg + $i, dg)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
+    Kq[row_at(KPT * kg + $i, dg, 2u)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
+    VSq[row_at(KPT * kg + $i, dg, 2u)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
     //! end
     workgroupBarrier();
     if (k0 + BC < kend) {
@@ -1098,8 +1122,8 @@ fn main(ids: Ids) {
       let ga$j = GTq[(4u * d4 + $j) * RG + rg];
       //! end
       //! unroll c in 0..2
-      let kk$c = Kq[row_at(2u * lane + $c, d4)];
-      let vv$c = VSq[row_at(2u * lane + $c, d4)];
+      let kk$c = Kq[row_at(2u * lane + $c, d4, 2u)];
+      let vv$c = VSq[row_at(2u * lane + $c, d4, 2u)];
       s$c = fma(qa0u, vec4<f32>(kk$c.x), s$c);
       s$c = fma(qa1u, vec4<f32>(kk$c.y), s$c);
       s$c = fma(qa2u, vec4<f32>(kk$c.z), s$c);
@@ -1125,7 +1149,7 @@ fn main(ids: Ids) {
     workgroupBarrier();
     for (var c = 0u; c < BC; c = c + 1u) {
       let ds = VSq[c * RG + rg];
-      let kk = Kq[row_at(c, lane)];
+      let kk = Kq[row_at(c, lane, 2u)];
       dq0u = fma(vec4<f32>(ds.x), kk, dq0u);
       dq1u = fma(vec4<f32>(ds.y), kk, dq1u);
       dq2u = fma(vec4<f32>(ds.z), kk, dq2u);
@@ -1143,6 +1167,177 @@ fn main(ids: Ids) {
       let sb = (bh * p.sq + rows[$r]) * DMAX + 4u * lane;
       for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + j, dq$r[j]); }
     }
+  }
+  //! end
+}
+
+//! entry bwd_q_split(q: data, k: data, v: data, dout: data, lse: f32, delta: f32, dq: data mut, state: f32 mut)
+//! check WG=128 BR=32 BC=16 DMAX=128 KPT=4 NK=2 DH=2
+//! check WG=64 BR=16 BC=16 DMAX=128 KPT=8 NK=2 DH=2
+// bwd_q for head dimensions 65 to 128 (DMAX = 128, zero past d), in register tiles with the
+// scores split between two halves of the workgroup: the same products, chunks and state as
+// bwd_q. A workgroup of WG = 4 BR threads takes BR query rows (32 where 48 KiB of workgroup
+// memory allow, else 16) and walks the keys in blocks of BC = 16 (KPT keys of each staged by a
+// thread). Q and dO sit in workgroup memory transposed (QG: a vec4 of 4 rows per dimension
+// and row group), each block of K and V row-major in vec4s along the dimension (KV; `row_at`).
+// Thread u = t % (WG / 2) of the first half computes S, of the second dP', for rows 4 sg ..
+// 4 sg + 3 (sg = u / 8) and keys NK kp .. NK kp + NK - 1 (kp = u % 8): vec4s over the rows,
+// per 4 dimensions 4 + NK vec4s read for 16 NK multiply-adds. The first half stores P in V's
+// place once every thread is past its reads of V; the second turns it into dS there (a vec4
+// of 4 rows per key and row group). Then every thread adds dS K to dQ's rows 4 rg .. 4 rg + 3
+// (rg = t / 16), columns 4 lane .. 4 lane + 3 and 64 + 4 lane .. 64 + 4 lane + 3 (lane =
+// t % 16; three vec4s read per 32 multiply-adds). With S and dP in one thread, as bwd_q_tile
+// has them at 64, every step reads a vec4 of each of four operands for the pair and the
+// scores run bound by workgroup-memory reads at 128. Scores sum dimensions 0..63 and 64..127
+// apart, as the forward (`SH`). Workgroup memory: 48 KiB with BR = 32, 32 KiB with 16.
+const RG: u32 = BR / 4u;
+const D4: u32 = DMAX / 4u;
+var<workgroup> QG: array<vec4<f32>, 2u * DMAX * RG>;
+var<workgroup> KV: array<vec4<f32>, 2u * BC * D4>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+  let bh = ids.wid.y;
+  let q0 = ids.wid.x * BR;
+  let t = ids.lid;
+  let rg = t / 16u;
+  let lane = t % 16u;
+  let role = t / (WG / 2u);
+  let sg = (t % (WG / 2u)) / 8u;
+  let kp = t % 8u;
+  let qb = base_q(bh);
+  let gb = base_g(bh);
+  let kb = base_k(bh);
+  let vb = base_v(bh);
+  // Q^T and dO^T as whole vec4s, neighbouring threads on neighbouring row groups.
+  for (var e = t; e < BR * DMAX / 4u; e = e + WG) {
+    let g = e % RG;
+    let dd = e / RG;
+    let qo = tile_column4(false, qb, gb, q0 + 4u * g, dd);
+    QG[dd * RG + g] = qo[0];
+    QG[DMAX * RG + dd * RG + g] = qo[1];
+  }
+  // The score phase's rows and their log-sum-exp and delta.
+  let srows = vec4<u32>(q0 + 4u * sg) + vec4<u32>(0u, 1u, 2u, 3u);
+  let slive = srows < vec4<u32>(p.sq);
+  var lse4 = vec4<f32>(0.0);
+  var del4 = vec4<f32>(0.0);
+  //! unroll r in 0..4
+  if (slive[$r]) {
+    lse4[$r] = ld_lse(bh * p.sq + srows[$r]);
+    del4[$r] = ld_delta(bh * p.sq + srows[$r]);
+  }
+  //! end
+  // dQ's rows.
+  let rows = vec4<u32>(q0 + 4u * rg) + vec4<u32>(0u, 1u, 2u, 3u);
+  let live = rows < vec4<u32>(p.sq);
+  //! unroll r in 0..4
+  //! unroll h in 0..DH
+  var dq$r$h = vec4<f32>(0.0);
+  if (p.first == 0u && live[$r]) {
+    let sb = (bh * p.sq + rows[$r]) * DMAX + 64u * $h + 4u * lane;
+    dq$r$h = vec4<f32>(ld_state(sb), ld_state(sb + 1u), ld_state(sb + 2u), ld_state(sb + 3u));
+  }
+  //! end
+  //! end
+  let kend = min(p.c1, key_end(q0));
+  // This thread's share of each K and V block: keys KPT kg .. KPT kg + KPT - 1, dimensions
+  // 4 dg .. 4 dg + 3, loaded into registers a block ahead.
+  let kg = t / D4;
+  let dg = t % D4;
+  //! unroll i in 0..KPT
+  //! unroll j in 0..4
+  var kv$i$j = tile_kv(kb, vb, p.c0 + KPT * kg + $i, 4u * dg + $j);
+  //! end
+  //! end
+  let srow0 = bh * p.sq + srows.x;
+  let qgo = role * DMAX * RG;
+  let kvo = role * BC * D4;
+  for (var k0 = p.c0; k0 < kend; k0 = k0 + BC) {
+    workgroupBarrier();
+    //! unroll i in 0..KPT
+    KV[row_at(KPT * kg + $i, dg, NK)] = vec4<f32>(kv$i0u.x, kv$i1u.x, kv$i2u.x, kv$i3u.x);
+    KV[BC * D4 + row_at(KPT * kg + $i, dg, NK)] = vec4<f32>(kv$i0u.y, kv$i1u.y, kv$i2u.y, kv$i3u.y);
+    //! end
+    workgroupBarrier();
+    if (k0 + BC < kend) {
+      //! unroll i in 0..KPT
+      //! unroll j in 0..4
+      kv$i$j = tile_kv(kb, vb, k0 + BC + KPT * kg + $i, 4u * dg + $j);
+      //! end
+      //! end
+    }
+    // S (role 0: Q, K) or dP' (role 1: dO, V) for keys NK kp + c, as vec4s over the rows; at
+    // 128 each half of the dimensions into its own sum first.
+    //! unroll c in 0..NK
+    var a$c = vec4<f32>(0.0);
+    //! end
+    //! unroll h in 0..DH
+    {
+      //! unroll c in 0..NK
+      var b$c = vec4<f32>(0.0);
+      //! end
+      for (var d4 = 16u * $h; d4 < 16u * $h + 16u; d4 = d4 + 1u) {
+        //! unroll j in 0..4
+        let qa$j = QG[qgo + (4u * d4 + $j) * RG + sg];
+        //! end
+        //! unroll c in 0..NK
+        let kk$c = KV[kvo + row_at(NK * kp + $c, d4, NK)];
+        b$c = fma(qa0u, vec4<f32>(kk$c.x), b$c);
+        b$c = fma(qa1u, vec4<f32>(kk$c.y), b$c);
+        b$c = fma(qa2u, vec4<f32>(kk$c.z), b$c);
+        b$c = fma(qa3u, vec4<f32>(kk$c.w), b$c);
+        //! end
+      }
+      //! unroll c in 0..NK
+      if ($h == 0u) { a$c = b$c; } else { a$c = a$c + b$c; }
+      //! end
+    }
+    //! end
+    // Every thread is past its reads of V: role 0 stores P there (0 where masked, as
+    // `masked`, or past the rows), then role 1 turns it into dS = P (dP' keep - delta).
+    workgroupBarrier();
+    //! unroll c in 0..NK
+    let key$c = k0 + NK * kp + $c;
+    let at$c = BC * D4 + (NK * kp + $c) * RG + sg;
+    if (role == 0u) {
+      let ok$c = slive & vec4<bool>(key$c < p.skv) & !(vec4<bool>(p.causal != 0u) & (vec4<u32>(key$c + p.sq) > srows + vec4<u32>(p.skv)));
+      KV[at$c] = select(vec4<f32>(0.0), exp(a$c * p.scale - lse4), ok$c);
+    }
+    //! end
+    workgroupBarrier();
+    if (role == 1u) {
+      //! unroll c in 0..NK
+      let keep$c = vec4<f32>(attn_keep(srow0, key$c), attn_keep(srow0 + 1u, key$c), attn_keep(srow0 + 2u, key$c), attn_keep(srow0 + 3u, key$c));
+      KV[at$c] = KV[at$c] * (a$c * keep$c - del4);
+      //! end
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < BC; c = c + 1u) {
+      let ds = KV[BC * D4 + c * RG + rg];
+      //! unroll h in 0..DH
+      let kk$h = KV[row_at(c, 16u * $h + lane, NK)];
+      dq0u$h = fma(vec4<f32>(ds.x), kk$h, dq0u$h);
+      dq1u$h = fma(vec4<f32>(ds.y), kk$h, dq1u$h);
+      dq2u$h = fma(vec4<f32>(ds.z), kk$h, dq2u$h);
+      dq3u$h = fma(vec4<f32>(ds.w), kk$h, dq3u$h);
+      //! end
+    }
+  }
+  //! unroll r in 0..4
+  if (live[$r]) {
+    //! unroll h in 0..DH
+    if (p.last != 0u) {
+      let dqo = head_base(bh, p.dq_off, p.dq_sb, p.dq_sh) + rows[$r] * p.dq_ss;
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        let col = 64u * $h + 4u * lane + j;
+        if (col < p.d) { st_dq(dqo + col, dq$r$h[j] * p.scale); }
+      }
+    } else {
+      let sb = (bh * p.sq + rows[$r]) * DMAX + 64u * $h + 4u * lane;
+      for (var j = 0u; j < 4u; j = j + 1u) { st_state(sb + j, dq$r$h[j]); }
+    }
+    //! end
   }
   //! end
 }

@@ -1682,6 +1682,43 @@ fn attention_at_odd_lengths() {
     }
 }
 
+/// The f32 backward at head dimensions 65 to 128 runs the register-tile kernels (`bwd_kv_tile`,
+/// `bwd_q_split`, built for 128: zero past d) on every device with 32 KiB of workgroup memory,
+/// and its gradients match the f64 reference at lengths that end blocks mid-way, with more
+/// keys than queries, and causal or not.
+#[test]
+fn f32_attention_backward_at_128_takes_register_tiles() {
+    let dev = poisoned();
+    if dev.caps().workgroup_storage < 32_768 {
+        return;
+    }
+    let mut rng = Rng::new(31);
+    for (bh, sq, skv, d) in [(2, 47, 47, 128), (1, 33, 70, 100), (3, 17, 17, 65)] {
+        for causal in [false, true] {
+            let (nq, nk) = (bh * sq * d, bh * skv * d);
+            let (q, k, v, g) = (rng.vec(nq), rng.vec(nk), rng.vec(nk), rng.vec(nq));
+            let what = format!("attention bh={bh} sq={sq} skv={skv} d={d} causal={causal}");
+            let ((), ran) = ran_kernels(&dev, || {
+                check_attention(
+                    &dev,
+                    DType::F32,
+                    &[bh, sq, d],
+                    &[bh, skv, d],
+                    causal,
+                    [&q, &k, &v, &g],
+                    &what,
+                )
+            });
+            for entry in ["Attention/bwd_kv_tile", "Attention/bwd_q_split"] {
+                assert!(
+                    ran.iter().any(|k| k == entry),
+                    "{what}: {entry} not in {ran:?}"
+                );
+            }
+        }
+    }
+}
+
 /// Dropout on the attention weights inside the fused kernels (tensor-core shapes and others),
 /// forward and gradients, against the f64 reference with the same mask.
 #[test]

@@ -200,8 +200,9 @@ fn attention_over_many_keys() {
         attention_case(16, 4100, d, false, 4);
         attention_case(16, 4100, d, true, 5);
     }
-    // dQ's register-tile kernel (d <= 64) walks up to 5,728 keys per dispatch.
+    // dQ's register-tile kernel walks up to 5,728 keys per dispatch at d <= 64, 4,608 at 128.
     attention_case(16, 5800, 48, true, 7);
+    attention_case(16, 4700, 100, true, 11);
     // The forward's register-tile kernel (d <= 64, and d <= 128 with 16-wide subgroups) up to
     // 65,248: past it, its running state goes from one dispatch to the next.
     attention_case(16, 66_000, 64, true, 9);
@@ -210,11 +211,12 @@ fn attention_over_many_keys() {
 
 #[test]
 fn attention_over_many_queries() {
-    // dK and dV walk the queries; the register-tile kernel (d <= 64) up to 5,728 of them per
-    // dispatch.
+    // dK and dV walk the queries; the register-tile kernel up to 5,728 of them per dispatch
+    // at d <= 64, 4,608 at 128.
     attention_case(4100, 16, 64, false, 6);
     attention_case(4100, 16, 128, false, 7);
     attention_case(5800, 16, 48, false, 8);
+    attention_case(4700, 16, 128, false, 12);
 }
 
 #[test]

@@ -576,14 +576,117 @@ fn sep_p(dev: &Device) -> bool {
 /// and the output's stores (16) come once. (Sized with room to spare: 32 a block.)
 const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 32 * 32;
 
-/// Queries one `bwd_kv_tile` invocation covers: per block of 32 queries, 16 (S or dP) + 32
-/// (dK or dV) and exits; the K and V loads (8) come once. (Sized with room to spare: 90 a
-/// block.)
-const KV_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 32;
+/// A launch of `bwd_kv_tile`, `bwd_q_tile` or `bwd_q_split` (attention.wgsl): its workgroup,
+/// the query rows and keys of a block, the head dimension it is built for, and the per-thread
+/// unrolling (`per`: QPT or KPT rows staged a thread; `split`: NQ queries or NK keys a
+/// thread's scores take).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BackwardTile {
+    kv: bool,
+    wg: u32,
+    rows: u32,
+    keys: u32,
+    dmax: u32,
+    per: u32,
+    split: u32,
+}
 
-/// Keys one `bwd_q_tile` invocation covers: per block of 32 keys, 16 (S and dP) + 32 (dQ)
-/// and exits; the Q and dO loads (16) come once. (Sized with room to spare: 90 a block.)
-const Q_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 90 * 32;
+impl BackwardTile {
+    fn entry(&self) -> &'static str {
+        match (self.kv, self.dmax) {
+            (true, _) => "bwd_kv_tile",
+            (false, 64) => "bwd_q_tile",
+            (false, _) => "bwd_q_split",
+        }
+    }
+
+    fn consts(&self) -> Vec<(&'static str, u32)> {
+        let (per, split) = if self.kv {
+            ("QPT", "NQ")
+        } else {
+            ("KPT", "NK")
+        };
+        let mut c = vec![
+            ("BR", self.rows),
+            ("BC", self.keys),
+            ("DMAX", self.dmax),
+            (per, self.per),
+        ];
+        // `bwd_q_tile` (64) takes two keys a thread and both S and dP in one thread.
+        if self.entry() != "bwd_q_tile" {
+            c.extend([(split, self.split), ("DH", self.dmax / 64)]);
+        }
+        c
+    }
+
+    /// Queries (`bwd_kv_tile`) or keys (`bwd_q_tile`, `bwd_q_split`) one invocation covers.
+    /// Per block of the walked range the loops count the score loop's DMAX / 4 steps plus an
+    /// exit per half of the dimensions, the gradient loop's steps (a block's queries or keys)
+    /// plus an exit, and the block loop's own step; the staging and state loops come once.
+    /// Sized with room to spare: 90 a block of 32 at 64, 56 a block of 16 at 128.
+    fn chunk(&self) -> usize {
+        let (block, per_block) = match (self.dmax, self.kv) {
+            (64, _) => (32, 90),
+            (_, true) => (self.rows, 56),
+            (_, false) => (self.keys, 56),
+        };
+        (LOOP_BUDGET - 256) / per_block * block as usize
+    }
+}
+
+/// The register-tile backward kernels' launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BackwardTiles {
+    kv: BackwardTile,
+    q: BackwardTile,
+}
+
+/// The register-tile backward kernels for head dimension `d` on a device with `room` bytes of
+/// workgroup memory, or None where attention takes `bwd_kv` and `bwd_q`: at most 64 with 32
+/// KiB (as [`fwd_tiled`]) and 65 to 128 with 32 KiB. Larger tiles where workgroup memory
+/// allows them: at 64, 32 keys and 256 threads for dK/dV with 40.25 KiB (half the barriers
+/// and staging loads per key), 64 rows and 256 threads for dQ with 48 KiB; at 128, 16 keys
+/// and 128 threads for dK/dV with 34.25 KiB, 32 rows and 128 threads for dQ with 48 KiB.
+fn backward_tiles(room: u32, d: usize) -> Option<BackwardTiles> {
+    let tile = |kv, wg, rows, keys, dmax, per, split| BackwardTile {
+        kv,
+        wg,
+        rows,
+        keys,
+        dmax,
+        per,
+        split,
+    };
+    if d <= 64 && room >= 32_768 {
+        Some(BackwardTiles {
+            kv: if room >= 41_216 {
+                tile(true, 256, 32, 32, 64, 2, 2)
+            } else {
+                tile(true, 128, 32, 16, 64, 4, 2)
+            },
+            q: if room >= 49_152 {
+                tile(false, 256, 64, 32, 64, 2, 2)
+            } else {
+                tile(false, 128, 32, 32, 64, 4, 2)
+            },
+        })
+    } else if (65..=128).contains(&d) && room >= 32_768 {
+        Some(BackwardTiles {
+            kv: if room >= 34_944 {
+                tile(true, 128, 16, 16, 128, 4, 1)
+            } else {
+                tile(true, 64, 16, 8, 128, 8, 1)
+            },
+            q: if room >= 49_152 {
+                tile(false, 128, 32, 16, 128, 4, 2)
+            } else {
+                tile(false, 64, 16, 16, 128, 8, 2)
+            },
+        })
+    } else {
+        None
+    }
+}
 
 /// The saved tensors and gradients of one attention backward pass.
 pub(crate) struct Grads<'a> {
@@ -681,45 +784,34 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
     let mut kv = Vec::with_capacity(common.len() + 2);
     kv.extend_from_slice(&common);
     kv.extend([arg(g.dk, dtype), arg(g.dv, dtype)]);
-    if fwd_tiled(dev, a.d) {
-        // 32 keys and 256 threads a workgroup where 40.25 KiB of workgroup memory allow it
-        // (half the barriers and staging loads per key), else 16 keys and 128 threads.
-        let (bc, wg, qpt) = if dev.caps().workgroup_storage >= 41_216 {
-            (32, 256, 2)
-        } else {
-            (16, 128, 4)
-        };
+    if let Some(tiles) = backward_tiles(dev.caps().workgroup_storage, a.d) {
+        let kv_tile = tiles.kv;
         chunked(
             dev,
             "bwd_kv_tile",
-            wg,
-            &[("BR", 32), ("BC", bc), ("DMAX", 64), ("QPT", qpt)],
+            kv_tile.wg,
+            &kv_tile.consts(),
             p,
             &kv,
-            [a.skv.div_ceil(bc as usize) as u32, a.bh as u32, 1],
+            [a.skv.div_ceil(kv_tile.keys as usize) as u32, a.bh as u32, 1],
             a.sq,
-            KV_TILE_CHUNK,
-            a.bh * a.skv * 2 * 64,
+            kv_tile.chunk(),
+            a.bh * a.skv * 2 * kv_tile.dmax as usize,
         )?;
+        let q_tile = tiles.q;
         let mut q = common.to_vec();
         q.push(arg(g.dq, dtype));
-        // 64 rows and 256 threads a workgroup where 48 KiB of workgroup memory allow it.
-        let (br, wg, kpt) = if dev.caps().workgroup_storage >= 49_152 {
-            (64, 256, 2)
-        } else {
-            (32, 128, 4)
-        };
         return chunked(
             dev,
-            "bwd_q_tile",
-            wg,
-            &[("BR", br), ("BC", 32), ("DMAX", 64), ("KPT", kpt)],
+            q_tile.entry(),
+            q_tile.wg,
+            &q_tile.consts(),
             p,
             &q,
-            [a.sq.div_ceil(br as usize) as u32, a.bh as u32, 1],
+            [a.sq.div_ceil(q_tile.rows as usize) as u32, a.bh as u32, 1],
             a.skv,
-            Q_TILE_CHUNK,
-            a.bh * a.sq * 64,
+            q_tile.chunk(),
+            a.bh * a.sq * q_tile.dmax as usize,
         );
     }
     chunked(
@@ -753,6 +845,47 @@ pub(crate) fn backward(dev: &Device, a: &Dims, g: &Grads<'_>, dtype: DType) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The register-tile backward kernels' larger tiles run only where workgroup memory
+    // allows them (none on lavapipe's 32 KiB): every choice is checked here against the
+    // entries' check lines, and the workgroup memory each declares against the room.
+    #[test]
+    fn backward_tiles_match_check_lines_and_fit() {
+        let declared = |t: &BackwardTile| -> u32 {
+            let (br, bc, dm) = (t.rows, t.keys, t.dmax);
+            // vec4s: bwd_kv_tile K^T V^T, Q dO, P dS, and a vec2 of lse and delta a query;
+            // bwd_q_tile and bwd_q_split Q^T dO^T, K V.
+            if t.kv {
+                16 * (2 * dm * bc / 4 + 2 * br * dm / 4 + 2 * br * bc / 4) + 8 * br
+            } else {
+                16 * (2 * dm * br / 4 + 2 * bc * dm / 4)
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        for room in [16_384, 32_768, 34_944, 41_216, 49_152, 65_536] {
+            for d in [1, 32, 64, 65, 100, 128, 129] {
+                let Some(tiles) = backward_tiles(room, d) else {
+                    assert!(room < 32_768 || d > 128, "room {room} d {d}");
+                    continue;
+                };
+                assert!(room >= 32_768 && d <= 128, "room {room} d {d}");
+                for t in [tiles.kv, tiles.q] {
+                    assert_eq!(t.dmax, if d <= 64 { 64 } else { 128 }, "{t:?}");
+                    assert!(declared(&t) <= room, "{t:?} declares {} B", declared(&t));
+                    let sig = Kernel::Attention.entry(t.entry()).expect("entry");
+                    assert!(
+                        sig.compositions().contains(&(t.wg, t.consts())),
+                        "{t:?} matches no check line of {}",
+                        t.entry()
+                    );
+                    assert!(t.chunk() >= 2048, "{t:?}");
+                    seen.insert((t.entry(), t.wg, t.rows, t.keys));
+                }
+            }
+        }
+        // Each of the eight check lines is chosen somewhere.
+        assert_eq!(seen.len(), 8, "{seen:?}");
+    }
 
     // The tensor-core entries run only on adapters with cooperative matrices, so a launch
     // whose constants no check line accepts would fail only there: checked here everywhere.
