@@ -539,9 +539,10 @@ pub(crate) fn forward(
     )
 }
 
-/// Whether attention without tensor cores takes the register-tile kernels (`fwd_tile`,
-/// `bwd_kv_tile`, `bwd_q_tile`: head dimensions up to 64, 32 KiB of workgroup memory)
-/// rather than `fwd`, `bwd_kv`, `bwd_q`.
+/// Whether attention without tensor cores takes the register-tile kernels built for head
+/// dimension 64 (`fwd_tile`, `bwd_kv_tile`, `bwd_q_tile`: head dimensions up to 64, 32 KiB of
+/// workgroup memory) rather than `fwd`, `bwd_kv`, `bwd_q`. Heads of 65 to 128 have register
+/// tiles of their own (`fwd_tile_dmax`, `backward_tiles`).
 pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
     d <= 64 && dev.caps().workgroup_storage >= 32_768
 }
