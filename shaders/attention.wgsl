@@ -28,9 +28,9 @@
 //              add p_c = exp(s_c - m') and p_c * V[c]. At the end O = acc / l and, for the
 //              backward pass, lse = m + log(l). Causal rows stop at the last block they can see.
 //              State per row: acc[DMAX], m, l.
-//   fwd_tile, bwd_kv_tile, bwd_q_tile
+//   fwd_tile, bwd_kv_tile, bwd_q_tile, bwd_q_split
 //              fwd, bwd_kv, bwd_q in register tiles for head dimensions up to 64 and up to
-//              128 (see the entries).
+//              128 (bwd_q_tile at 64, bwd_q_split at 128; see the entries).
 //   bwd_delta  DL = 16 threads per query row: delta = sum_d dO * O (the softmax backward's
 //              dot).
 //   bwd_kv     Workgroup (x, y) = (key block, head); thread t owns key c = t / TPC and columns
