@@ -544,7 +544,13 @@ pub(crate) fn forward(
 /// workgroup memory) rather than `fwd`, `bwd_kv`, `bwd_q`. Heads of 65 to 128 have register
 /// tiles of their own (`fwd_tile_dmax`, `backward_tiles`).
 pub fn fwd_tiled(dev: &Device, d: usize) -> bool {
-    d <= 64 && dev.caps().workgroup_storage >= 32_768
+    tiled_at_64(dev.caps().workgroup_storage, d)
+}
+
+/// Heads of at most 64 and 32 KiB of workgroup memory: the rule of [`fwd_tiled`] for a device
+/// with `room` bytes of it.
+fn tiled_at_64(room: u32, d: usize) -> bool {
+    d <= 64 && room >= 32_768
 }
 
 /// The head dimension `fwd_tile` is built for where the forward takes it: 64 for heads up to
@@ -578,9 +584,8 @@ fn sep_p(dev: &Device) -> bool {
 const FWD_TILE_CHUNK: usize = (LOOP_BUDGET - 256) / 32 * 32;
 
 /// A launch of `bwd_kv_tile`, `bwd_q_tile` or `bwd_q_split` (attention.wgsl): its workgroup,
-/// the query rows and keys of a block, the head dimension it is built for, and the per-thread
-/// unrolling (`per`: QPT or KPT rows staged a thread; `split`: NQ queries or NK keys a
-/// thread's scores take).
+/// the query rows and keys of a block and the head dimension it is built for; the per-thread
+/// unrolling follows from them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct BackwardTile {
     kv: bool,
@@ -588,8 +593,6 @@ struct BackwardTile {
     rows: u32,
     keys: u32,
     dmax: u32,
-    per: u32,
-    split: u32,
 }
 
 impl BackwardTile {
@@ -601,21 +604,32 @@ impl BackwardTile {
         }
     }
 
+    /// The launch constants. QPT (KPT): the queries (keys) of a block a thread stages, 4
+    /// dimensions each; NQ: the queries a `bwd_kv_tile` thread scores (16 threads across a
+    /// block); NK: the keys a `bwd_q_split` thread scores (8 across a block); DH: the halves
+    /// of 64 dimensions.
     fn consts(&self) -> Vec<(&'static str, u32)> {
+        let staged = if self.kv { self.rows } else { self.keys };
         let (per, split) = if self.kv {
-            ("QPT", "NQ")
+            (
+                ("QPT", staged * self.dmax / 4 / self.wg),
+                ("NQ", self.rows / 16),
+            )
         } else {
-            ("KPT", "NK")
+            (
+                ("KPT", staged * self.dmax / 4 / self.wg),
+                ("NK", self.keys / 8),
+            )
         };
         let mut c = vec![
             ("BR", self.rows),
             ("BC", self.keys),
             ("DMAX", self.dmax),
-            (per, self.per),
+            per,
         ];
         // `bwd_q_tile` (64) takes two keys a thread and both S and dP in one thread.
         if self.entry() != "bwd_q_tile" {
-            c.extend([(split, self.split), ("DH", self.dmax / 64)]);
+            c.extend([split, ("DH", self.dmax / 64)]);
         }
         c
     }
@@ -644,44 +658,42 @@ struct BackwardTiles {
 
 /// The register-tile backward kernels for head dimension `d` on a device with `room` bytes of
 /// workgroup memory, or None where attention takes `bwd_kv` and `bwd_q`: at most 64 with 32
-/// KiB (as [`fwd_tiled`]) and 65 to 128 with 32 KiB. Larger tiles where workgroup memory
+/// KiB ([`tiled_at_64`]) and 65 to 128 with 32 KiB. Larger tiles where workgroup memory
 /// allows them: at 64, 32 keys and 256 threads for dK/dV with 40.25 KiB (half the barriers
 /// and staging loads per key), 64 rows and 256 threads for dQ with 48 KiB; at 128, 16 keys
 /// and 128 threads for dK/dV with 34.25 KiB, 32 rows and 128 threads for dQ with 48 KiB.
 fn backward_tiles(room: u32, d: usize) -> Option<BackwardTiles> {
-    let tile = |kv, wg, rows, keys, dmax, per, split| BackwardTile {
+    let tile = |kv, wg, rows, keys, dmax| BackwardTile {
         kv,
         wg,
         rows,
         keys,
         dmax,
-        per,
-        split,
     };
-    if d <= 64 && room >= 32_768 {
+    if tiled_at_64(room, d) {
         Some(BackwardTiles {
             kv: if room >= 41_216 {
-                tile(true, 256, 32, 32, 64, 2, 2)
+                tile(true, 256, 32, 32, 64)
             } else {
-                tile(true, 128, 32, 16, 64, 4, 2)
+                tile(true, 128, 32, 16, 64)
             },
             q: if room >= 49_152 {
-                tile(false, 256, 64, 32, 64, 2, 2)
+                tile(false, 256, 64, 32, 64)
             } else {
-                tile(false, 128, 32, 32, 64, 4, 2)
+                tile(false, 128, 32, 32, 64)
             },
         })
     } else if (65..=128).contains(&d) && room >= 32_768 {
         Some(BackwardTiles {
             kv: if room >= 34_944 {
-                tile(true, 128, 16, 16, 128, 4, 1)
+                tile(true, 128, 16, 16, 128)
             } else {
-                tile(true, 64, 16, 8, 128, 8, 1)
+                tile(true, 64, 16, 8, 128)
             },
             q: if room >= 49_152 {
-                tile(false, 128, 32, 16, 128, 4, 2)
+                tile(false, 128, 32, 16, 128)
             } else {
-                tile(false, 64, 16, 16, 128, 8, 2)
+                tile(false, 64, 16, 16, 128)
             },
         })
     } else {
