@@ -790,6 +790,17 @@ fn matmul_tall_tiles() {
                         matmul_case(&dev, &mut rng, dt, (300, 136, 88), ta, tb, true, act);
                     }
                 }
+                // N not a multiple of 4 (B contiguous along K): outputs stored one by one, bf16
+                // ones as 16-bit values like f16, in the product itself (no `splitk` pass).
+                let ((), ran) = ran_kernels(&dev, || {
+                    matmul_case(&dev, &mut rng, dt, (136, 66, 88), false, true, true, None)
+                });
+                assert!(
+                    !wide
+                        || (ran.iter().any(|k| k == "MatmulWide/main")
+                            && !ran.iter().any(|k| k == "Matmul/splitk")),
+                    "{ran:?}"
+                );
                 let act = Some(Activation::Relu);
                 for (ta, tb) in [(false, true), (false, false)] {
                     matmul_case(&dev, &mut rng, dt, (300, 136, 4160), ta, tb, true, act);

@@ -142,11 +142,7 @@ fn every_entry_point_validates() {
                             workgroup_sizes_aligned(&module, &what);
                         }
                         // bf16 where the launch binds it to `half` operands.
-                        let bf16 = sig
-                            .bindings
-                            .iter()
-                            .zip(&dtypes)
-                            .any(|(b, &d)| b.elem == compose::Elem::Half && d == DType::BF16);
+                        let bf16 = compose::halves_hold_bf16(sig, |i| dtypes[i] == DType::BF16);
                         if sig.spirv || sig.prefers_spirv {
                             own_spirv(&src, t, coop, sig.spirv, bf16, &what);
                         }

@@ -29,8 +29,10 @@
 //!   packed two to a `u32` word (the same bytes), read with `unpack2x16float` and written with
 //!   an `atomicAnd` that clears the thread's half followed by an `atomicOr` that sets it, so
 //!   two threads writing the two halves of one word cannot lose each other's value;
-//! * bf16 is packed the same way on every adapter (WGSL has no bf16 type): reading is a shift
-//!   into the high half of an f32, writing rounds to nearest even (`bf16_round`);
+//! * bf16 is packed the same way (WGSL has no bf16 type): reading is a shift into the high
+//!   half of an f32, writing rounds to nearest even (`bf16_round`); except in a kernel whose
+//!   16-bit values become bf16 (`halves_hold_bf16`), where bf16 data is declared like native
+//!   f16 and the rewrite makes it bf16 storage;
 //! * u32 bindings get `ld_x(i) -> u32` and `st_x(i, v: u32)`;
 //! * every binding also gets `ldf_x` / `stf_x`, an f32 view (converting for u32), so one body
 //!   can cast between any two dtypes.
@@ -379,6 +381,16 @@ pub fn select_entry<'a>(source: &'a str, entry: &str) -> Option<(&'a str, &'a st
     None
 }
 
+/// Whether entry `sig`, with binding `i` holding bf16 where `is_bf16(i)`, is built with its
+/// 16-bit values as bf16 (`kernels::spirv::bf16_halves`): where a `half` operand is bound to
+/// bf16.
+pub fn halves_hold_bf16(sig: &EntrySig, is_bf16: impl Fn(usize) -> bool) -> bool {
+    sig.bindings
+        .iter()
+        .enumerate()
+        .any(|(i, b)| b.elem == Elem::Half && is_bf16(i))
+}
+
 /// The full WGSL for one pipeline: entry `sig` of `source`, its bindings holding `dtypes`.
 #[allow(clippy::too_many_arguments)]
 pub fn compose(
@@ -421,7 +433,18 @@ pub fn compose(
         s,
         "@group(0) @binding({PARAMS_BINDING}) var<uniform> p: Params;"
     );
+    // Where the module's 16-bit values become bf16 (`halves_hold_bf16`), bf16 data is declared
+    // as f16 too, so the rewrite makes it bf16 storage: outputs are written with the device's
+    // conversion and 16-bit stores instead of integer rounding into packed words (with an
+    // atomic pair per element where one is stored alone).
+    let bf16_storage =
+        target.f16 == F16Mode::Native && halves_hold_bf16(sig, |i| dtypes[i] == DType::BF16);
     for (i, (b, &dt)) in sig.bindings.iter().zip(dtypes).enumerate() {
+        let dt = if bf16_storage && dt == DType::BF16 && b.elem == Elem::Data {
+            DType::F16
+        } else {
+            dt
+        };
         declare(&mut s, target, storage_binding(i), b, dt);
     }
     let mut body = unroll(&format!("{common}{section}"), wg, consts)?;
@@ -611,8 +634,8 @@ fn declare(s: &mut String, target: Target, binding: u32, d: &Binding, dtype: DTy
             // One element of a vec4 binding, where the element is its own word or half (a
             // store to a vector's component). Packed halves take a read-modify-write of their
             // word, which is not atomic: a kernel stores them one by one only where no other
-            // invocation writes the word's other half (matmul_wide.wgsl's host sends bf16
-            // outputs that are not in runs of 4 through f32 partials instead).
+            // invocation writes the word's other half (`wide` and the attention `_reg` entries
+            // store bf16 as 16-bit values instead: `halves_hold_bf16`).
             let one = match (dtype, target.f16) {
                 (DType::F32, _) => Some("v_"),
                 (DType::F16, F16Mode::Native) => Some("f16(v_)"),
@@ -831,5 +854,46 @@ mod tests {
         assert!(unroll("//! unroll i in 0..Q\n//! end\n", 64, &[]).is_none());
         assert!(unroll("//! unroll i in 0..2\n", 64, &[]).is_none());
         assert!(unroll("//! end\n", 64, &[]).is_none());
+    }
+
+    /// bf16 data is declared as 16-bit values exactly where the module's halves become bf16:
+    /// a `half` operand bound to bf16 on a native-f16 target. Elsewhere it stays packed.
+    #[test]
+    fn bf16_data_is_16_bit_where_halves_become_bf16() {
+        let src = "//! entry e(x: half, y: data mut, z: data mut vec4)\n\
+                   //! requires spirv\nfn main(ids: Ids) {}\n";
+        let Ok(entries) = parse_entries(src) else {
+            panic!("signature parses");
+        };
+        let sig = &entries[0];
+        let native = Target {
+            f16: F16Mode::Native,
+            subgroups: true,
+        };
+        let packed = Target {
+            f16: F16Mode::Packed,
+            ..native
+        };
+        let bf = DType::BF16;
+        let wgsl = |t: Target, d: &[DType]| compose(t, src, sig, 64, &[], d, &[], &[]);
+        let Some(halves) = wgsl(native, &[bf, bf, bf]) else {
+            panic!("composes");
+        };
+        assert!(
+            halves.contains("var<storage, read_write> y: array<f16>;"),
+            "{halves}"
+        );
+        assert!(halves.contains("var<storage, read_write> z: array<vec4<f16>>;"));
+        assert!(!halves.contains("atomic") && !halves.contains("bf16_round("));
+        // f16 operands, or a target without native f16: bf16 data in packed words.
+        for (t, x) in [(native, DType::F16), (packed, bf)] {
+            let Some(words) = wgsl(t, &[x, bf, bf]) else {
+                panic!("composes");
+            };
+            assert!(words.contains("y: array<atomic<u32>>;"), "{words}");
+            assert!(words.contains("z: array<vec2<u32>>;") && words.contains("bf16_round("));
+        }
+        assert!(halves_hold_bf16(sig, |i| i == 0));
+        assert!(!halves_hold_bf16(sig, |i| i > 0));
     }
 }

@@ -549,13 +549,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         splits,
         ..
     } = mp::launch(&problem, dev.hardware(), config);
-    // `wide` stores bf16 outputs (two to a word) four at a time only: stored one by one, two
-    // invocations could write one word. Where N or C's offset breaks runs of 4 it writes f32
-    // partials instead, which the `splitk` pass converts.
-    let scattered_bf16 = config.wide()
-        && g.c_dtype == DType::BF16
-        && (!g.n.is_multiple_of(4) || !g.offsets.2.is_multiple_of(4));
-    let via_partials = splits > 1 || scattered_bf16;
+    let via_partials = splits > 1;
     let max_z = dev.caps().max_groups_per_dim as usize;
     if g.batch * splits > max_z {
         return Err(Error::LimitExceeded {

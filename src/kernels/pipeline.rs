@@ -160,8 +160,8 @@ pub(crate) fn get(
     let own_spirv = sig.spirv || (sig.prefers_spirv && dev.caps().spirv);
     // `half` operands hold bf16 where the launch binds bf16 there: the module's 16-bit
     // values and operand matrices are then bf16 instead of f16.
-    let bf16_operands = sig.bindings.iter().enumerate().any(|(i, b)| {
-        b.elem == compose::Elem::Half && (key.dtypes >> (3 * i)) & 7 == dtype_code(DType::BF16)
+    let bf16_operands = compose::halves_hold_bf16(sig, |i| {
+        (key.dtypes >> (3 * i)) & 7 == dtype_code(DType::BF16)
     });
     let half = if bf16_operands {
         spirv::Half::BF16
