@@ -97,7 +97,9 @@ def parse_train_gpt(text):
     h = re.search(r"records and queues a step in ([\d.]+) ms", text)
     if h:
         out["host_ms"] = float(h.group(1))
-    d = re.search(r"dispatch\s+(\d+) kernel launches", text)
+    # Launches of one step: the --profile breakdown's count ("dispatch ... kernel launches"
+    # counts every launch since the process started).
+    d = re.search(r"^(\d+) dispatches, [\d.]+ ms of GPU time", text, re.M)
     if d:
         out["launches"] = int(d.group(1))
     return out
