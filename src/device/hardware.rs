@@ -44,12 +44,13 @@ impl DeviceProfile {
     /// Whether products of `dtype` run on tensor cores: 16 x 16 x 16 cooperative matrices
     /// over subgroups of exactly 32, the layout wgrad's tensor-core kernels are written for;
     /// f16 with native f16 arithmetic, bf16 in wgrad's own SPIR-V (the only kernels that
-    /// have bf16 matrices: WGSL has no bf16 type).
+    /// have bf16 matrices: WGSL has no bf16 type) with native 16-bit storage, which its
+    /// outputs are stored as (`kernels::compose::halves_hold_bf16`).
     pub fn tensor_cores(&self, dtype: DType) -> bool {
         let subgroups_32 = self.subgroups == Some((32, 32));
         match dtype {
             DType::F16 => self.coop_f16_16 && self.f16 && subgroups_32,
-            DType::BF16 => self.coop_bf16_16 && self.spirv && subgroups_32,
+            DType::BF16 => self.coop_bf16_16 && self.f16 && self.spirv && subgroups_32,
             _ => false,
         }
     }

@@ -848,6 +848,12 @@ mod tests {
             ..h100.clone()
         };
         assert!(!no_spirv.tensor_cores(bf16));
+        // and native 16-bit storage, which bf16 outputs are stored as.
+        let no_f16 = DeviceProfile {
+            f16: false,
+            ..h100.clone()
+        };
+        assert!(!no_f16.tensor_cores(bf16));
     }
 
     /// Padding and the f32 split read the profile too: `wide` pads to runs of 8 where it
