@@ -295,6 +295,12 @@ fn parse_signature(line: &'static str) -> Result<(&'static str, Vec<Binding>), S
             raw16,
         });
     }
+    // Where a `half` operand holds bf16 every 16-bit value of the module becomes bf16
+    // (`halves_hold_bf16`): an `f16` binding beside it would be read as bf16.
+    let kinds = |e: Elem| bindings.iter().any(|b| b.elem == e);
+    if kinds(Elem::Half) && kinds(Elem::F16) {
+        return Err(format!("entry {name}: half and f16 bindings in one entry"));
+    }
     Ok((name, bindings))
 }
 
@@ -832,6 +838,8 @@ mod tests {
         assert!(parse_entries("//! entry z(x: f16 raw16)\n").is_err());
         assert!(parse_entries("//! entry z(x: half vec4)\n").is_ok_and(|e| e[0].bindings[0].vec4));
         assert!(parse_entries("//! entry z(x: half mut)\n").is_err());
+        assert!(parse_entries("//! entry z(x: half, y: f16)\n").is_err());
+        assert!(parse_entries("//! entry z(x: half, y: data mut)\n").is_ok());
         assert!(
             parse_entries("//! entry z(x: data mut vec4)\n").is_ok_and(|e| e[0].bindings[0].write)
         );
