@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs wgrad's GPU-side checks and benchmarks on a machine with a GPU and no Rust toolchain.
-# Build here first (README, "Numbers on a GPU"), put the binaries (optionally gzip'd or xz'd) in .gpu/,
+# Build here first (docs/performance.md, "Numbers on a GPU"), put the binaries (optionally gzip'd or xz'd) in .gpu/,
 # then run:  benches/gpu_run.sh tests|kernels|training|llm|finetune   (logs go to $OUT, default
 # gpu-out/)
 # `llm` wants in .gpu/: a SmolLM2 file cut by scripts/cut_gguf.py, `generate` (built with
@@ -11,7 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$root/gpu-out}
 mkdir -p "$OUT"
 # The lent machines can come without a Vulkan loader and the glvnd libraries NVIDIA's Vulkan
-# driver loads: their Debian packages in .gl/ (README, "Numbers on a GPU") are unpacked then.
+# driver loads: their Debian packages in .gl/ (docs/performance.md, "Numbers on a GPU") are unpacked then.
 if ! ldconfig -p | grep -q libvulkan.so.1 && [ -d "$root/.gl" ]; then
   for f in "$root"/.gl/*.deb; do dpkg -x "$f" /; done
   ldconfig

@@ -87,7 +87,7 @@
 //! # Environment
 //!
 //! [`Device::new`] takes its options from `WGRAD_*` variables ([`DeviceOptions::from_env`]);
-//! the README's *Environment* section tells what each does.
+//! `docs/environment.md` tells what each does.
 //!
 //! - `WGRAD_ADAPTER=<name part>|#N`: the adapter to open (wgpu's `WGPU_BACKEND` picks the
 //!   backends).

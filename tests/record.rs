@@ -369,7 +369,7 @@ Generated from the results files in [`benches/results/`](benches/results/) by
 record` checks the file against the results and the results against their schema).
 
 How results are made: on a machine with a GPU, `benches/gpu_run.sh` runs the benchmarks from
-binaries built elsewhere (README, \"Numbers on a GPU\"). `bench --json` times wgrad's kernels;
+binaries built elsewhere (docs/performance.md, \"Numbers on a GPU\"). `bench --json` times wgrad's kernels;
 `benches/torch_compare.py` times PyTorch on every row of that output, on the same GPU in the
 same call; `benches/record.py` turns those outputs, and those of `train_gpt --bench`,
 `benches/gpt_step.py`, `train_mnist` and `memory_bench --json`, into a results file. \"ratio\"
