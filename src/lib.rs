@@ -106,6 +106,9 @@
 //! - `WGRAD_AUTOTUNE=on|all|off`, `WGRAD_CACHE_DIR=DIR`: timing the candidate kernels of a
 //!   product shape and keeping the fastest, and where those choices are cached.
 //! - `WGRAD_DUMP_WGSL=DIR`: every composed shader written to `DIR`.
+//! - `WGRAD_CORES=N|measure|none`: the compute-unit count kernel planning counts waves on;
+//!   `measure` times it instead of taking the driver's, `none` plans without one
+//!   ([`device::DeviceProfile::cores`]).
 #![warn(missing_docs)]
 
 // The README's and the guide pages' Rust examples, run by `cargo test --doc` and compiled

@@ -22,8 +22,10 @@ pub struct DeviceProfile {
     pub cpu: bool,
     /// Compute units (NVIDIA's SMs, AMD's compute units, Arm's shader cores), where the
     /// driver reports them (Vulkan: `VK_NV_shader_sm_builtins`,
-    /// `VK_AMD_shader_core_properties`) or `WGRAD_CORES` gives them; `None` elsewhere, and
-    /// the rules that count waves of workgroups then stand aside.
+    /// `VK_AMD_shader_core_properties`) or `WGRAD_CORES` gives them; elsewhere measured
+    /// once on a GPU's first product ([`kernels::cores`](crate::kernels::cores)). `None`
+    /// until then, on CPU adapters and where no count is found: the rules that count waves
+    /// of workgroups then stand aside.
     pub cores: Option<usize>,
     /// Smallest and largest subgroup sizes where subgroup operations are on.
     pub subgroups: Option<(u32, u32)>,
@@ -237,13 +239,33 @@ pub(crate) fn open_with_bf16(
     }
 }
 
-/// `WGRAD_CORES=N`: the compute-unit count where the driver does not report it (or to plan
-/// as if the device had N).
-pub(crate) fn cores_from_env() -> Option<usize> {
-    std::env::var("WGRAD_CORES")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-        .filter(|&n| n > 0)
+/// What `WGRAD_CORES` says of the compute-unit count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CoresFromEnv {
+    /// Unset (or not a count): the driver's report, else the kernels layer's measurement.
+    Unset,
+    /// `WGRAD_CORES=N`: plan as if the device had N (where the driver does not report them,
+    /// or to try another count).
+    Given(usize),
+    /// `WGRAD_CORES=measure`: ignore the driver's report and measure (`kernels::cores`), to
+    /// check the measurement against the report.
+    Measure,
+    /// `WGRAD_CORES=none`: no count, neither reported nor measured (planning as on a device
+    /// that gives none, to see what the count is worth).
+    Unknown,
+}
+
+/// `WGRAD_CORES`, read when a device is created (and by `kernels::cores` once a device).
+pub(crate) fn cores_from_env() -> CoresFromEnv {
+    let Ok(v) = std::env::var("WGRAD_CORES") else {
+        return CoresFromEnv::Unset;
+    };
+    match v.trim() {
+        "measure" => CoresFromEnv::Measure,
+        "none" => CoresFromEnv::Unknown,
+        n => match n.parse() {
+            Ok(n) if n > 0 => CoresFromEnv::Given(n),
+            _ => CoresFromEnv::Unset,
+        },
+    }
 }

@@ -26,6 +26,7 @@ mod submit;
 
 pub use adapter::AdapterSummary;
 pub use hardware::DeviceProfile;
+pub(crate) use hardware::{CoresFromEnv, cores_from_env};
 pub use options::{AdapterChoice, DeviceOptions, MatmulPrecision, MemoryLimit, ShaderChecks};
 pub use profile::Profile;
 pub use readback::Readback;
@@ -182,6 +183,9 @@ pub(crate) struct Parts {
     pub(crate) device: wgpu::Device,
     pub(crate) caps: Caps,
     hardware: DeviceProfile,
+    /// `hardware` with the core count the kernels layer measured, once it has
+    /// (`kernels::cores`).
+    measured_hardware: OnceLock<DeviceProfile>,
     info: DeviceInfo,
     pub(crate) memory: Arc<MemoryPool>,
     stream: Mutex<Stream>,
@@ -454,7 +458,11 @@ impl Device {
         };
         let hardware = DeviceProfile {
             cpu: ainfo.device_type == wgpu::DeviceType::Cpu,
-            cores: hardware::cores_from_env().or_else(|| hardware::compute_units(&adapter)),
+            cores: match hardware::cores_from_env() {
+                hardware::CoresFromEnv::Given(n) => Some(n),
+                hardware::CoresFromEnv::Measure | hardware::CoresFromEnv::Unknown => None,
+                hardware::CoresFromEnv::Unset => hardware::compute_units(&adapter),
+            },
             subgroups: caps
                 .subgroups
                 .then_some((caps.subgroup_min, caps.subgroup_max)),
@@ -523,6 +531,7 @@ impl Device {
                     device,
                     caps,
                     hardware,
+                    measured_hardware: OnceLock::new(),
                     info,
                     memory,
                     stream: Mutex::new(stream),
@@ -556,7 +565,21 @@ impl Device {
     /// What kernel planning knows of the hardware (from the capabilities in use and the
     /// adapter's compute units).
     pub fn hardware(&self) -> &DeviceProfile {
-        &self.inner.hardware
+        self.inner
+            .measured_hardware
+            .get()
+            .unwrap_or(&self.inner.hardware)
+    }
+
+    /// Takes `cores` as the compute-unit count where neither the driver nor `WGRAD_CORES`
+    /// gave one (the kernels layer's measurement); a count already known stays.
+    pub(crate) fn set_measured_cores(&self, cores: usize) {
+        if self.inner.hardware.cores.is_none() {
+            let _ = self.inner.measured_hardware.set(DeviceProfile {
+                cores: Some(cores),
+                ..self.inner.hardware.clone()
+            });
+        }
     }
 
     /// True when both handles name the same device.

@@ -100,9 +100,9 @@ struct Inner {
     stats: AutotuneStats,
 }
 
-/// A name for the adapter and driver a cache file belongs to (FNV-1a of their description
-/// and wgrad's version).
-fn file_name(dev: &Device) -> String {
+/// A name for the file that keeps `what` for the adapter and driver of `dev`: FNV-1a of
+/// their description and wgrad's version, so another driver or version starts afresh.
+pub(crate) fn file_name(dev: &Device, what: &str) -> String {
     let i = dev.info();
     let desc = format!(
         "{}|{}|{}|{}",
@@ -115,10 +115,12 @@ fn file_name(dev: &Device) -> String {
     for b in desc.bytes() {
         h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("autotune-{h:016x}.txt")
+    format!("{what}-{h:016x}.txt")
 }
 
-fn cache_dir() -> Option<PathBuf> {
+/// Where measurements are kept: `WGRAD_CACHE_DIR`, else `$XDG_CACHE_HOME/wgrad`, else
+/// `$HOME/.cache/wgrad`.
+pub(crate) fn cache_dir() -> Option<PathBuf> {
     let var = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
@@ -133,7 +135,7 @@ impl Inner {
     fn open(&mut self, dev: &Device) {
         self.opened = true;
         let Some(dir) = cache_dir() else { return };
-        let path = dir.join(file_name(dev));
+        let path = dir.join(file_name(dev, "autotune"));
         if let Ok(text) = std::fs::read_to_string(&path) {
             for line in text.lines().filter(|l| !l.starts_with('#')) {
                 if let Some((k, v)) = line.split_once('\t') {

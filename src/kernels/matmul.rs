@@ -380,6 +380,7 @@ pub(crate) fn matmul(dev: &Device, g: &Gemm<'_>) -> Result<bool> {
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(false);
     }
+    super::cores::ensure(dev)?;
     if (g.a_strides.0 != 1 && g.a_strides.1 != 1) || (g.b_strides.0 != 1 && g.b_strides.1 != 1) {
         return Err(Error::Internal(format!(
             "matmul operand strides {:?} and {:?}: one axis of each must be contiguous",
@@ -525,6 +526,17 @@ fn sums_row_fused(config: Config, g: &Gemm<'_>) -> bool {
 
 /// Runs the product with `config`; true where it wrote the row sums.
 fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
+    run_on(dev, g, config, dev.hardware())
+}
+
+/// [`run`], its tiles and splits of K planned for `hw` instead of the device's profile (the
+/// core count's measurement plans as without a count, so that K is never split).
+pub(crate) fn run_on(
+    dev: &Device,
+    g: &Gemm<'_>,
+    config: Config,
+    hw: &crate::device::DeviceProfile,
+) -> Result<bool> {
     let (sam, sak) = g.a_strides;
     let (sbk, sbn) = g.b_strides;
     let (ta, tb) = (sak != 1, sbn != 1);
@@ -548,7 +560,7 @@ fn run(dev: &Device, g: &Gemm<'_>, config: Config) -> Result<bool> {
         kchunk,
         splits,
         ..
-    } = mp::launch(&problem, dev.hardware(), config);
+    } = mp::launch(&problem, hw, config);
     let via_partials = splits > 1;
     let max_z = dev.caps().max_groups_per_dim as usize;
     if g.batch * splits > max_z {

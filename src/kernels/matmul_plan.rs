@@ -7,7 +7,8 @@
 //! profile, and the unit tests below plan for GPUs this machine does not have.
 //!
 //! The rules that fill waves of workgroups need the core count; where the profile has none
-//! (a driver that does not report it, `WGRAD_CORES` unset) they stand aside: no split of K
+//! (no report from the driver, no `WGRAD_CORES`, and no step in `kernels::cores`' timing, or
+//! before a device's first product settles it) they stand aside: no split of K
 //! for occupancy and the plain 128 x 128 `wide` tiles. The constants below were measured on
 //! an H100 and an H200 (docs/performance.md, matmul): they are ratios of work, not facts of
 //! one GPU.
@@ -21,7 +22,7 @@ use crate::dtype::DType;
 const SMALL_PER_CORE: usize = 2;
 
 /// `wide`'s eight-subgroup tilings (256 invocations) run one a core.
-const EIGHT_PER_CORE: usize = 1;
+pub(crate) const EIGHT_PER_CORE: usize = 1;
 
 /// Workgroups of `config` a core runs at once.
 fn per_core(config: Config) -> usize {
@@ -549,7 +550,7 @@ pub fn gathers(hw: &DeviceProfile, dtype: DType, forced: Option<Config>) -> Opti
 }
 
 /// Whether `wide` runs for `dtype` (given operands in runs of 8).
-fn wide_runs(hw: &DeviceProfile, dtype: DType) -> bool {
+pub(crate) fn wide_runs(hw: &DeviceProfile, dtype: DType) -> bool {
     hw.tensor_cores(dtype) && hw.workgroup_storage >= TENSOR_CORE_STORAGE && hw.spirv
 }
 

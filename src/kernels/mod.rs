@@ -39,6 +39,7 @@ pub mod attention;
 pub mod conv;
 pub mod coop_layout;
 pub(crate) mod copy;
+pub mod cores;
 pub(crate) mod decode;
 pub mod elementwise;
 pub(crate) mod embedding;
@@ -76,6 +77,8 @@ pub(crate) struct State {
     /// with bf16 operands.
     pub(crate) coop_layout: OnceLock<Option<coop_layout::CoopLayout>>,
     pub(crate) coop_layout_bf16: OnceLock<Option<coop_layout::CoopLayout>>,
+    /// The core count measured where the driver reports none (`cores::ensure`).
+    pub(crate) cores: OnceLock<Option<usize>>,
 }
 
 pub(crate) fn state(dev: &Device) -> Result<&State> {

@@ -195,6 +195,8 @@ fn gemm_padding(
     };
     let (a, va) = fit(a, va, trans_a)?;
     let (b, vb) = fit(b, vb, trans_b)?;
+    // The plans below (padding, the f32 split) count waves on the cores: settle their count.
+    crate::kernels::cores::ensure(a.device())?;
     let mut out_shape = batch_shape.clone();
     out_shape.extend_from_slice(&[m, n]);
     if dtype == DType::F32 && split_wanted(a.device(), m, n, k, batch) {
