@@ -17,7 +17,9 @@
 //! doubling T and then bisecting. It is taken only where the step is sharp (T + 1 tiles take
 //! at least [`STEP`] times T's time): an adapter whose time grows smoothly with T gives no
 //! count, and the rules stand aside as they do without one. A failed measurement gives no
-//! count either: it costs speed, never a result.
+//! count either: it costs speed, never a result. On a GPU where two `reg` tiles share a core
+//! without slowing each other the step comes at twice the cores, and the count is that: the
+//! `reg` tiles that run at full speed at once (on the H200 both tilings find its 132 SMs).
 //!
 //! Measuring waits for the work queued before it and takes 0.1-0.6 s on an H200 (most
 //! of it compiling the pipeline the first time); its operands take 6 MiB and its outputs
@@ -50,6 +52,17 @@ const TILING: Config = Config::CoopWideTall;
 /// the time of a batch of `t` workgroups: doubling until a time reaches [`STEP`] times one
 /// workgroup's, then bisecting. `None` where no step shows up to `max`, or where it is not
 /// sharp (the time at count + 1 under [`STEP`] times the count's).
+///
+/// ```
+/// use wgrad::kernels::cores::last_count_in_one_wave;
+/// // 96 cores: up to 96 workgroups take one workgroup's time, up to 192 twice that.
+/// let mut waves = |t: usize| Ok(1e-3 * t.div_ceil(96) as f64);
+/// assert_eq!(last_count_in_one_wave(2048, &mut waves)?, Some(96));
+/// // A time that grows by 30% with every workgroup has no sharp step: no count.
+/// let mut shared = |t: usize| Ok(1e-4 * (1.0 + 0.3 * (t - 1) as f64));
+/// assert_eq!(last_count_in_one_wave(2048, &mut shared)?, None);
+/// # Ok::<(), wgrad::Error>(())
+/// ```
 pub fn last_count_in_one_wave(
     max: usize,
     time: &mut dyn FnMut(usize) -> Result<f64>,
@@ -101,6 +114,14 @@ pub fn measure(dev: &Device) -> Result<Option<usize>> {
 
 /// The times [`measure`] takes, in seconds, of batches of `counts` tiles, and the tiling
 /// timed: the curve its step is found on (`None` on CPU adapters).
+///
+/// ```
+/// let dev = wgrad::Device::new()?;
+/// if let Some((tiling, times)) = wgrad::kernels::cores::wave_times(&dev, &[1, 64, 65])? {
+///     println!("{tiling:?}: {times:?} s");
+/// }
+/// # Ok::<(), wgrad::Error>(())
+/// ```
 pub fn wave_times(dev: &Device, counts: &[usize]) -> Result<Option<(Config, Vec<f64>)>> {
     let Some(mut clock) = WaveClock::new(dev)? else {
         return Ok(None);
