@@ -1,6 +1,7 @@
 //! The core count measured by timing products (`kernels::cores`): the same as the driver's
-//! report where the driver gives one (`wide`'s tiles, or `reg`'s where `wide` does not run:
-//! `WGRAD_DISABLE=spirv` stands in for Metal and DX12), and kept on disk for the next device.
+//! report where the driver gives one (`wide`'s tiles, or `reg`'s where `wide` does not run,
+//! as on Metal and DX12: `WGRAD_DISABLE=spirv,elements,coop` stands in for them), and kept on
+//! disk for the next device.
 //! One test in its own binary: it sets process-wide environment variables
 //! (`WGRAD_CORES=measure`, the cache directory).
 
@@ -123,7 +124,7 @@ fn cores_measured_by_timing_match_the_report_and_are_kept() {
     assert_eq!(dev.hardware().cores, Some(7));
     drop(dev);
 
-    // A damaged file is measured again and rewritten.
+    // A damaged file is not taken: the count is measured again.
     std::fs::write(&kept[0], "# edited\n7x\n").unwrap();
     let dev = device();
     product(&dev);
