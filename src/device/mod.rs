@@ -562,8 +562,9 @@ impl Device {
         &self.inner.caps
     }
 
-    /// What kernel planning knows of the hardware (from the capabilities in use and the
-    /// adapter's compute units).
+    /// What kernel planning knows of the hardware: the capabilities in use and the adapter's
+    /// compute units, as the driver reports them or, once a first product has run, as
+    /// `kernels::cores` measured them.
     pub fn hardware(&self) -> &DeviceProfile {
         self.inner
             .measured_hardware
