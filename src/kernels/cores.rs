@@ -22,7 +22,7 @@
 //! `reg` tiles that run at full speed at once (on the H200 both tilings find its 132 SMs).
 //!
 //! Measuring waits for the work queued before it and takes 0.1-0.6 s on an H200 (most
-//! of it compiling the pipeline the first time); its operands take 6 MiB and its outputs
+//! of it compiling the pipeline the first time); its operands take 4-6 MiB and its outputs
 //! 64 KiB a tile, up to twice the count.
 
 use super::matmul::{Act, Config, Gemm, run_on};
