@@ -185,7 +185,11 @@ pub(crate) fn wanted(dev: &Device, tuner: &Tuner, flops: f64) -> bool {
 }
 
 /// Wall time of `reps` runs of `run`, the device idle before and after.
-fn time(dev: &Device, reps: usize, run: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
+pub(crate) fn time(
+    dev: &Device,
+    reps: usize,
+    run: &mut dyn FnMut() -> Result<()>,
+) -> Result<Duration> {
     dev.sync()?;
     let t = Instant::now();
     for _ in 0..reps {

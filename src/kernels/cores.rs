@@ -33,7 +33,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Block;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A second wave shows as a time at least this many times the one before it.
 pub const STEP: f64 = 1.5;
@@ -216,13 +216,10 @@ impl<'a> WaveClock<'a> {
             gather: None,
             row_sums: None,
         };
-        self.dev.sync()?;
-        let t = Instant::now();
-        for _ in 0..self.reps {
-            run_on(self.dev, &g, self.tiling, &self.uncounted)?;
-        }
-        self.dev.sync()?;
-        Ok(t.elapsed().as_secs_f64() / self.reps as f64)
+        let took = autotune::time(self.dev, self.reps, &mut || {
+            run_on(self.dev, &g, self.tiling, &self.uncounted).map(drop)
+        })?;
+        Ok(took.as_secs_f64() / self.reps as f64)
     }
 }
 
